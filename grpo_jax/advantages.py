@@ -1,0 +1,191 @@
+"""Group-relative advantages over segment ids (GRPO, Dr. GRPO, RLOO).
+
+A *group* is the set of rollouts of one prompt. Rollouts live on one flat axis `[R]` and
+`segment_ids [R]` maps each row to its prompt, so groups may differ in size (Rollout-GDRO
+moves rollouts between prompts from step to step) without changing any array shape: all group
+statistics are segment sums (`jax.ops.segment_sum` with a static `num_segments`), never a
+`[P, G]` reshape, and a jitted caller never recompiles as the allocation moves.
+
+Sources: Shao et al. 2024, *DeepSeekMath* (arXiv 2402.03300), Sec. 4.1.2 (outcome supervision,
+`A = (r - mean) / std`); Liu et al. 2025, *Dr. GRPO* (arXiv 2503.20783), Eq. 3 (no std);
+Ahmadian et al. 2024, *Back to Basics* (RLOO, leave-one-out baseline, Eq. 4).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Dict, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+STD_KINDS = ("unbiased", "population")
+NONFINITE_MODES = ("raise", "mask")
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _check_finite_eagerly(rewards, segment_ids, num_segments: int) -> None:
+    """Raise ValueError if a grouped row of concrete `rewards` is NaN or inf (no-op if traced)."""
+    if _is_traced(rewards):
+        return
+    r = np.asarray(rewards)
+    bad = ~np.isfinite(r)
+    if not _is_traced(segment_ids):
+        s = np.asarray(segment_ids)
+        bad &= (s >= 0) & (s < num_segments)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(
+            f"rewards: {rows.size} non-finite value(s) (NaN/inf) at rows {rows[:10].tolist()}"
+            f"{' ...' if rows.size > 10 else ''} (values {r[rows[:5]].tolist()}). A non-finite "
+            "reward is an input error (broken verifier?). Pass nonfinite='mask' to drop such rows "
+            "from their group (advantage 0, counted in stats['num_nonfinite_rewards'])."
+        )
+
+
+def compute(
+    rewards: chex.Array,
+    segment_ids: chex.Array,
+    num_segments: int,
+    *,
+    estimator: str = "grpo",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+    clip: Optional[float] = None,
+    nonfinite: str = "raise",
+) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+    """Group-relative advantages, one scalar per rollout.
+
+    Per group `g` (rows with `segment_ids == g`), with `n` members, mean `m` and standard
+    deviation `s`:
+
+    - `"grpo"` (DeepSeekMath Sec. 4.1.2): `A = (r - m) / (s + eps)`; `s` is the unbiased
+      (`n - 1`, as verl/TRL) or the population (`n`) standard deviation (`std`).
+    - `"dr_grpo"` (Dr. GRPO Eq. 3): `A = r - m`.
+    - `"rloo"` (RLOO Eq. 4): `A = r - mean of the other n - 1 members = n / (n - 1) * (r - m)`.
+
+    Then optionally `A <- clip(A, -clip, clip)`. Guarantees:
+
+    - A group whose (finite) rewards are all exactly equal gives `A = 0` for all its members
+      (decided by `max == min`, so float round-off in the mean cannot produce `±1e-3`-sized
+      noise after division by `s + eps`).
+    - A group with one member gives `A = 0` (counted in `num_singleton_groups`).
+    - Rows whose segment id is outside `[0, num_segments)` (e.g. `-1` padding) get `A = 0` and
+      do not enter any group's statistics.
+    - For `grpo` `|A| <= sqrt(n)`; for every estimator `A` sums to zero within each group.
+
+    Non-finite rewards (NaN, ±inf) in grouped rows:
+
+    - `nonfinite="raise"` (default) raises `ValueError` **eagerly**, i.e. only when `rewards`
+      is a concrete array. Under `jax.jit`/`vmap`/`grad` the values are traced and the check
+      cannot run; the function then behaves exactly like `"mask"` (it never propagates NaN).
+      Jitted callers should pass `nonfinite="mask"` explicitly and log
+      `stats["num_nonfinite_rewards"]`.
+    - `nonfinite="mask"`: such a row gets `A = 0`, is excluded from its group's statistics
+      (the group is computed from its remaining members) and is counted. NaN never spreads to
+      other rows or groups (values are replaced with `jnp.where` before any sum).
+
+    Args:
+      rewards: `[R]` rewards, any real dtype (cast to float32), one per rollout.
+      segment_ids: `[R]` integer group (prompt) index per rollout, in `[0, num_segments)`;
+        other values mark padding rows.
+      num_segments: static Python int, number of groups `P` (upper bound on segment ids).
+      estimator: `"grpo"`, `"dr_grpo"` or `"rloo"`.
+      std: `"unbiased"` or `"population"` (only used by `"grpo"`).
+      eps: added to the standard deviation for `"grpo"` (float, >= 0).
+      clip: if not None, advantages are clipped to `[-clip, clip]` (float > 0).
+      nonfinite: `"raise"` or `"mask"` (see above).
+
+    Returns:
+      `(advantages, stats)`: `advantages [R]` float32; `stats` a dict of scalar jnp arrays:
+      `num_groups` (int32, groups with >= 1 finite member), `num_singleton_groups` (int32),
+      `num_zero_std_groups` (int32, groups with >= 2 members, all rewards equal),
+      `num_nonfinite_rewards` (int32, grouped rows with NaN/inf reward),
+      `num_padding_rows` (int32, rows with an out-of-range segment id),
+      `num_clipped` (int32, rows whose advantage was clipped).
+
+    Raises:
+      ValueError: unknown `estimator`/`std`/`nonfinite`, bad `num_segments`/`eps`/`clip`, or a
+        non-finite reward with `nonfinite="raise"` and concrete inputs.
+      AssertionError: (chex) wrong ranks/shapes/dtypes of `rewards` or `segment_ids`.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if std not in STD_KINDS:
+        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+    try:
+        num_segments = operator.index(num_segments)
+    except TypeError:
+        raise ValueError(
+            f"num_segments must be a static Python int (jit: mark it static), got "
+            f"{type(num_segments).__name__}") from None
+    if num_segments < 1:
+        raise ValueError(f"num_segments must be >= 1, got {num_segments}")
+    if not _is_traced(eps) and float(eps) < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    if clip is not None and not _is_traced(clip) and float(clip) <= 0:
+        raise ValueError(f"clip must be > 0 or None, got {clip}")
+    rewards = jnp.asarray(rewards)
+    segment_ids = jnp.asarray(segment_ids)
+    chex.assert_rank([rewards, segment_ids], 1)
+    chex.assert_equal_shape([rewards, segment_ids])
+    chex.assert_type(segment_ids, int)
+    if nonfinite == "raise":
+        _check_finite_eagerly(rewards, segment_ids, num_segments)
+
+    r = rewards.astype(jnp.float32)
+    in_group = (segment_ids >= 0) & (segment_ids < num_segments)
+    finite = jnp.isfinite(r)
+    ok = in_group & finite
+    # Bucket `num_segments` collects everything that is not in a group; it is dropped below.
+    seg = jnp.where(ok, segment_ids, num_segments).astype(jnp.int32)
+    nseg = num_segments + 1
+
+    def seg_sum(x):
+        return jax.ops.segment_sum(x, seg, num_segments=nseg)[:num_segments]
+
+    x = jnp.where(ok, r, 0.0)
+    n = seg_sum(ok.astype(jnp.float32))                              # [P] members
+    mean = seg_sum(x) / jnp.maximum(n, 1.0)
+    seg_c = jnp.minimum(seg, num_segments - 1)                        # safe gather index
+    centered = jnp.where(ok, x - mean[seg_c], 0.0)                    # two-pass: no cancellation
+    # All-equal test by max == min (exact), independent of round-off in the mean.
+    gmax = jax.ops.segment_max(jnp.where(ok, r, -jnp.inf), seg, num_segments=nseg)[:num_segments]
+    gmin = jax.ops.segment_min(jnp.where(ok, r, jnp.inf), seg, num_segments=nseg)[:num_segments]
+    informative = (n >= 2) & (gmax > gmin)                            # [P]
+
+    if estimator == "grpo":
+        ddof = 1.0 if std == "unbiased" else 0.0
+        var = seg_sum(centered * centered) / jnp.maximum(n - ddof, 1.0)
+        sd = jnp.sqrt(var)
+        adv = centered / (sd[seg_c] + eps)
+    elif estimator == "dr_grpo":
+        adv = centered
+    else:  # rloo: r - mean(others) = n/(n-1) (r - mean)
+        scale = n / jnp.maximum(n - 1.0, 1.0)
+        adv = centered * scale[seg_c]
+
+    keep = ok & informative[seg_c]
+    adv = jnp.where(keep, adv, 0.0)
+    if clip is not None:
+        num_clipped = jnp.sum(jnp.abs(adv) > clip).astype(jnp.int32)
+        adv = jnp.clip(adv, -clip, clip)
+    else:
+        num_clipped = jnp.zeros((), jnp.int32)
+
+    stats = {
+        "num_groups": jnp.sum(n >= 1).astype(jnp.int32),
+        "num_singleton_groups": jnp.sum(n == 1).astype(jnp.int32),
+        "num_zero_std_groups": jnp.sum((n >= 2) & ~(gmax > gmin)).astype(jnp.int32),
+        "num_nonfinite_rewards": jnp.sum(in_group & ~finite).astype(jnp.int32),
+        "num_padding_rows": jnp.sum(~in_group).astype(jnp.int32),
+        "num_clipped": num_clipped,
+    }
+    return adv.astype(jnp.float32), stats

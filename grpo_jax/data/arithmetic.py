@@ -1,0 +1,374 @@
+"""Synthetic arithmetic task with five difficulty levels and a character tokenizer.
+
+The task exists so that the whole GRPO / GDRO stack can be trained and tested end to end on a CPU
+with a tiny character-level transformer (2 layers, width 64-128, vocabulary of 51 symbols).
+
+Prompt / completion format (keep it exactly; `format_prompt` and `sft_examples` produce it)::
+
+    prompt      "12+7="          (problem + "=")
+    completion  "19" <eos>       (the exact integer answer, then the EOS token)
+
+Levels (each is a different *kind* of problem, not only bigger numbers; see `LEVELS`):
+
+====== =============================================== ================ =========== ==========
+level  problem                                          example          max prompt  answers
+====== =============================================== ================ =========== ==========
+1      a+b, a in 0..99, b in 0..9                       ``23+4=``        6 chars     0..108
+2      a+b, a, b in 10..99 (two-digit add, carries)     ``47+38=``       6 chars     20..198
+3      a+b-c, a, b, c in 10..99                         ``45+67-89=``    9 chars     -79..188
+4      a*b, a in 2..99, b in 2..9                       ``37*6=``        5 chars     4..891
+5      three operations on 2-digit operands, exactly    ``12+34*5-67=``  11 chars    -980..1089
+       one ``*``, whose right operand has one digit
+====== =============================================== ================ =========== ==========
+
+Answers are exact Python integers (usual precedence: ``*`` before ``+``/``-``, left to right),
+written in decimal with a leading ``-`` when negative (at most 5 characters).
+
+Train / eval split: eval problems are drawn first (i.i.d. from each level's distribution); train
+problems are drawn from the same distribution *excluding* every eval problem string, so eval is
+disjoint from train as a set of problems. Levels 2-5 have thousands of distinct problems, so
+duplicates are rare; level 1 has 1,000 distinct problems and level 4 has 784, so with large
+`num_train` examples of those levels repeat (each still gets its own id).
+
+Example dicts follow the project-wide schema::
+
+    {"id": int, "problem": str, "answer": str, "level": int, "dataset": "arithmetic"}
+
+with ``id`` equal to the example's index in the returned list (what `PromptSource` and the GDRO
+classifier key on). Train and eval are separate lists, each with ids ``0..len-1``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "ArithmeticConfig",
+    "CharTokenizer",
+    "LEVELS",
+    "answer_is_correct",
+    "answer_reward",
+    "evaluate_expression",
+    "format_prompt",
+    "level_counts",
+    "make_arithmetic",
+    "sft_examples",
+]
+
+DATASET_NAME = "arithmetic"
+
+
+# --------------------------------------------------------------------------------------------
+# Problem generators. Each takes a numpy Generator and returns the problem string (no "=").
+# --------------------------------------------------------------------------------------------
+def _level1(rng: np.random.Generator) -> str:
+    return f"{int(rng.integers(0, 100))}+{int(rng.integers(0, 10))}"
+
+
+def _level2(rng: np.random.Generator) -> str:
+    return f"{int(rng.integers(10, 100))}+{int(rng.integers(10, 100))}"
+
+
+def _level3(rng: np.random.Generator) -> str:
+    a, b, c = (int(x) for x in rng.integers(10, 100, size=3))
+    return f"{a}+{b}-{c}"
+
+
+def _level4(rng: np.random.Generator) -> str:
+    return f"{int(rng.integers(2, 100))}*{int(rng.integers(2, 10))}"
+
+
+def _level5(rng: np.random.Generator) -> str:
+    # Four operands a o1 b o2 c o3 d; exactly one of o1..o3 is "*", whose right operand has one
+    # digit (keeps answers <= 4 digits); the other two operators are "+" or "-".
+    mul_pos = int(rng.integers(0, 3))
+    ops = ["*" if i == mul_pos else ("+" if rng.integers(0, 2) == 0 else "-") for i in range(3)]
+    operands = [int(rng.integers(10, 100))]
+    for op in ops:
+        operands.append(int(rng.integers(2, 10)) if op == "*" else int(rng.integers(10, 100)))
+    text = str(operands[0])
+    for op, x in zip(ops, operands[1:]):
+        text += f"{op}{x}"
+    return text
+
+
+LEVELS: dict[int, Callable[[np.random.Generator], str]] = {
+    1: _level1,
+    2: _level2,
+    3: _level3,
+    4: _level4,
+    5: _level5,
+}
+
+_EXPR_RE = re.compile(r"^\d+(?:[+\-*]\d+)*$")
+_TOKEN_RE = re.compile(r"\d+|[+\-*]")
+
+
+def evaluate_expression(problem: str) -> int:
+    """Exact integer value of an arithmetic problem string such as ``"12+34*5-67"``.
+
+    Args:
+      problem: non-negative integer literals joined by ``+``, ``-``, ``*`` (no spaces, no
+        parentheses, no unary minus). ``*`` binds tighter; ``+``/``-`` are left-associative.
+
+    Returns:
+      The value as a Python int (arbitrary precision, no floating point).
+
+    Raises:
+      ValueError: if `problem` is not of that form.
+    """
+    if not isinstance(problem, str) or not _EXPR_RE.match(problem):
+        raise ValueError(f"not an arithmetic problem of the form 'a+b*c-d': {problem!r}")
+    tokens = _TOKEN_RE.findall(problem)
+    total, sign = 0, 1
+    term = int(tokens[0])
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            term *= int(num)
+        else:
+            total += sign * term
+            sign = 1 if op == "+" else -1
+            term = int(num)
+    return total + sign * term
+
+
+def format_prompt(problem: str) -> str:
+    """The prompt string the model sees for an arithmetic problem: ``problem + "="``."""
+    return problem + "="
+
+
+def answer_is_correct(completion: str, gold: str | int) -> bool:
+    """Exact integer match of a completion against the gold answer (the arithmetic reward).
+
+    Args:
+      completion: decoded completion text up to (not including) EOS. Surrounding whitespace is
+        ignored; anything else (a second number, words, ``"19.0"``) makes it wrong.
+      gold: the gold integer or its decimal string.
+
+    Returns:
+      True iff ``completion.strip()`` is an optionally ``-``-signed decimal integer equal to gold.
+    """
+    text = completion.strip()
+    if not re.fullmatch(r"-?\d{1,30}", text):
+        return False
+    return int(text) == int(gold)
+
+
+def answer_reward(completions: Sequence[str], golds: Sequence[str | int], *,
+                  scale: str = "pm1") -> np.ndarray:
+    """Arithmetic reward per completion: float32 [R], +1/-1 (``scale="pm1"``) or 1/0 (``"01"``).
+
+    Same scoring as ``RewardFn(RewardConfig(task="arithmetic"))`` (which also returns stats).
+    """
+    if len(completions) != len(golds):
+        raise ValueError(f"{len(completions)} completions but {len(golds)} golds")
+    if scale not in ("pm1", "01"):
+        raise ValueError(f"scale must be 'pm1' or '01', got {scale!r}")
+    ok = np.array([answer_is_correct(c, g) for c, g in zip(completions, golds)], dtype=bool)
+    return np.where(ok, 1.0, -1.0 if scale == "pm1" else 0.0).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Config and generation.
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ArithmeticConfig:
+    """Configuration of the synthetic arithmetic task.
+
+    Attributes:
+      num_train: number of training examples.
+      num_eval: number of evaluation examples (disjoint problems from train).
+      levels: which difficulty levels (subset of 1..5) to include.
+      level_weights: relative frequency of each entry of `levels` in the *train* split (need not
+        sum to 1). None = uniform, unless `heavy_tailed` is set.
+      heavy_tailed: if True (and `level_weights` is None) the train mix is the power law
+        ``w_k ∝ rank_k ** -heavy_tail_exponent`` over `levels` in the given order (rank 1, 2, ...):
+        with five levels and exponent 2 the shares are 68/17/8/4/3 % - mostly easy problems with a
+        thin tail of hard ones, the setting where GDRO's re-weighting matters.
+      heavy_tail_exponent: exponent of the power law above.
+      eval_uniform: if True the eval split has equal counts per level (so per-level accuracy is
+        measurable); if False it follows the train mix.
+      seed: generation seed (the same config always produces the same examples).
+    """
+
+    num_train: int = 2000
+    num_eval: int = 200
+    levels: tuple[int, ...] = (1, 2, 3, 4, 5)
+    level_weights: tuple[float, ...] | None = None
+    heavy_tailed: bool = False
+    heavy_tail_exponent: float = 2.0
+    eval_uniform: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.num_train < 0 or self.num_eval < 0:
+            raise ValueError(f"num_train/num_eval must be >= 0, got {self.num_train}, {self.num_eval}")
+        if not self.levels:
+            raise ValueError("levels must not be empty")
+        unknown = [lv for lv in self.levels if lv not in LEVELS]
+        if unknown:
+            raise ValueError(f"levels: unknown level(s) {unknown}; known: {sorted(LEVELS)}")
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"levels: duplicates in {self.levels}")
+        if self.level_weights is not None:
+            if len(self.level_weights) != len(self.levels):
+                raise ValueError(
+                    f"level_weights has {len(self.level_weights)} entries, levels has {len(self.levels)}")
+            if any(w < 0 for w in self.level_weights) or sum(self.level_weights) <= 0:
+                raise ValueError(f"level_weights must be >= 0 with a positive sum: {self.level_weights}")
+
+    def train_weights(self) -> np.ndarray:
+        """Normalised train mix over `levels`, float64 [len(levels)]."""
+        if self.level_weights is not None:
+            w = np.asarray(self.level_weights, dtype=np.float64)
+        elif self.heavy_tailed:
+            w = np.arange(1, len(self.levels) + 1, dtype=np.float64) ** (-self.heavy_tail_exponent)
+        else:
+            w = np.ones(len(self.levels))
+        return w / w.sum()
+
+
+def level_counts(total: int, weights: Sequence[float]) -> list[int]:
+    """Split `total` into integer counts proportional to `weights` (largest remainder method).
+
+    Deterministic (ties go to the earlier entry) and exact: the counts sum to `total`.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    raw = w * total
+    counts = np.floor(raw).astype(np.int64)
+    rest = total - int(counts.sum())
+    order = np.argsort(-(raw - counts), kind="stable")
+    counts[order[:rest]] += 1
+    return [int(c) for c in counts]
+
+
+def _draw(level: int, n: int, rng: np.random.Generator, exclude: set[str]) -> list[str]:
+    gen = LEVELS[level]
+    out: list[str] = []
+    attempts = 0
+    while len(out) < n:
+        p = gen(rng)
+        attempts += 1
+        if p in exclude:
+            if attempts > 1000 * (n + 10):
+                raise RuntimeError(f"level {level}: cannot draw problems outside the eval set")
+            continue
+        out.append(p)
+    return out
+
+
+def make_arithmetic(config: ArithmeticConfig = ArithmeticConfig()) -> tuple[list[dict], list[dict]]:
+    """Generate the (train, eval) example lists of the arithmetic task.
+
+    Args:
+      config: `ArithmeticConfig`.
+
+    Returns:
+      ``(train, eval)``: lists of example dicts ``{"id", "problem", "answer", "level",
+      "dataset"}``; ``id`` is the index within its own list; ``answer`` is the exact integer
+      answer as a decimal string; examples of all levels are shuffled together (seeded).
+      No problem string of `eval` occurs in `train`.
+    """
+    rng = np.random.default_rng([config.seed, 0xA417])
+    train_w = config.train_weights()
+    eval_w = np.ones(len(config.levels)) if config.eval_uniform else train_w
+    n_eval = level_counts(config.num_eval, eval_w)
+    n_train = level_counts(config.num_train, train_w)
+
+    eval_rows: list[tuple[str, int]] = []
+    train_rows: list[tuple[str, int]] = []
+    for level, ne, nt in zip(config.levels, n_eval, n_train):
+        lv_rng = np.random.default_rng([config.seed, 0xA417, level])
+        ev = _draw(level, ne, lv_rng, exclude=set())
+        tr = _draw(level, nt, lv_rng, exclude=set(ev))
+        eval_rows += [(p, level) for p in ev]
+        train_rows += [(p, level) for p in tr]
+
+    def finish(rows: list[tuple[str, int]]) -> list[dict]:
+        order = rng.permutation(len(rows))
+        return [
+            {"id": i, "problem": rows[j][0], "answer": str(evaluate_expression(rows[j][0])),
+             "level": rows[j][1], "dataset": DATASET_NAME}
+            for i, j in enumerate(order)
+        ]
+
+    return finish(train_rows), finish(eval_rows)
+
+
+def sft_examples(examples: Sequence[dict]) -> list[tuple[str, str]]:
+    """(prompt, completion) string pairs for supervised warm-up: ``("12+7=", "19")``.
+
+    The trainer appends EOS after the completion tokens.
+    """
+    return [(format_prompt(ex["problem"]), str(ex["answer"])) for ex in examples]
+
+
+# --------------------------------------------------------------------------------------------
+# Character tokenizer.
+# --------------------------------------------------------------------------------------------
+_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+_CHARS = "0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz"
+
+
+class CharTokenizer:
+    """Character-level tokenizer with the same protocol as the HF tokenizer wrapper.
+
+    Vocabulary (51 ids): 0 ``<pad>``, 1 ``<bos>``, 2 ``<eos>``, 3 ``<unk>``, then one id per
+    character of ``"0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz"`` (digits are ids 4..13).
+    Characters outside the vocabulary encode to ``<unk>`` (upper case is *not* folded).
+
+    `encode` does not add BOS or EOS (``add_bos=True`` prepends BOS); `decode` drops special
+    tokens by default (HF's ``skip_special_tokens``) and does not stop at EOS unless asked
+    (``stop_at_eos=True``): the trainer cuts completions at EOS via the completion mask.
+    """
+
+    pad_id: int = 0
+    bos_id: int | None = 1
+    eos_id: int = 2
+    unk_id: int = 3
+    eos_ids: tuple[int, ...] = (2,)
+
+    def __init__(self):
+        self._itos = list(_SPECIALS) + list(_CHARS)
+        self._stoi = {c: i for i, c in enumerate(_CHARS, start=len(_SPECIALS))}
+        self.vocab_size = len(self._itos)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Token ids of `text` (one per character), optionally with BOS first."""
+        ids = [self._stoi.get(c, self.unk_id) for c in text]
+        return ([self.bos_id] + ids) if add_bos else ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
+               stop_at_eos: bool = False) -> str:
+        """Text of `ids`. Special tokens are dropped (or rendered as ``<eos>`` etc. when
+        ``skip_special_tokens=False``); with ``stop_at_eos`` decoding stops at the first EOS."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if stop_at_eos and i in self.eos_ids:
+                break
+            if i < len(_SPECIALS):
+                if not skip_special_tokens:
+                    out.append(self._itos[i])
+                continue
+            if i >= self.vocab_size:
+                raise ValueError(f"token id {i} out of range [0, {self.vocab_size})")
+            out.append(self._itos[i])
+        return "".join(out)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            tokenize: bool = False, **unused) -> str | list[int]:
+        """Trivial chat template: the content of the last user message (no markup)."""
+        del add_generation_prompt, unused
+        user = [m["content"] for m in messages if m.get("role") == "user"]
+        if not user:
+            raise ValueError("apply_chat_template: no user message")
+        text = user[-1]
+        return self.encode(text) if tokenize else text
+
+    def __len__(self) -> int:
+        return self.vocab_size

@@ -1,0 +1,382 @@
+"""Loaders for the math-reasoning datasets and the generated arithmetic task.
+
+Every loader returns example dicts with the project-wide schema::
+
+    {"id": int, "problem": str, "answer": str, "level": int, "dataset": str, ...extras}
+
+``id`` is the example's position in the returned list (stable across runs: files are read in a
+fixed order and filters are deterministic), which is what `PromptSource` and the GDRO classifier
+key on; ``source_index`` keeps the row's index in the source file(s) (0-based, before filtering).
+``level`` is the difficulty label (MATH-500: 1..5; arithmetic: 1..5; otherwise -1).
+
+Datasets (folder under the data directory, files, splits):
+
+================ ================================== ===================================== =========
+name             files                              gold answer                           splits
+================ ================================== ===================================== =========
+gsm8k            gsm8k/{train,test}.jsonl           number after ``####`` (commas removed) train, test
+math500          math500/test.jsonl                 ``answer``                            test
+dapo_math        dapo_math_17k/dapo_math_17k.       ``answer`` (integer string)           train
+                 derived.part{1,2}.jsonl
+aime24, aime25   {aime24,aime25}/test.jsonl         ``answer`` (``"025"`` → ``"25"``)     test
+amc23            amc23/test.jsonl                   ``answer`` (``27.0`` → ``"27"``)      test
+minerva_math     minerva_math/test.jsonl            last ``\\boxed{}`` of ``solution``     test
+olympiadbench    olympiadbench/test.jsonl           ``final_answer`` (see below)           test
+arithmetic       generated (`make_arithmetic`)       exact integer                         train, test
+================ ================================== ===================================== =========
+
+``dapo_math`` configs: ``"full"`` (all 17,917 rows) and ``"en_dedup"`` (default; the paper's
+English de-duplicated subset): drop rows whose problem contains a CJK ideograph (U+3400-U+4DBF,
+U+4E00-U+9FFF, U+F900-U+FAFF: 3,432 rows), then de-duplicate on the whitespace-normalised
+problem (``" ".join(problem.split())``) keeping the first index: **13,987 rows**. The paper's
+subset (open-r1 ``en`` / TruthRL) has 14,116 rows because it de-duplicated the templated prompt
+text, where problems that differ only in whitespace stay distinct: de-duplicating on the
+*stripped* problem gives 14,042 = 14,116 - 74 (the 74 rows README's TruthRL note says become
+exact duplicates after stripping); normalising inner whitespace as well merges 55 more.
+
+OlympiadBench: ``final_answer`` is a one-element list of LaTeX. When ``is_multiple_answer`` is
+true the string holds several answers (``"$69$,$84$"``, ``"1,3,5"``, ``"$(1,2),(3,4)$"``): it is
+split at top-level commas into ``answers`` (list[str], ``$`` removed) and ``answer`` is
+``", ".join(answers)``; the reward verifies ``answers`` (all parts required). Otherwise
+``answers == [answer]``. ``unit`` (e.g. ``"km/h"``; ``""`` if none) is kept as a field and is
+not part of the gold.
+
+Data directory: ``source_dir`` argument, else env ``GRPO_JAX_DATA_DIR``, else
+``<repo root>/../shared/data`` when it exists (a checkout next to the shared data). A missing
+folder or file raises FileNotFoundError with one line naming the dataset, the path tried and the
+setting to change (config ``data.source_dir`` or env ``GRPO_JAX_DATA_DIR``).
+
+Bad rows (invalid JSON, a missing or empty problem or gold answer): ``bad_rows="error"`` raises
+ValueError naming the file and the 1-based line; ``bad_rows="skip"`` drops them and counts them
+(`load_with_stats` returns the counts).
+
+Reading path: plain JSONL by default (about 0.1 s for DAPO-17k). ``use_tfds=True`` goes through
+the TFDS builders in `grpo_jax.data.builders` (array_record files prepared once into
+``tfds_data_dir``, read back with ``tfds.data_source``); both paths return identical examples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import re
+from typing import Any, Callable, Iterator
+
+__all__ = [
+    "CJK_RE",
+    "DATASETS",
+    "ENV_VAR",
+    "default_source_dir",
+    "load",
+    "load_with_stats",
+    "normalize_ws",
+    "read_rows",
+    "resolve_source_dir",
+]
+
+ENV_VAR = "GRPO_JAX_DATA_DIR"
+_SETTING = f"config data.source_dir or env {ENV_VAR}"
+CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def normalize_ws(text: str) -> str:
+    """Whitespace-normalised text: runs of whitespace -> one space, ends stripped."""
+    return " ".join(text.split())
+
+
+def default_source_dir() -> pathlib.Path | None:
+    """``$GRPO_JAX_DATA_DIR``, else ``<repo root>/../shared/data`` if it exists, else None."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return pathlib.Path(env)
+    guess = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    return guess if guess.is_dir() else None
+
+
+def resolve_source_dir(name: str, source_dir: str | os.PathLike | None) -> pathlib.Path:
+    """The data directory for dataset `name` (see module docstring); FileNotFoundError if none."""
+    path = pathlib.Path(source_dir) if source_dir else default_source_dir()
+    if path is None:
+        guess = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
+        raise FileNotFoundError(
+            f"dataset {name!r}: no data directory (tried {guess}); set {_SETTING}")
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"dataset {name!r}: data directory not found: {path}; set {_SETTING}")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Row converters: raw JSON dict -> example fields (without id/dataset), or raise _BadRow.
+# ------------------------------------------------------------------------------------------------
+class _BadRow(ValueError):
+    pass
+
+
+def _text(row: dict, key: str) -> str:
+    v = row.get(key)
+    if v is None or (isinstance(v, str) and not v.strip()):
+        raise _BadRow(f"missing or empty {key!r}")
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise _BadRow(f"non-finite {key!r}")
+        v = str(int(v)) if v.is_integer() else repr(v)
+    return str(v).strip()
+
+
+def _int_like(s: str) -> str:
+    return str(int(s)) if re.fullmatch(r"[+-]?\d+", s) else s
+
+
+def _gsm8k(row: dict) -> dict:
+    from grpo_jax.rewards.extract import gsm8k_marker, normalize_number
+
+    solution = _text(row, "answer")
+    gold = gsm8k_marker(solution)
+    if gold is None:
+        raise _BadRow("no '#### <answer>' in 'answer'")
+    return {"problem": _text(row, "question"), "answer": normalize_number(gold),
+            "solution": solution, "level": -1}
+
+
+def _math500(row: dict) -> dict:
+    level = row.get("level")
+    return {"problem": _text(row, "problem"), "answer": _text(row, "answer"),
+            "solution": row.get("solution") or "", "level": int(level) if level is not None else -1,
+            "subject": row.get("subject") or "", "unique_id": row.get("unique_id") or ""}
+
+
+def _dapo(row: dict) -> dict:
+    return {"problem": _text(row, "problem"), "answer": _int_like(_text(row, "answer")), "level": -1}
+
+
+def _simple(row: dict) -> dict:
+    return {"problem": _text(row, "problem"), "answer": _int_like(_text(row, "answer")), "level": -1}
+
+
+def _minerva(row: dict) -> dict:
+    from grpo_jax.rewards.extract import last_boxed
+
+    solution = _text(row, "solution")
+    gold = last_boxed(solution)
+    if gold is None:
+        raise _BadRow("no \\boxed{} answer in 'solution'")
+    return {"problem": _text(row, "problem"), "answer": gold, "solution": solution, "level": -1,
+            "type": row.get("type") or ""}
+
+
+def _strip_dollars(s: str) -> str:
+    return s.replace("$", "").strip()
+
+
+def split_multiple_answer(text: str) -> list[str]:
+    """Split an OlympiadBench multi-answer string at top-level commas (``$`` removed)."""
+    from grpo_jax.rewards.verify import _split_top_level
+
+    return [p for p in (_strip_dollars(x) for x in _split_top_level(_strip_dollars(text))) if p]
+
+
+def _olympiad(row: dict) -> dict:
+    final = row.get("final_answer")
+    if isinstance(final, str):
+        final = [final]
+    if not final or not all(isinstance(x, str) and x.strip() for x in final):
+        raise _BadRow("missing or empty 'final_answer'")
+    if row.get("is_multiple_answer"):
+        answers = [p for x in final for p in split_multiple_answer(x)]
+    else:
+        answers = [_strip_dollars(x) for x in final]
+    answers = [a for a in answers if a]
+    if not answers:
+        raise _BadRow("empty 'final_answer'")
+    problem = _text(row, "question")
+    if row.get("context"):
+        problem = f"{str(row['context']).strip()}\n\n{problem}"
+    return {"problem": problem, "answer": ", ".join(answers), "answers": answers, "level": -1,
+            "is_multiple_answer": bool(row.get("is_multiple_answer")),
+            "unit": _strip_dollars(row.get("unit") or ""), "answer_type": row.get("answer_type") or "",
+            "solution": "\n".join(row.get("solution") or []) if isinstance(row.get("solution"), list)
+            else (row.get("solution") or "")}
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """Where a dataset lives and how its rows convert."""
+
+    name: str
+    folder: str
+    splits: dict[str, tuple[str, ...]]
+    convert: Callable[[dict], dict]
+    configs: tuple[str, ...] = ()
+    default_config: str | None = None
+
+
+DATASETS: dict[str, DatasetSpec] = {s.name: s for s in [
+    DatasetSpec("gsm8k", "gsm8k", {"train": ("train.jsonl",), "test": ("test.jsonl",)}, _gsm8k),
+    DatasetSpec("math500", "math500", {"test": ("test.jsonl",)}, _math500),
+    DatasetSpec("dapo_math", "dapo_math_17k",
+                {"train": ("dapo_math_17k.derived.part1.jsonl", "dapo_math_17k.derived.part2.jsonl")},
+                _dapo, configs=("en_dedup", "full"), default_config="en_dedup"),
+    DatasetSpec("aime24", "aime24", {"test": ("test.jsonl",)}, _simple),
+    DatasetSpec("aime25", "aime25", {"test": ("test.jsonl",)}, _simple),
+    DatasetSpec("amc23", "amc23", {"test": ("test.jsonl",)}, _simple),
+    DatasetSpec("minerva_math", "minerva_math", {"test": ("test.jsonl",)}, _minerva),
+    DatasetSpec("olympiadbench", "olympiadbench", {"test": ("test.jsonl",)}, _olympiad),
+]}
+NAMES = tuple(DATASETS) + ("arithmetic",)
+
+
+def _spec(name: str, split: str, config: str | None) -> tuple[DatasetSpec, str | None]:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(NAMES)}")
+    spec = DATASETS[name]
+    if split not in spec.splits:
+        raise ValueError(f"dataset {name!r} has no split {split!r}; splits: {tuple(spec.splits)}")
+    if spec.configs:
+        config = config or spec.default_config
+        if config not in spec.configs:
+            raise ValueError(f"dataset {name!r}: unknown config {config!r}; configs: {spec.configs}")
+    elif config:
+        raise ValueError(f"dataset {name!r} has no configs (got {config!r})")
+    return spec, config
+
+
+def source_files(name: str, split: str, source_dir=None) -> list[pathlib.Path]:
+    """The JSONL files of a split, checked to exist (FileNotFoundError: one line, see module)."""
+    spec, _ = _spec(name, split, None)
+    root = resolve_source_dir(name, source_dir)
+    files = [root / spec.folder / f for f in spec.splits[split]]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"dataset {name!r}: file not found: {f}; set {_SETTING}")
+    return files
+
+
+def read_rows(name: str, split: str, source_dir=None) -> Iterator[tuple[pathlib.Path, int, Any]]:
+    """Yield ``(file, 1-based line, parsed JSON or the raw line if invalid)`` for a split."""
+    for path in source_files(name, split, source_dir):
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield path, lineno, json.loads(line)
+                except json.JSONDecodeError:
+                    yield path, lineno, line
+
+
+def convert_rows(name: str, rows, *, bad_rows: str = "error", errors: list | None = None):
+    """Convert raw rows to examples (no filtering / ids). Returns ``(examples, num_skipped)``.
+
+    Each example gets ``source_index`` (its 0-based position among the raw rows of the split).
+    With ``bad_rows="skip"`` the error message of each skipped row is appended to `errors`.
+    """
+    if bad_rows not in ("error", "skip"):
+        raise ValueError(f"bad_rows must be 'error' or 'skip', got {bad_rows!r}")
+    spec = DATASETS[name]
+    out, skipped = [], 0
+    for index, (path, lineno, row) in enumerate(rows):
+        try:
+            if not isinstance(row, dict):
+                raise _BadRow("not a JSON object")
+            ex = spec.convert(row)
+        except _BadRow as e:
+            message = (f"dataset {name!r}: bad row at {path}:{lineno}: {e} "
+                       "(fix the file or load with bad_rows='skip')")
+            if bad_rows == "error":
+                raise ValueError(message) from None
+            if errors is not None:
+                errors.append(message)
+            skipped += 1
+            continue
+        ex["source_index"] = index
+        out.append(ex)
+    return out, skipped
+
+
+def filter_examples(name: str, config: str | None, examples: list[dict]) -> tuple[list[dict], dict]:
+    """Apply a config's filters (DAPO ``en_dedup``); returns ``(examples, counts)``."""
+    counts = {"num_dropped_cjk": 0, "num_dropped_duplicates": 0}
+    if name == "dapo_math" and config == "en_dedup":
+        seen: set[str] = set()
+        kept = []
+        for ex in examples:
+            if CJK_RE.search(ex["problem"]):
+                counts["num_dropped_cjk"] += 1
+                continue
+            key = normalize_ws(ex["problem"])
+            if key in seen:
+                counts["num_dropped_duplicates"] += 1
+                continue
+            seen.add(key)
+            kept.append(ex)
+        examples = kept
+    return examples, counts
+
+
+def finalize(name: str, examples: list[dict]) -> list[dict]:
+    """Assign ``id`` = position and ``dataset`` = name (in place; returns the list)."""
+    for i, ex in enumerate(examples):
+        ex["id"] = i
+        ex["dataset"] = name
+    return examples
+
+
+def load_with_stats(name: str, split: str = "test", *, source_dir: str | os.PathLike | None = None,
+                    config: str | None = None, bad_rows: str = "error", use_tfds: bool = False,
+                    tfds_data_dir: str | os.PathLike | None = None,
+                    arithmetic_config=None) -> tuple[list[dict], dict]:
+    """Load a dataset split; also return counts.
+
+    Args:
+      name: one of `NAMES` (``gsm8k``, ``math500``, ``dapo_math``, ``aime24``, ``aime25``,
+        ``amc23``, ``minerva_math``, ``olympiadbench``, ``arithmetic``).
+      split: ``"train"`` / ``"test"`` (see the table; ``arithmetic`` also accepts ``"eval"``).
+      source_dir: data directory (default: see module docstring).
+      config: dataset config (``dapo_math``: ``"en_dedup"`` default, or ``"full"``).
+      bad_rows: ``"error"`` or ``"skip"``.
+      use_tfds: read through the TFDS builder (array_record, prepared on first use).
+      tfds_data_dir: TFDS data dir for the prepared files (default ``~/tensorflow_datasets``).
+      arithmetic_config: `ArithmeticConfig` for ``name="arithmetic"`` (default config).
+
+    Returns:
+      ``(examples, stats)`` with stats ``{"num_rows": raw rows read, "num_skipped": bad rows
+      skipped, "num_dropped_cjk", "num_dropped_duplicates", "num_examples"}``.
+
+    Raises:
+      ValueError: unknown name/split/config, a bad row with ``bad_rows="error"``.
+      FileNotFoundError: data directory or file missing (one line naming dataset, path, setting).
+    """
+    if name == "arithmetic":
+        from grpo_jax.data.arithmetic import ArithmeticConfig, make_arithmetic
+
+        if split not in ("train", "test", "eval"):
+            raise ValueError(f"dataset 'arithmetic' has splits train/test (eval), got {split!r}")
+        train, evals = make_arithmetic(arithmetic_config or ArithmeticConfig())
+        examples = train if split == "train" else evals
+        return examples, {"num_rows": len(examples), "num_skipped": 0, "num_dropped_cjk": 0,
+                          "num_dropped_duplicates": 0, "num_examples": len(examples)}
+    spec, config = _spec(name, split, config)
+    if use_tfds:
+        from grpo_jax.data import builders
+
+        examples, stats = builders.load_via_tfds(name, split, config=config, source_dir=source_dir,
+                                                 data_dir=tfds_data_dir, bad_rows=bad_rows)
+        return examples, stats
+    rows = list(read_rows(name, split, source_dir))
+    examples, skipped = convert_rows(name, rows, bad_rows=bad_rows)
+    examples, counts = filter_examples(name, config, examples)
+    finalize(name, examples)
+    stats = {"num_rows": len(rows), "num_skipped": skipped, **counts, "num_examples": len(examples)}
+    return examples, stats
+
+
+def load(name: str, split: str = "test", *, source_dir: str | os.PathLike | None = None,
+         config: str | None = None, bad_rows: str = "error", use_tfds: bool = False,
+         tfds_data_dir: str | os.PathLike | None = None, arithmetic_config=None) -> list[dict]:
+    """`load_with_stats` without the stats (see there for arguments and errors)."""
+    return load_with_stats(name, split, source_dir=source_dir, config=config, bad_rows=bad_rows,
+                           use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
+                           arithmetic_config=arithmetic_config)[0]

@@ -1,0 +1,67 @@
+"""Prompt templates.
+
+* ``"plain"``: ``problem + " " + suffix`` (no chat markup): for base models, the paper's RL-from-
+  base setting (spec/gdro.md §5: Qwen3-Base with the DAPO suffix below).
+* ``"chat"``: the tokenizer's chat template with one user message ``problem + " " + suffix``
+  (and an optional system message), ``add_generation_prompt=True``: for instruct models such
+  as SmolLM2-135M-Instruct.
+* ``"arithmetic"``: ``problem + "="`` (`grpo_jax.data.arithmetic.format_prompt`); no suffix.
+
+`suffix` defaults to `DAPO_SUFFIX` for plain/chat; pass ``suffix=""`` for none.
+"""
+from __future__ import annotations
+
+__all__ = ["DAPO_SUFFIX", "TEMPLATES", "render_prompt", "render_example"]
+
+DAPO_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
+TEMPLATES = ("plain", "chat", "arithmetic")
+
+
+def render_prompt(problem: str, *, template: str = "plain", tokenizer=None,
+                  suffix: str | None = None, system: str | None = None) -> str:
+    """Render the prompt text the model sees for one problem.
+
+    Args:
+      problem: problem statement.
+      template: ``"plain"`` | ``"chat"`` | ``"arithmetic"``.
+      tokenizer: needed for ``"chat"``: anything with
+        ``apply_chat_template(messages, add_generation_prompt=True, tokenize=False) -> str``
+        (our HF wrapper, `CharTokenizer`, or a transformers tokenizer).
+      suffix: instruction appended after the problem (one space between); None =
+        `DAPO_SUFFIX` for plain/chat. Not allowed for ``"arithmetic"``.
+      system: optional system message (chat only).
+
+    Returns:
+      The prompt string (to be tokenised without adding further special tokens by the caller,
+      except a BOS the model family needs).
+
+    Raises:
+      ValueError: unknown template, empty problem, missing tokenizer for chat, suffix or system
+        given where unused.
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError("render_prompt: empty problem")
+    if template == "arithmetic":
+        if suffix or system:
+            raise ValueError("the arithmetic template takes no suffix or system message")
+        from grpo_jax.data.arithmetic import format_prompt
+
+        return format_prompt(problem)
+    suffix = DAPO_SUFFIX if suffix is None else suffix
+    content = f"{problem.strip()} {suffix}" if suffix else problem.strip()
+    if template == "plain":
+        if system:
+            raise ValueError("the plain template takes no system message (use template='chat')")
+        return content
+    if tokenizer is None:
+        raise ValueError("template='chat' needs a tokenizer with apply_chat_template")
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": content}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def render_example(example: dict, **kwargs) -> str:
+    """`render_prompt(example["problem"], **kwargs)`."""
+    return render_prompt(example["problem"], **kwargs)

@@ -1,0 +1,326 @@
+"""Builds everything a run needs from its config: mesh, model, tokenizer, data, reward, optimizer.
+
+`build_experiment(config)` returns an `Experiment`; `train.py` holds the loop. Kept apart so
+that evaluation, the AOT compile check and notebooks can build the same pieces.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from grpo_jax import gdro
+from grpo_jax import sampling
+from grpo_jax import sharding
+from grpo_jax.config_utils import ConfigError
+from grpo_jax.data import pipeline as pipeline_lib
+from grpo_jax.data import templates
+from grpo_jax.models import config as model_config_lib
+from grpo_jax.models import transformer
+
+
+@dataclasses.dataclass
+class Experiment:
+  """The built pieces of one run (host objects; device state lives in TrainState)."""
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  model_config: Any
+  graphdef: Any
+  param_shardings: Any
+  init_params_fn: Callable[[], Any]
+  tokenizer: Any
+  prompt_len: int
+  max_new_tokens: int
+  # training prompts, indexed by prompt id (= position in `examples`)
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  golds: list
+  levels: list
+  examples: list
+  num_prompt_ids: int
+  eval_sets: dict
+  reward_fn: Any
+  train_sampling: Any
+  eval_sampling: Any
+  tx: Any
+  mini_batch_size: int
+  on_policy: bool
+  classifier_cfg: Any
+  prompt_gdro_cfg: Any
+  rollout_gdro_cfg: Any
+  num_bins: int
+  data_stats: dict
+  critic_graphdef: Any = None
+  critic_init_fn: Callable[[], Any] | None = None
+  critic_tx: Any = None
+  ref_params: Any = None
+
+  # --- helpers used by the loop
+  @property
+  def all_prompt_ids(self) -> jax.Array:
+    return jnp.arange(self.num_prompt_ids, dtype=jnp.int32)
+
+  def to_device(self, x: np.ndarray) -> jax.Array:
+    """Host batch -> global array sharded over the batch axes (multi-host safe)."""
+    return jax.make_array_from_process_local_data(sharding.batch_sharding(self.mesh, x.ndim), x)
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode([int(i) for i in ids if int(i) not in self.tokenizer.eos_ids])
+
+  def make_source(self):
+    return pipeline_lib.PromptSource(self.examples, self.config.rollout.prompts_per_step,
+                                     seed=self.config.seed, process_index=jax.process_index(),
+                                     process_count=jax.process_count())
+
+  def init_state(self, make_state):
+    """TrainState materialised directly into its sharding (shapes first via eval_shape)."""
+    params = jax.jit(self.init_params_fn, out_shardings=self.param_shardings)()
+    kwargs = {}
+    if self.critic_init_fn is not None:
+      cparams = jax.jit(self.critic_init_fn)()
+      kwargs = {"critic_params": cparams, "critic_opt_state": self.critic_tx.init(cparams)}
+    return make_state(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
+                      rng=jax.random.PRNGKey(self.config.seed), skips=jnp.zeros((), jnp.int32),
+                      **kwargs)
+
+  def set_ref_params(self, restored, state) -> None:
+    """The frozen reference: the starting policy (after any warm start)."""
+    if self.config.algorithm.kl_coef <= 0:
+      self.ref_params = None
+    elif restored is not None:
+      self.ref_params = restored
+    else:
+      self.ref_params = jax.tree.map(jnp.copy, state.params)
+
+  def ref_params_or_none(self, state):
+    if self.config.algorithm.kl_coef <= 0:
+      return None
+    return self.ref_params if self.ref_params is not None else state.params
+
+  def sft_data(self):
+    """(tokens [N, Lp + La], attention mask, target mask) for the supervised warm start."""
+    answers = [self.tokenizer.encode(str(g)) + [self.tokenizer.eos_ids[0]] for g in self.golds]
+    la = min(max(len(a) for a in answers), self.max_new_tokens)
+    n = len(answers)
+    ans = np.full((n, la), self.tokenizer.pad_id, np.int32)
+    amask = np.zeros((n, la), bool)
+    for i, a in enumerate(answers):
+      a = a[:la]
+      ans[i, :len(a)] = a
+      amask[i, :len(a)] = True
+    tokens = np.concatenate([self.prompt_tokens, ans], axis=1)
+    mask = np.concatenate([self.prompt_mask, amask], axis=1)
+    target = np.concatenate([np.zeros_like(self.prompt_mask), amask], axis=1).astype(np.float32)
+    return tokens, mask, target
+
+  def close(self) -> None:
+    close = getattr(self.reward_fn, "close", None)
+    if close is not None:
+      close()
+
+
+def encode_prompts(tokenizer, texts: list[str], max_len: int, overlong: str):
+  """Left-pads token ids to ``max_len``.
+
+  Returns:
+    (tokens [N, max_len] int32, mask [N, max_len] bool, kept [N] bool). Prompts longer than
+    ``max_len`` are dropped (``overlong="skip"``; kept=False) or cut from the left
+    (``"truncate"``, keeping the end of the prompt, where the question and template are).
+  """
+  n = len(texts)
+  tokens = np.full((n, max_len), tokenizer.pad_id, np.int32)
+  mask = np.zeros((n, max_len), bool)
+  kept = np.ones((n,), bool)
+  for i, text in enumerate(texts):
+    ids = tokenizer.encode(text)
+    if len(ids) > max_len:
+      if overlong == "skip":
+        kept[i] = False
+        continue
+      ids = ids[-max_len:]
+    if ids:
+      tokens[i, max_len - len(ids):] = ids
+      mask[i, max_len - len(ids):] = True
+  return tokens, mask, kept
+
+
+def _load_model(config, tokenizer):
+  mc = config.model
+  overrides = dict(mc.overrides.to_dict()) if mc.overrides else {}
+  overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
+  overrides.update(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
+  if mc.hf_checkpoint or mc.gguf_path:
+    from grpo_jax.models import loading
+    if mc.hf_checkpoint:
+      model_cfg, graphdef, params = loading.load_hf_checkpoint(mc.hf_checkpoint)
+    else:
+      model_cfg, graphdef, params = loading.load_gguf(mc.gguf_path)
+    model_cfg = dataclasses.replace(model_cfg, **{k: v for k, v in overrides.items()
+                                                  if k in ("dtype", "remat")})
+    graphdef, _ = nnx.split(_abstract_model(model_cfg), nnx.Param)
+    pure = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
+    if mc.param_dtype:
+      pure = jax.tree.map(lambda x: x.astype(mc.param_dtype), pure)
+    return model_cfg, graphdef, lambda: pure
+  model_cfg = model_config_lib.get_preset(mc.preset, **overrides)
+
+  def init():
+    with nnx.use_eager_sharding(False):
+      model = transformer.Transformer(model_cfg, rngs=nnx.Rngs(config.seed))
+    return nnx.split(model, nnx.Param)[1].to_pure_dict()
+
+  graphdef, _ = nnx.split(_abstract_model(model_cfg), nnx.Param)
+  return model_cfg, graphdef, init
+
+
+def _abstract_model(model_cfg, cls=None):
+  cls = cls or transformer.Transformer
+  with nnx.use_eager_sharding(False):
+    return nnx.eval_shape(lambda: cls(model_cfg, rngs=nnx.Rngs(0)))
+
+
+def _load_tokenizer(config):
+  if config.data.name == "arithmetic":
+    from grpo_jax.data import arithmetic
+    return arithmetic.CharTokenizer()
+  from grpo_jax.models import tokenizer as tokenizer_lib
+  if config.model.hf_checkpoint:
+    return tokenizer_lib.Tokenizer.from_dir(config.model.hf_checkpoint)
+  if config.model.gguf_path:
+    return tokenizer_lib.Tokenizer.from_gguf(config.model.gguf_path)
+  raise ConfigError("config.model: a non-arithmetic dataset needs a tokenizer: set "
+                    "config.model.hf_checkpoint or config.model.gguf_path")
+
+
+def _load_examples(config, name: str, split: str) -> list[dict]:
+  if name == "arithmetic":
+    from grpo_jax.data import arithmetic
+    acfg = arithmetic.ArithmeticConfig(**config.data.arithmetic.to_dict())
+    train, evals = arithmetic.make_arithmetic(acfg)
+    return train if split == "train" else evals
+  from grpo_jax.data import datasets
+  return datasets.load(name, split, source_dir=config.data.source_dir or None,
+                       config=(config.data.config or None) if name == config.data.name else None,
+                       bad_rows=config.data.bad_rows)
+
+
+def render(config, tokenizer, problem: str) -> str:
+  return templates.render_prompt(problem, template=config.data.template, tokenizer=tokenizer)
+
+
+def make_reward_fn(config):
+  from grpo_jax import rewards
+  task = {"arithmetic": "arithmetic", "gsm8k": "gsm8k"}.get(config.data.name, "math")
+  return rewards.RewardFn(rewards.RewardConfig(
+      task=task, scale=config.algorithm.reward_scale, format_reward=config.reward.format_reward,
+      timeout_s=config.reward.timeout_s, num_workers=config.reward.num_workers))
+
+
+def gdro_configs(config):
+  """The controllers' static configs from `config.gdro` (they validate on construction)."""
+  g = config.gdro
+  try:
+    cls_cfg = gdro.ClassifierConfig(edges=tuple(g.edges), history=g.history, delta=max(g.delta, 0.0),
+                                    unseen_bin=g.unseen_bin, statistic=g.statistic, pass_k=g.pass_k)
+    pg_cfg = gdro.PromptGDROConfig(eta=g.eta_q, gamma=g.gamma_q, beta=g.beta,
+                                   weight_cap=g.weight_cap, score_clip=g.score_clip or None,
+                                   apply=g.apply, signal=g.signal)
+    rg_cfg = gdro.RolloutGDROConfig(allocator=g.allocator, n_min=g.n_min, n_max=g.n_max,
+                                    n_bar=config.rollout.rollouts_per_prompt, eta=g.eta_n,
+                                    gamma=g.gamma_n, ema_decay=g.arm_ema, alpha_mu=g.alpha_mu,
+                                    v_floor=g.v_floor, signal=g.signal)
+  except ValueError as e:
+    raise ConfigError(f"config.gdro: {e}") from None
+  return cls_cfg, pg_cfg, rg_cfg
+
+
+def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = True) -> Experiment:
+  """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run."""
+  from grpo_jax import train as train_lib  # make_optimizer
+  mesh = sharding.make_mesh({"data": config.mesh.data, "fsdp": config.mesh.fsdp,
+                             "tensor": config.mesh.tensor})
+  P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
+  R = P * n_bar
+  div = sharding.batch_divisor(mesh)
+  if R % div:
+    raise ConfigError(f"config.rollout: prompts_per_step * rollouts_per_prompt = {R} rollouts do not "
+                      f"divide over the mesh's data x fsdp = {div} shards; make R a multiple of {div}")
+  mb = config.algorithm.mini_batch_size or R
+  if R % mb or mb % div:
+    raise ConfigError(f"config.algorithm.mini_batch_size={mb} must divide R={R} and be a multiple of "
+                      f"the mesh's data x fsdp = {div}")
+  tokenizer = _load_tokenizer(config)
+  model_cfg, graphdef, init_fn = _load_model(config, tokenizer)
+  abstract_state = nnx.split(_abstract_model(model_cfg), nnx.Param)[1]
+  shardings = sharding.param_shardings(abstract_state, mesh)
+
+  lp = config.data.max_prompt_tokens
+  data_stats = {}
+  examples, eval_sets = [], {}
+  tokens = mask = np.zeros((0, lp), np.int32)
+  golds, levels = [], []
+  if with_data:
+    raw = _load_examples(config, config.data.name, config.data.split)
+    if config.data.max_train_examples:
+      raw = raw[:config.data.max_train_examples]
+    texts = [render(config, tokenizer, ex["problem"]) for ex in raw]
+    tokens, mask, kept = encode_prompts(tokenizer, texts, lp, config.data.overlong_prompts)
+    data_stats = {"train_examples": len(raw), "overlong_prompts": int((~kept).sum())}
+    # ids = positions after filtering (stable for a given dataset and config; the classifier keys on them)
+    examples = pipeline_lib.reindex([ex for ex, k in zip(raw, kept) if k])
+    if not examples:
+      raise ConfigError(f"config.data.max_prompt_tokens={lp}: every training prompt is longer; raise it")
+    tokens, mask = tokens[kept], mask[kept]
+    num_ids = len(examples)
+    golds = [ex.get("answers", ex["answer"]) for ex in examples]
+    levels = [int(ex.get("level", -1)) for ex in examples]
+    for name in config.eval.datasets:
+      evs = _load_examples(config, name, "eval" if name == "arithmetic" else "test")
+      if config.eval.max_examples:
+        evs = evs[:config.eval.max_examples]
+      eval_sets[name] = evs
+  else:
+    num_ids = 1
+
+  steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)
+  tx = train_lib.make_optimizer(config.optimizer, steps_updates)
+  sc = config.rollout
+  eos = tuple(tokenizer.eos_ids)
+  train_sampling = sampling.SamplingConfig(max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
+                                           top_k=sc.top_k, top_p=sc.top_p, eos_ids=eos,
+                                           pad_id=tokenizer.pad_id)
+  ec = config.eval
+  eval_sampling = sampling.SamplingConfig(max_new_tokens=ec.max_new_tokens or sc.max_new_tokens,
+                                          temperature=ec.temperature, top_k=ec.top_k, top_p=ec.top_p,
+                                          eos_ids=eos, pad_id=tokenizer.pad_id)
+  cls_cfg, pg_cfg, rg_cfg = gdro_configs(config)
+  exp = Experiment(
+      config=config, mesh=mesh, model_config=model_cfg, graphdef=graphdef,
+      param_shardings=shardings, init_params_fn=init_fn, tokenizer=tokenizer, prompt_len=lp,
+      max_new_tokens=sc.max_new_tokens, prompt_tokens=tokens, prompt_mask=mask, golds=golds,
+      levels=levels, examples=examples, num_prompt_ids=num_ids,
+      eval_sets=eval_sets, reward_fn=make_reward_fn(config) if with_data else None,
+      train_sampling=train_sampling, eval_sampling=eval_sampling, tx=tx, mini_batch_size=mb,
+      on_policy=(config.algorithm.num_iterations == 1 and mb == R),
+      classifier_cfg=cls_cfg, prompt_gdro_cfg=pg_cfg, rollout_gdro_cfg=rg_cfg,
+      num_bins=len(config.gdro.edges) + 1, data_stats=data_stats)
+  if config.algorithm.name == "ppo":
+    critic_abstract = _abstract_model(model_cfg, transformer.CriticModel)
+    exp.critic_graphdef = nnx.split(critic_abstract, nnx.Param)[0]
+
+    def critic_init():
+      with nnx.use_eager_sharding(False):
+        critic = transformer.CriticModel(model_cfg, rngs=nnx.Rngs(config.seed + 1))
+      return nnx.split(critic, nnx.Param)[1].to_pure_dict()
+    exp.critic_init_fn = critic_init
+    exp.critic_tx = train_lib.make_optimizer(config.optimizer, steps_updates,
+                                             learning_rate=config.algorithm.ppo_critic_lr)
+  return exp

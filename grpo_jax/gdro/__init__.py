@@ -1,0 +1,44 @@
+"""GDRO controllers: the online difficulty classifier, Prompt-GDRO and Rollout-GDRO.
+
+Source: Panaganti et al., arXiv 2601.19280 (2026); spec: shared/spec/gdro.md. All state is
+``flax.struct.dataclass`` pytrees (checkpoint with Orbax); configs are frozen, hashable
+dataclasses (jit static args) that validate on construction.
+
+One step of the trainer::
+
+  bins = classify(ccfg, cstate, ids)                                   # [P], past visits only
+  alloc = allocate(rcfg, rstate, bins, bin_success(ccfg, cstate, ids, bins), prompt_ids=ids)
+  #       (or fixed_allocation(bins, n_bar, B))  -> alloc.segment_ids [R], R = P * n_bar
+  rollout_bins = bins[alloc.segment_ids]                               # each rollout's own bin
+  w = prompt_gdro_weights(pcfg, pstate, rollout_bins)                  # [R], multiplies advantages
+  ... generate, reward, update (per_rollout_loss from losses.policy_loss) ...
+  signal = loss_signal(pcfg, per_rollout_loss=per_rollout_loss, correct=correct)
+  pstate, diag = prompt_gdro_update(pcfg, pstate, rollout_bins, signal, rewards=rewards)
+  rstate, diag = rollout_gdro_update(rcfg, rstate, alloc, bins, signal, rewards)
+  cstate = classifier_update(ccfg, cstate, ids, visit_outcome(ccfg, correct, alloc.segment_ids, P))
+
+``apply="resample"``: ``all_bins = classify(ccfg, cstate, all_ids)``,
+``q = prompt_gdro_q(pcfg, pstate, all_bins)``, ``ids = sample_prompts_by_bin(q, all_bins, key, P)``.
+"""
+from grpo_jax.gdro.classifier import (ClassifierConfig, ClassifierState, bin_success,
+                                      classifier_init, classifier_update, classify,
+                                      success_estimate, visit_outcome)
+from grpo_jax.gdro.prompt_gdro import (PromptGDROConfig, PromptGDROState, loss_signal,
+                                       prompt_gdro_diagnostics, prompt_gdro_init, prompt_gdro_q,
+                                       prompt_gdro_update, prompt_gdro_weights,
+                                       sample_prompts_by_bin)
+from grpo_jax.gdro.rollout_gdro import (Allocation, RolloutGDROConfig, RolloutGDROState,
+                                        allocate, arm_probs, fixed_allocation,
+                                        rollout_gdro_diagnostics, rollout_gdro_init,
+                                        rollout_gdro_update, solve_arms_dp, sqrt_allocation)
+
+__all__ = [
+    "ClassifierConfig", "ClassifierState", "classifier_init", "classify", "classifier_update",
+    "success_estimate", "visit_outcome", "bin_success",
+    "PromptGDROConfig", "PromptGDROState", "prompt_gdro_init", "prompt_gdro_q",
+    "prompt_gdro_weights", "prompt_gdro_update", "prompt_gdro_diagnostics",
+    "sample_prompts_by_bin", "loss_signal",
+    "RolloutGDROConfig", "RolloutGDROState", "Allocation", "rollout_gdro_init", "allocate",
+    "arm_probs", "solve_arms_dp", "sqrt_allocation", "fixed_allocation", "rollout_gdro_update",
+    "rollout_gdro_diagnostics",
+]

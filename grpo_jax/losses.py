@@ -1,0 +1,694 @@
+"""Log-probs from logits, the clipped GRPO/PPO policy loss, KL estimators and the PPO baseline.
+
+Shapes: `R` rollouts (rows), `T` completion tokens, `V` vocabulary. `completion_mask [R, T]` is
+1 on real completion tokens (up to and including EOS) and 0 elsewhere. Masked positions of every
+`[R, T]` input may hold NaN/inf garbage: each function replaces them with `jnp.where` *before*
+any arithmetic, so they change neither a value nor a gradient (multiplying by the mask would
+not do: `NaN * 0 = NaN`).
+
+Sources: Schulman et al. 2017, *PPO* (arXiv 1707.06347), Eq. 7 (clipped surrogate) and
+Schulman et al. 2015, *GAE* (arXiv 1506.02438), Eq. 16; Shao et al. 2024, *DeepSeekMath*
+(arXiv 2402.03300), Eq. 3 (GRPO objective, seq-mean-token-mean, k3 KL to the reference);
+Yu et al. 2025, *DAPO* (arXiv 2503.14476), Eq. 8-12 (clip-higher `epsilon_high > epsilon_low`,
+token-level loss); Liu et al. 2025, *Dr. GRPO* (arXiv 2503.20783), Eq. 3 (constant normaliser);
+Ye et al. 2020 (dual clip, arXiv 1912.09729, Eq. 5); Zheng et al. 2025, *GSPO*
+(arXiv 2507.18071), Eq. 7 (sequence-level ratio); Schulman 2020, "Approximating KL
+divergence" (k1/k2/k3).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+DEFAULT_CHUNK_SIZE = 128
+LOSS_AGG_MODES = (
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+RATIO_LEVELS = ("token", "sequence")
+KL_KINDS = ("k1", "k2", "k3")
+LOG_RATIO_CLAMP = 20.0
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _f32(x) -> jax.Array:
+    return jnp.asarray(x).astype(jnp.float32)
+
+
+def _bool_mask(completion_mask) -> jax.Array:
+    completion_mask = jnp.asarray(completion_mask)
+    if completion_mask.dtype == jnp.bool_:
+        return completion_mask
+    return completion_mask > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probs and entropy from logits, chunked over the sequence.
+# ----------------------------------------------------------------------------------------------
+
+def _sliceable_view(logits: jax.Array):
+    """A view of `logits` that XLA slices in place, and the map back to `logits.dtype`.
+
+    On XLA:CPU, which has no native bfloat16/float16 slicing, float normalisation rewrites the
+    in-loop `dynamic_slice` of a 16-bit array to slice a float32 convert of the *whole*
+    `[R, T, V]` array, and loop-invariant code motion hoists that convert out of the loop:
+    the very float32 copy that chunking avoids. There 16-bit floats are bitcast to uint16
+    (integer slices are never upcast); the bitcast costs one 16-bit copy on CPU. GPU/TPU slice
+    16-bit floats natively and use the array as is.
+    """
+    if jnp.dtype(logits.dtype).itemsize == 2 and jax.default_backend() == "cpu":
+        dt = logits.dtype
+        return (lax.bitcast_convert_type(logits, jnp.uint16),
+                lambda u: lax.bitcast_convert_type(u, dt))
+    return logits, lambda u: u
+
+
+def _chunk_layout(t: int, chunk_size: int):
+    """Static chunk width `c` and starts; the last chunk starts at `T - c` (may overlap)."""
+    c = max(1, min(int(chunk_size), t))
+    n = -(-t // c)
+    return c, n, [min(i * c, t - c) for i in range(n)]
+
+
+def _chunked_forward(fn, chunk_size, logits, temperature, *others):
+    r, t = logits.shape[:2]
+    c, n, starts = _chunk_layout(t, chunk_size)
+    view, restore = _sliceable_view(logits)
+
+    def step(_, start):
+        lc = restore(lax.dynamic_slice_in_dim(view, start, c, axis=1))
+        oc = [lax.dynamic_slice_in_dim(o, start, c, axis=1) for o in others]
+        return None, fn(lc.astype(jnp.float32) / temperature, *oc)
+
+    _, outs = lax.scan(step, None, jnp.asarray(starts, jnp.int32))
+
+    def assemble(o):                                        # [n, R, c] -> [R, T]
+        o = jnp.moveaxis(o, 0, 1)
+        if n * c == t:
+            return o.reshape(r, t)
+        tail = t - (n - 1) * c
+        return jnp.concatenate([o[:, :n - 1].reshape(r, (n - 1) * c), o[:, n - 1, c - tail:]],
+                               axis=1)
+
+    return tuple(assemble(o) for o in outs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _chunked(fn, chunk_size, logits, temperature, *others):
+    """`fn(logits[:, s:s+c] / temperature in float32, *[o[:, s:s+c]]) -> tuple of [R, c]`, chunked.
+
+    Forward: a `lax.scan` over sequence chunks taken by `lax.dynamic_slice` (no reshape, pad or
+    float32 copy of `logits`). Backward (custom VJP): a second scan recomputes each chunk's
+    float32 forward, takes its VJP and writes the chunk's cotangent (in `logits.dtype`) into
+    the gradient buffer with `dynamic_update_slice`; residuals are only the inputs. Peak extra
+    memory is O(one float32 `[R, c, V]` chunk) in both passes. Where the last chunk overlaps
+    the previous one, both write identical values. No gradient flows to `temperature` or to
+    the integer `others`; forward-mode (`jax.jvp`) is not supported.
+    """
+    return _chunked_forward(fn, chunk_size, logits, temperature, *others)
+
+
+def _chunked_fwd(fn, chunk_size, logits, temperature, *others):
+    return _chunked_forward(fn, chunk_size, logits, temperature, *others), (
+        logits, temperature, others)
+
+
+def _chunked_bwd(fn, chunk_size, res, g):
+    logits, temperature, others = res
+    t = logits.shape[1]
+    c, _, starts = _chunk_layout(t, chunk_size)
+    view, restore = _sliceable_view(logits)
+
+    def step(buf, start):
+        lc = restore(lax.dynamic_slice_in_dim(view, start, c, axis=1))
+        oc = [lax.dynamic_slice_in_dim(o, start, c, axis=1) for o in others]
+        gc = tuple(lax.dynamic_slice_in_dim(gi.astype(jnp.float32), start, c, axis=1)
+                   for gi in g)
+        _, vjp = jax.vjp(lambda x: fn(x.astype(jnp.float32) / temperature, *oc), lc)
+        (dl,) = vjp(gc)
+        dl, _ = _sliceable_view(dl.astype(logits.dtype))
+        return lax.dynamic_update_slice_in_dim(buf, dl, start, axis=1), None
+
+    buf, _ = lax.scan(step, jnp.zeros_like(view), jnp.asarray(starts, jnp.int32))
+    return (restore(buf), jnp.zeros_like(temperature)) + tuple(None for _ in others)
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+def _logprob_chunk(x, targets):
+    lse = jax.nn.logsumexp(x, axis=-1)
+    tgt = jnp.take_along_axis(x, targets[..., None], axis=-1)[..., 0]
+    return (tgt - lse,)
+
+
+def _entropy_chunk(x):
+    logp = x - jax.nn.logsumexp(x, axis=-1, keepdims=True)
+    return (-jnp.sum(jnp.exp(logp) * logp, axis=-1),)      # sum of non-negative terms
+
+
+def _check_temperature(temperature) -> None:
+    if _concrete(temperature) and not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _check_chunk_size(chunk_size) -> None:
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def logprobs_from_logits(logits: chex.Array, targets: chex.Array, temperature: float = 1.0,
+                         *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+    """Log-probability of `targets` under `softmax(logits / temperature)`, position by position.
+
+    No shift: `out[r, t] = log_softmax(logits[r, t] / temperature)[targets[r, t]]`. The
+    log-softmax runs in float32 even for bfloat16 logits, in sequence chunks of `chunk_size`
+    positions (see `token_logprobs` for the memory argument); differentiable w.r.t. `logits`.
+
+    Args:
+      logits: `[R, T, V]` float (bfloat16/float16/float32), already aligned with `targets`.
+      targets: `[R, T]` integer token ids. Ids outside `[0, V)` are clamped into range (such
+        positions are expected to be masked out by the caller).
+      temperature: sampling temperature (> 0); use the one used for sampling, or the
+        importance ratio is not 1 at step 0.
+      chunk_size: positions per chunk (static int >= 1).
+
+    Returns:
+      `[R, T]` float32 log-probs (nats, <= 0).
+
+    Raises:
+      ValueError: `temperature <= 0` or `chunk_size < 1`.
+      AssertionError: (chex) wrong ranks/shapes/dtypes.
+    """
+    logits = jnp.asarray(logits)
+    targets = jnp.asarray(targets)
+    chex.assert_rank(logits, 3)
+    chex.assert_rank(targets, 2)
+    chex.assert_type(logits, float)
+    chex.assert_type(targets, int)
+    chex.assert_equal_shape_prefix([logits, targets], 2)
+    _check_temperature(temperature)
+    _check_chunk_size(chunk_size)
+    r, t, v = logits.shape
+    if t == 0:
+        return jnp.zeros((r, 0), jnp.float32)
+    targets = jnp.clip(targets, 0, v - 1).astype(jnp.int32)
+
+    (out,) = _chunked(_logprob_chunk, int(chunk_size), logits, _f32(temperature), targets)
+    return out
+
+
+def token_logprobs(logits: chex.Array, tokens: chex.Array, temperature: float = 1.0,
+                   *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+    """Log-probs of `tokens[:, 1:]` under the logits computed on `tokens` (shift by one).
+
+    The model's logits at position `t` score token `t + 1`:
+    `out[r, t] = log_softmax(logits[r, t] / temperature)[tokens[r, t + 1]]`, `t < T - 1`.
+
+    Memory: the float32 log-softmax is computed `chunk_size` positions at a time (a `lax.scan`
+    over `dynamic_slice`s of `logits`, each chunk rematerialised in the backward pass), so
+    neither the forward nor the gradient ever holds a float32 `[R, T, V]` copy of the logits
+    (at `V = 151,936`, `T = 4,096` that copy would be 2.5 GB per row). Peak extra memory is
+    about one float32 `[R, chunk_size, V]` chunk; the gradient w.r.t. `logits` has the logits'
+    own dtype and shape. The shift is done on the targets (the last position gets a dummy
+    target and its output is dropped), so `logits` is never sliced or copied.
+
+    Args:
+      logits: `[R, T, V]` float (bfloat16/float16/float32), computed on input `tokens`.
+      tokens: `[R, T]` integer token ids (the model input).
+      temperature: sampling temperature (> 0), the same as when sampling.
+      chunk_size: positions per chunk (static int >= 1); need not divide `T`.
+
+    Returns:
+      `[R, T - 1]` float32 log-probs (nats) of `tokens[:, 1:]`.
+
+    Raises:
+      ValueError: `temperature <= 0` or `chunk_size < 1`.
+      AssertionError: (chex) wrong ranks/shapes/dtypes.
+    """
+    logits = jnp.asarray(logits)
+    tokens = jnp.asarray(tokens)
+    chex.assert_rank(logits, 3)
+    chex.assert_rank(tokens, 2)
+    chex.assert_equal_shape_prefix([logits, tokens], 2)
+    if tokens.shape[1] == 0:
+        raise ValueError("tokens: need at least one position, got T = 0")
+    targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)   # last one: dummy
+    return logprobs_from_logits(logits, targets, temperature, chunk_size=chunk_size)[:, :-1]
+
+
+def entropy_from_logits(logits: chex.Array, temperature: float = 1.0,
+                        *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+    """Entropy of `softmax(logits / temperature)` per position, float32, chunked like log-probs.
+
+    `H = -sum_v p_v log p_v`, `p = softmax(x)`, with `x = logits / temperature` (nats). The
+    caller masks (`completion_mask`) and reduces.
+
+    Args:
+      logits: `[R, T, V]` float.
+      temperature: > 0.
+      chunk_size: positions per chunk (static int >= 1).
+
+    Returns:
+      `[R, T]` float32 entropies in `[0, log V]`.
+    """
+    logits = jnp.asarray(logits)
+    chex.assert_rank(logits, 3)
+    chex.assert_type(logits, float)
+    _check_temperature(temperature)
+    _check_chunk_size(chunk_size)
+    r, t, _ = logits.shape
+    if t == 0:
+        return jnp.zeros((r, 0), jnp.float32)
+
+    (out,) = _chunked(_entropy_chunk, int(chunk_size), logits, _f32(temperature))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# KL estimators.
+# ----------------------------------------------------------------------------------------------
+
+def kl(logprobs: chex.Array, ref_logprobs: chex.Array, kind: str = "k3") -> jax.Array:
+    """Per-token estimators of `KL(pi_theta || pi_ref)` from samples of `pi_theta` (Schulman 2020).
+
+    With `delta = ref_logprobs - logprobs` (float32), clamped to `[-20, 20]`:
+    `k1 = -delta`, `k2 = delta^2 / 2`, `k3 = exp(delta) - delta - 1` (>= 0; unbiased; low
+    variance). The clamp is straight-through (`clip(sg(d)) + d - sg(d)`): values use the
+    clamped `delta`, so neither `exp` nor its gradient can overflow, while the gradient still
+    flows through `logprobs` (d delta / d logprobs = -1) also outside the clamp range. No
+    masking here; `ref_logprobs` is not stop-gradiented (the caller's choice).
+
+    Args:
+      logprobs: `[...]` float, policy log-probs of the sampled tokens (nats).
+      ref_logprobs: same shape, reference-policy log-probs.
+      kind: `"k1"`, `"k2"` or `"k3"`.
+
+    Returns:
+      `[...]` float32 per-token KL estimates (nats).
+
+    Raises:
+      ValueError: unknown `kind`.
+      AssertionError: (chex) shape mismatch.
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+    logprobs = jnp.asarray(logprobs)
+    ref_logprobs = jnp.asarray(ref_logprobs)
+    chex.assert_equal_shape([logprobs, ref_logprobs])
+    d = _f32(ref_logprobs) - _f32(logprobs)
+    d_sg = lax.stop_gradient(d)
+    d = jnp.clip(d_sg, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + (d - d_sg)
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d * d
+    return jnp.exp(d) - d - 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Aggregation.
+# ----------------------------------------------------------------------------------------------
+
+def _check_agg_mode(loss_agg_mode: str) -> None:
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+
+
+def loss_denominator(completion_mask: chex.Array, loss_agg_mode: str = "token-mean", *,
+                     max_len: Optional[int] = None) -> jax.Array:
+    """The denominator of `loss_agg_mode` for this batch (float32 scalar); additive over rows.
+
+    - `token-mean`: number of masked-in tokens `sum_{r,t} m`.
+    - `seq-mean-token-mean`, `seq-mean-token-sum`: number of rows with at least one masked-in
+      token (a fully masked row, e.g. padding or a truncated completion masked out, is not a
+      sequence and does not dilute the mean; equals `R` when every row has a token).
+    - `seq-mean-token-sum-norm` (Dr. GRPO): `R * max_len`, a constant (`max_len` defaults to
+      `T`).
+
+    Compute it on the full (mini-)batch and pass it as `denominator=` to every micro-batch call
+    of `policy_loss`/`value_loss`; the micro-batch losses then sum to the full-batch loss.
+
+    Args:
+      completion_mask: `[R, T]` bool/int/float (> 0 means in).
+      loss_agg_mode: one of `LOSS_AGG_MODES`.
+      max_len: static int > 0, the constant `T_max` of `seq-mean-token-sum-norm`.
+
+    Returns:
+      float32 scalar.
+    """
+    _check_agg_mode(loss_agg_mode)
+    m = _bool_mask(completion_mask)
+    chex.assert_rank(m, 2)
+    if loss_agg_mode == "token-mean":
+        return jnp.sum(m).astype(jnp.float32)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        if max_len is None:
+            max_len = m.shape[1]
+        if _concrete(max_len) and not max_len > 0:
+            raise ValueError(f"max_len must be > 0, got {max_len}")
+        return jnp.asarray(m.shape[0] * max_len, jnp.float32)
+    return jnp.sum(jnp.any(m, axis=1)).astype(jnp.float32)
+
+
+def aggregate_loss(per_token_loss: chex.Array, completion_mask: chex.Array,
+                   loss_agg_mode: str = "token-mean", *, max_len: Optional[int] = None,
+                   denominator: Optional[chex.Array] = None
+                   ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """Reduce a per-token loss `[R, T]` to a scalar: `loss = loss_sum / denominator`.
+
+    `loss_sum` (additive over rows, hence over micro-batches):
+    - `token-mean`, `seq-mean-token-sum`, `seq-mean-token-sum-norm`: `sum_{r,t} m L`;
+    - `seq-mean-token-mean`: `sum_r (sum_t m L / sum_t m)` (rows without tokens contribute 0).
+    `denominator` is `loss_denominator(completion_mask, loss_agg_mode, max_len=max_len)` unless
+    given (pass the full batch's to make micro-batch losses add up to the full-batch loss).
+    A zero denominator gives loss 0. Masked entries of `per_token_loss` may be NaN/inf.
+
+    Returns:
+      `(loss, loss_sum, denominator)`, float32 scalars; `denominator` is always the *local*
+      (this batch's) one, so summing it over micro-batches gives the full batch's.
+    """
+    _check_agg_mode(loss_agg_mode)
+    m = _bool_mask(completion_mask)
+    chex.assert_equal_shape([per_token_loss, m])
+    lt = jnp.where(m, _f32(per_token_loss), 0.0)
+    if loss_agg_mode == "seq-mean-token-mean":
+        cnt = jnp.sum(m, axis=1).astype(jnp.float32)
+        loss_sum = jnp.sum(jnp.sum(lt, axis=1) / jnp.maximum(cnt, 1.0))
+    else:
+        loss_sum = jnp.sum(lt)
+    local = loss_denominator(m, loss_agg_mode, max_len=max_len)
+    d = local if denominator is None else _f32(denominator)
+    chex.assert_shape(d, ())
+    loss = jnp.where(d > 0, loss_sum / jnp.where(d > 0, d, 1.0), 0.0)
+    return loss, loss_sum, local
+
+
+def _masked_mean(x, m):
+    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1).astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy loss.
+# ----------------------------------------------------------------------------------------------
+
+def policy_loss(
+    logprobs: chex.Array,
+    old_logprobs: chex.Array,
+    advantages: chex.Array,
+    completion_mask: chex.Array,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    dual_clip: Optional[float] = None,
+    ratio_level: str = "token",
+    loss_agg_mode: str = "token-mean",
+    max_len: Optional[int] = None,
+    ref_logprobs: Optional[chex.Array] = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = "k3",
+    sample_weights: Optional[chex.Array] = None,
+    logits: Optional[chex.Array] = None,
+    denominator: Optional[chex.Array] = None,
+) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+    """Clipped-surrogate policy loss (GRPO / DAPO / Dr. GRPO / GSPO) with optional KL to a reference.
+
+    Per masked-in token, in float32, with `A_t = advantages[r] * sample_weights[r]`:
+
+    - log-ratio `l_t = logprobs - old_logprobs` (`ratio_level="token"`), or the row's token mean
+      `l_r = mean_t l_t` broadcast to its tokens (`"sequence"`, GSPO Eq. 7); clamped to
+      `[-20, 20]`; `rho_t = exp(l_t)`.
+    - `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - epsilon_low, 1 + epsilon_high))` (PPO Eq. 7;
+      DAPO clip-higher when `epsilon_high > epsilon_low`).
+    - dual clip (`dual_clip = c > 1`, Ye et al. Eq. 5): for `A_t < 0`, `L_t = min(L_t, -c A_t)`.
+    - KL (when `ref_logprobs` is given): `L_t += kl_coef * kl(logprobs, ref_logprobs, kl_kind)`;
+      the KL term is *not* multiplied by `sample_weights`, and its gradient flows through
+      `logprobs`.
+
+    `old_logprobs` and `ref_logprobs` are treated as constants (`stop_gradient`), so passing
+    `old_logprobs = logprobs` gives `rho = 1` and exactly the REINFORCE gradient
+    `-A grad(logprobs)`, aggregated by `loss_agg_mode`.
+
+    Aggregation (`loss = loss_sum / denominator`, see `aggregate_loss`/`loss_denominator`):
+    `token-mean` (DAPO: sum over tokens / number of tokens), `seq-mean-token-mean` (GRPO: mean
+    over rows of each row's token mean), `seq-mean-token-sum` (mean over rows of token sums),
+    `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / (R * max_len)).
+
+    Micro-batching: split the rows of a mini-batch into micro-batches, compute
+    `D = loss_denominator(full_mask, loss_agg_mode, max_len=...)` once on the full mini-batch
+    and call `policy_loss(..., denominator=D)` per micro-batch; the micro-batch losses (and
+    their gradients) then sum exactly to the full-batch ones in every mode. Equivalently
+    `sum_i aux_i["loss_sum"] / sum_i aux_i["denominator"]` is the full-batch loss.
+
+    Masked positions of `logprobs`, `old_logprobs`, `ref_logprobs`, `logits` (and the
+    advantages/weights of fully masked rows) may be NaN/inf: they change neither the loss nor
+    its gradient (`jnp.where` before any arithmetic).
+
+    Args:
+      logprobs: `[R, T]` float, log-probs of the sampled completion tokens under the current
+        policy (differentiated).
+      old_logprobs: `[R, T]` float, log-probs under the sampling policy (constant).
+      advantages: `[R]` float, one per rollout (broadcast over its tokens).
+      completion_mask: `[R, T]` bool/int/float (> 0 means a real completion token).
+      epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]`.
+      dual_clip: None or `c > 1`.
+      ratio_level: `"token"` or `"sequence"`.
+      loss_agg_mode: one of `LOSS_AGG_MODES`.
+      max_len: `T_max` for `seq-mean-token-sum-norm` (default `T`); ignored otherwise.
+      ref_logprobs: optional `[R, T]` float, reference-policy log-probs (constant).
+      kl_coef: KL coefficient (needs `ref_logprobs` when non-zero).
+      kl_kind: `"k1"`, `"k2"` or `"k3"`.
+      sample_weights: optional `[R]` float multiplying the advantages (Prompt-GDRO).
+      logits: optional `[R, T, V]` completion-aligned logits (already divided by the sampling
+        temperature), only for the `entropy` metric (no gradient).
+      denominator: optional scalar overriding this batch's denominator (micro-batching).
+
+    Returns:
+      `(loss, aux)`; `loss` float32 scalar. `aux` (all float32, no gradient):
+      `loss_sum`, `denominator` (this batch's, see above), `pg_loss` (surrogate part of the
+      loss), `num_tokens`, `clip_fraction` (fraction of tokens where the clip is active for
+      the sign of `A`: `A > 0 and rho > 1 + epsilon_high` or `A < 0 and rho < 1 - epsilon_low`),
+      `approx_kl` (token mean of k3 between old and new policy), `ratio_mean` (token mean of
+      `rho`), `per_rollout_loss [R]` (each row's token mean of the clipped surrogate computed
+      with the *unweighted* advantages, no KL; 0 for rows without tokens: the Prompt-GDRO loss
+      signal), `kl` (token mean of the KL estimate, only when `ref_logprobs` is given),
+      `entropy` (token mean, only when `logits` is given).
+
+    Raises:
+      ValueError: unknown mode/kind/level, `epsilon_low` outside `[0, 1)`,
+        `epsilon_high < 0`, `dual_clip <= 1`, or `kl_coef != 0` without `ref_logprobs`.
+      AssertionError: (chex) wrong ranks/shapes/dtypes.
+    """
+    _check_agg_mode(loss_agg_mode)
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    if kl_kind not in KL_KINDS:
+        raise ValueError(f"kl_kind must be one of {KL_KINDS}, got {kl_kind!r}")
+    if _concrete(epsilon_low) and not 0.0 <= float(epsilon_low) < 1.0:
+        raise ValueError(f"epsilon_low must be in [0, 1), got {epsilon_low}")
+    if _concrete(epsilon_high) and not float(epsilon_high) >= 0.0:
+        raise ValueError(f"epsilon_high must be >= 0, got {epsilon_high}")
+    if dual_clip is not None and _concrete(dual_clip) and not float(dual_clip) > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    if ref_logprobs is None and _concrete(kl_coef) and float(kl_coef) != 0.0:
+        raise ValueError(f"kl_coef = {kl_coef} needs ref_logprobs")
+
+    logprobs = jnp.asarray(logprobs)
+    old_logprobs = jnp.asarray(old_logprobs)
+    advantages = jnp.asarray(advantages)
+    chex.assert_rank([logprobs, old_logprobs, advantages], [2, 2, 1])
+    chex.assert_type([logprobs, old_logprobs, advantages], float)
+    chex.assert_equal_shape([logprobs, old_logprobs, completion_mask])
+    r, t = logprobs.shape
+    chex.assert_shape(advantages, (r,))
+    m = _bool_mask(completion_mask)
+    cnt = jnp.sum(m, axis=1).astype(jnp.float32)                       # [R]
+
+    lp = jnp.where(m, _f32(logprobs), 0.0)
+    old = jnp.where(m, lax.stop_gradient(_f32(old_logprobs)), 0.0)
+    adv = jnp.where(m, _f32(advantages)[:, None], 0.0)
+    if sample_weights is not None:
+        sample_weights = jnp.asarray(sample_weights)
+        chex.assert_shape(sample_weights, (r,))
+        w = jnp.where(m, _f32(sample_weights)[:, None], 0.0)
+        adv_w = adv * w
+    else:
+        adv_w = adv
+
+    log_ratio = lp - old                                               # 0 where masked
+    if ratio_level == "sequence":
+        seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(cnt, 1.0)
+        log_ratio = jnp.where(m, seq[:, None], 0.0)
+    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+    def surrogate(a):
+        pg = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high))
+        if dual_clip is not None:
+            pg = jnp.where(a < 0, jnp.minimum(pg, -dual_clip * a), pg)
+        return jnp.where(m, pg, 0.0)
+
+    pg_t = surrogate(adv_w)
+    per_token = pg_t
+    kl_t = None
+    if ref_logprobs is not None:
+        ref_logprobs = jnp.asarray(ref_logprobs)
+        chex.assert_equal_shape([logprobs, ref_logprobs])
+        ref = jnp.where(m, lax.stop_gradient(_f32(ref_logprobs)), 0.0)
+        kl_t = jnp.where(m, kl(lp, ref, kl_kind), 0.0)
+        per_token = pg_t + kl_coef * kl_t
+
+    loss, loss_sum, local_den = aggregate_loss(
+        per_token, m, loss_agg_mode, max_len=max_len, denominator=denominator)
+    pg_loss, _, _ = aggregate_loss(
+        pg_t, m, loss_agg_mode, max_len=max_len, denominator=denominator)
+
+    sg = lax.stop_gradient
+    ratio_sg = sg(ratio)
+    clipped = ((adv_w > 0) & (ratio_sg > 1.0 + epsilon_high)) | (
+        (adv_w < 0) & (ratio_sg < 1.0 - epsilon_low))
+    d_old = jnp.clip(sg(old - lp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    aux = {
+        "loss_sum": sg(loss_sum),
+        "denominator": local_den,
+        "pg_loss": sg(pg_loss),
+        "num_tokens": jnp.sum(cnt),
+        "clip_fraction": _masked_mean(clipped.astype(jnp.float32), m),
+        "approx_kl": _masked_mean(jnp.exp(d_old) - d_old - 1.0, m),
+        "ratio_mean": _masked_mean(ratio_sg, m),
+        "per_rollout_loss": sg(jnp.sum(surrogate(adv), axis=1) / jnp.maximum(cnt, 1.0)),
+    }
+    if kl_t is not None:
+        aux["kl"] = _masked_mean(sg(kl_t), m)
+    if logits is not None:
+        logits = jnp.asarray(logits)
+        chex.assert_rank(logits, 3)
+        chex.assert_equal_shape_prefix([logits, logprobs], 2)
+        ent = entropy_from_logits(sg(logits))
+        aux["entropy"] = _masked_mean(ent, m)
+    return loss, aux
+
+
+# ----------------------------------------------------------------------------------------------
+# PPO baseline: GAE, whitening, clipped value loss.
+# ----------------------------------------------------------------------------------------------
+
+def gae(rewards: chex.Array, values: chex.Array, completion_mask: chex.Array, *,
+        gamma: float = 1.0, lam: float = 0.95) -> Tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over the masked-in tokens (Schulman et al. 2015, Eq. 16).
+
+    `delta_t = r_t + gamma V_{t'} - V_t`, `A_t = delta_t + gamma lam A_{t'}`, where `t'` is the
+    next masked-in position after `t` (masked positions are skipped, so a gap in the mask is
+    transparent) and `V, A` after the last masked-in token are 0. Returns `G_t = A_t + V_t`.
+    Computed by a reverse `lax.scan` over `T`. Masked outputs are 0; masked inputs may be
+    NaN/inf.
+
+    Args:
+      rewards: `[R, T]` float per-token rewards (e.g. the outcome reward on the last token,
+        minus `kl_coef * k1_t`).
+      values: `[R, T]` float critic values `V(s_t)`.
+      completion_mask: `[R, T]` bool/int/float.
+      gamma: discount; lam: GAE lambda.
+
+    Returns:
+      `(advantages [R, T], returns [R, T])`, float32, constants (no gradient).
+    """
+    rewards, values = jnp.asarray(rewards), jnp.asarray(values)
+    chex.assert_rank([rewards, values], 2)
+    chex.assert_equal_shape([rewards, values, completion_mask])
+    m = _bool_mask(completion_mask)
+    rw = jnp.where(m, lax.stop_gradient(_f32(rewards)), 0.0)
+    v = jnp.where(m, lax.stop_gradient(_f32(values)), 0.0)
+    r = rw.shape[0]
+
+    def step(carry, x):
+        next_v, next_a = carry
+        rt, vt, mt = x
+        delta = rt + gamma * next_v - vt
+        a = delta + gamma * lam * next_a
+        a = jnp.where(mt, a, 0.0)
+        new_carry = (jnp.where(mt, vt, next_v), jnp.where(mt, a, next_a))
+        return new_carry, a
+
+    init = (jnp.zeros((r,), jnp.float32), jnp.zeros((r,), jnp.float32))
+    _, adv = lax.scan(step, init, (rw.T, v.T, m.T), reverse=True)
+    adv = adv.T
+    returns = jnp.where(m, adv + v, 0.0)
+    return adv, returns
+
+
+def whiten(x: chex.Array, mask: chex.Array, shift_mean: bool = True,
+           eps: float = 1e-8) -> jax.Array:
+    """Whiten `x` over its masked-in entries: `(x - mean) / sqrt(var + eps)` (PPO practice).
+
+    Mean and unbiased variance (Bessel, `n - 1`; `n = 1` uses `n`) are taken over entries with
+    `mask > 0`; with `shift_mean=False` the mean is added back. Masked entries return 0 and may
+    hold NaN/inf. Returns float32 of `x`'s shape.
+    """
+    x = jnp.asarray(x)
+    chex.assert_equal_shape([x, mask])
+    m = _bool_mask(mask)
+    xf = jnp.where(m, _f32(x), 0.0)
+    n = jnp.sum(m).astype(jnp.float32)
+    mean = jnp.sum(xf) / jnp.maximum(n, 1.0)
+    c = jnp.where(m, xf - mean, 0.0)
+    var = jnp.sum(c * c) / jnp.maximum(n - 1.0, 1.0)
+    out = c * lax.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return jnp.where(m, out, 0.0)
+
+
+def value_loss(values: chex.Array, old_values: chex.Array, returns: chex.Array,
+               completion_mask: chex.Array, *, clip_range: Optional[float] = 0.2,
+               loss_agg_mode: str = "token-mean", max_len: Optional[int] = None,
+               denominator: Optional[chex.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+    """Clipped value loss (PPO2 practice): `L_t = max((V-G)^2, (clip(V, V_old ± eps) - G)^2) / 2`.
+
+    Aggregated like `policy_loss` (`loss_agg_mode`, `max_len`, `denominator`). `old_values` and
+    `returns` are constants. `clip_range=None` disables the clipped term.
+
+    Args:
+      values: `[R, T]` float, current critic values (differentiated).
+      old_values: `[R, T]` float, values at sampling time.
+      returns: `[R, T]` float, GAE returns `G`.
+      completion_mask: `[R, T]` bool/int/float.
+
+    Returns:
+      `(loss, aux)` with `aux`: `loss_sum`, `denominator`, `clip_fraction` (tokens where the
+      clipped term is the larger one), `values_mean`, `returns_mean`.
+    """
+    _check_agg_mode(loss_agg_mode)
+    values, old_values, returns = map(jnp.asarray, (values, old_values, returns))
+    chex.assert_rank([values, old_values, returns], 2)
+    chex.assert_equal_shape([values, old_values, returns, completion_mask])
+    if clip_range is not None and _concrete(clip_range) and not float(clip_range) > 0:
+        raise ValueError(f"clip_range must be > 0 or None, got {clip_range}")
+    m = _bool_mask(completion_mask)
+    v = jnp.where(m, _f32(values), 0.0)
+    v_old = jnp.where(m, lax.stop_gradient(_f32(old_values)), 0.0)
+    g = jnp.where(m, lax.stop_gradient(_f32(returns)), 0.0)
+    l1 = jnp.square(v - g)
+    if clip_range is not None:
+        vc = v_old + jnp.clip(v - v_old, -clip_range, clip_range)
+        l2 = jnp.square(vc - g)
+        lt = 0.5 * jnp.maximum(l1, l2)
+        clipfrac = _masked_mean((l2 > l1).astype(jnp.float32), m)
+    else:
+        lt = 0.5 * l1
+        clipfrac = jnp.zeros((), jnp.float32)
+    loss, loss_sum, local = aggregate_loss(lt, m, loss_agg_mode, max_len=max_len,
+                                           denominator=denominator)
+    aux = {
+        "loss_sum": lax.stop_gradient(loss_sum),
+        "denominator": local,
+        "clip_fraction": lax.stop_gradient(clipfrac),
+        "values_mean": _masked_mean(lax.stop_gradient(v), m),
+        "returns_mean": _masked_mean(g, m),
+    }
+    return loss, aux

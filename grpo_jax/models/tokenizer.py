@@ -1,0 +1,278 @@
+"""Tokenizer wrapper around `tokenizers.Tokenizer` (HF checkpoint directory or GGUF vocab).
+
+Protocol shared with the arithmetic char tokenizer (grpo_jax.data.arithmetic):
+  encode(text) -> list[int]; decode(ids) -> str (stops at nothing; the caller cuts);
+  pad_id: int; eos_ids: tuple[int, ...]; bos_id: int | None; vocab_size: int;
+  apply_chat_template(messages, add_generation_prompt=True) -> str.
+
+Sources:
+- `Tokenizer.from_dir(path)`: `tokenizer.json` (+ `tokenizer_config.json` for eos/pad/bos and the
+  chat template, `chat_template.jinja`, `generation_config.json` for extra EOS ids).
+- `Tokenizer.from_gguf(path)`: byte-level BPE rebuilt from the GGUF's `tokenizer.ggml.*` vocab
+  and merges, with the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre` (for "smollm":
+  single digits, then the GPT-2 split, as in SmolLM2's own tokenizer.json).
+Chat templates are rendered with jinja2 like transformers does (trim_blocks, lstrip_blocks);
+without jinja2 installed a plain ChatML rendering is used.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Sequence
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
+
+# Pre-tokenizer split patterns of llama.cpp's `tokenizer.ggml.pre` types (llama-vocab.cpp) that
+# are also the patterns of the corresponding HF tokenizer.json files.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+_CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _token_str(tok: Any) -> Optional[str]:
+    if tok is None:
+        return None
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return str(tok)
+
+
+def _read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class Tokenizer:
+    """Text <-> token ids for a causal LM (see module docstring for the protocol)."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, *, eos_ids: Sequence[int], pad_id: int,
+                 bos_id: Optional[int] = None, chat_template: Optional[str] = None,
+                 add_bos: bool = False):
+        """tokenizer: a `tokenizers.Tokenizer`; eos_ids: ids ending a completion (first = the
+        canonical EOS); pad_id: padding id; bos_id: BOS id or None; chat_template: jinja2 source
+        (None: ChatML); add_bos: prepend bos_id in encode (when the tokenizer's own
+        post-processor does not already)."""
+        if not eos_ids:
+            raise ValueError("Tokenizer needs at least one eos id")
+        self.tokenizer = tokenizer
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        self.pad_id = int(pad_id)
+        self.bos_id = None if bos_id is None else int(bos_id)
+        self.chat_template = chat_template
+        self.add_bos = bool(add_bos) and self.bos_id is not None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def load(cls, path: str) -> "Tokenizer":
+        """From a checkpoint directory (tokenizer.json) or a `.gguf` file."""
+        if str(path).endswith(".gguf"):
+            return cls.from_gguf(path)
+        return cls.from_dir(path)
+
+    @classmethod
+    def from_dir(cls, path: str) -> "Tokenizer":
+        """From a HF checkpoint directory. Raises FileNotFoundError naming tokenizer.json."""
+        tj = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tj):
+            raise FileNotFoundError(f"tokenizer file not found: {tj}")
+        tk = tokenizers.Tokenizer.from_file(tj)
+        cfg_path = os.path.join(path, "tokenizer_config.json")
+        cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates
+            template = {t["name"]: t["template"] for t in template}.get("default")
+        jinja_path = os.path.join(path, "chat_template.jinja")
+        if template is None and os.path.isfile(jinja_path):
+            with open(jinja_path, encoding="utf-8") as f:
+                template = f.read()
+
+        def tid(name):
+            s = _token_str(cfg.get(name))
+            return None if s is None else tk.token_to_id(s)
+
+        eos: list[int] = []
+        if tid("eos_token") is not None:
+            eos.append(tid("eos_token"))
+        for extra in ("generation_config.json", "config.json"):
+            p = os.path.join(path, extra)
+            if os.path.isfile(p):
+                e = _read_json(p).get("eos_token_id")
+                for i in (e if isinstance(e, list) else [e] if e is not None else []):
+                    if int(i) not in eos:
+                        eos.append(int(i))
+        if not eos:
+            raise ValueError(f"{path}: no eos token in tokenizer_config.json / generation_config.json")
+        pad = tid("pad_token")
+        bos = tid("bos_token")
+        return cls(tk, eos_ids=eos, pad_id=eos[0] if pad is None else pad, bos_id=bos,
+                   chat_template=template, add_bos=False)  # BOS, if any, comes from tokenizer.json
+
+    @classmethod
+    def from_gguf(cls, path: str, reader=None) -> "Tokenizer":
+        """Byte-level BPE from a GGUF file's embedded vocabulary (tokenizer.ggml.model == "gpt2").
+
+        reader: an open gguf.GGUFReader for `path` (opening one takes seconds).
+        Raises FileNotFoundError / ValueError (unsupported tokenizer model) naming the file.
+        """
+        import gguf
+
+        if reader is None:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"GGUF file not found: {path}")
+            reader = gguf.GGUFReader(path)
+        f = reader.fields
+
+        def get(key, default=None):
+            return f[key].contents() if key in f else default
+
+        model = get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"{path}: tokenizer.ggml.model={model!r}; only byte-level BPE ('gpt2') "
+                             f"is supported")
+        tokens = get("tokenizer.ggml.tokens")
+        types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
+                                                        byte_fallback=False))
+        pre = get("tokenizer.ggml.pre", "default")
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                              use_regex=False)
+        if pre == "smollm":
+            tk.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+        elif pre in ("qwen2", "deepseek-r1-qwen"):
+            tk.normalizer = normalizers.NFC()
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"), byte_level])
+        elif pre in ("llama3", "llama-v3", "llama-bpe"):
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"), byte_level])
+        else:  # "gpt2", "default" and others: the GPT-2 split
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated"), byte_level])
+        tk.decoder = decoders.ByteLevel()
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+        special = [AddedToken(t, special=True, normalized=False)
+                   for t, ty in zip(tokens, types) if ty == 3]  # 3 = CONTROL
+        user = [AddedToken(t, special=False, normalized=False)
+                for t, ty in zip(tokens, types) if ty == 4]  # 4 = USER_DEFINED
+        if special:
+            tk.add_special_tokens(special)
+        if user:
+            tk.add_tokens(user)
+        eos = get("tokenizer.ggml.eos_token_id")
+        if eos is None:
+            raise ValueError(f"{path}: no tokenizer.ggml.eos_token_id")
+        eos_ids = [int(eos)]
+        eot = get("tokenizer.ggml.eot_token_id")
+        if eot is not None and int(eot) not in eos_ids:
+            eos_ids.append(int(eot))
+        pad = get("tokenizer.ggml.padding_token_id", eos)
+        bos = get("tokenizer.ggml.bos_token_id")
+        return cls(tk, eos_ids=eos_ids, pad_id=int(pad), bos_id=None if bos is None else int(bos),
+                   chat_template=get("tokenizer.chat_template"),
+                   add_bos=bool(get("tokenizer.ggml.add_bos_token", False)))
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (including added/special tokens)."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (special-token strings such as "<|im_end|>" map to their ids;
+        BOS prepended only where the tokenizer adds one, as transformers' tokenizer does)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        if self.add_bos and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id] + ids
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """encode() for several texts (parallel in the Rust tokenizer)."""
+        out = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
+        if self.add_bos:
+            out = [ids if ids and ids[0] == self.bos_id else [self.bos_id] + ids for ids in out]
+        return out
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids` (all of them: the caller cuts at EOS / the completion mask)."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> Optional[str]:
+        return self.tokenizer.id_to_token(int(i))
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self.tokenizer.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **template_kwargs) -> str:
+        """Render `messages` ([{"role": ..., "content": ...}]) with the chat template (jinja2,
+        transformers' settings; extra keyword arguments such as enable_thinking go to the
+        template). Without a template, or without jinja2, ChatML is used."""
+        template = self.chat_template or _CHATML
+        try:
+            import jinja2
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:  # plain ChatML
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        tok = self.tokenizer.id_to_token
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=tok(self.bos_id) if self.bos_id is not None else "",
+            eos_token=tok(self.eos_ids[0]), **template_kwargs)
+
+    # ------------------------------------------------------------------ saving
+    def save(self, path: str) -> None:
+        """Write tokenizer.json + tokenizer_config.json (+ generation eos ids in
+        generation_config.json if absent) so `transformers.AutoTokenizer` and `from_dir` load it."""
+        os.makedirs(path, exist_ok=True)
+        tk = self.tokenizer
+        if self.add_bos:  # bake the BOS into the post-processor, as HF tokenizer.json does
+            tk = tokenizers.Tokenizer.from_str(tk.to_str())
+            b = tk.id_to_token(self.bos_id)
+            tk.post_processor = processors.TemplateProcessing(
+                single=f"{b} $A", pair=f"{b} $A {b} $B", special_tokens=[(b, self.bos_id)])
+        tk.save(os.path.join(path, "tokenizer.json"))
+        added = {str(i): {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
+                          "normalized": t.normalized, "single_word": t.single_word,
+                          "special": t.special}
+                 for i, t in sorted(self.tokenizer.get_added_tokens_decoder().items())}
+        tok = self.tokenizer.id_to_token
+        cfg = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.add_bos,
+            "add_prefix_space": False,
+            "added_tokens_decoder": added,
+            "bos_token": tok(self.bos_id) if self.bos_id is not None else None,
+            "eos_token": tok(self.eos_ids[0]),
+            "pad_token": tok(self.pad_id),
+            "unk_token": None,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 1_000_000,
+        }
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
+        with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2, ensure_ascii=False)

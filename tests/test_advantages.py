@@ -1,0 +1,245 @@
+"""Tests for grpo_jax.advantages.compute: hand values, regressions, properties, transforms."""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from grpo_jax import advantages
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+
+
+def adv(rewards, seg, p, **kw):
+    a, stats = advantages.compute(jnp.asarray(rewards, jnp.float32), jnp.asarray(seg, jnp.int32),
+                                  p, **kw)
+    return np.asarray(a), {k: int(v) for k, v in stats.items()}
+
+
+def reference(rewards, seg, p, estimator, std="unbiased", eps=1e-6):
+    """Independent per-group numpy reference (float64, explicit loops, leave-one-out for RLOO)."""
+    rewards = np.asarray(rewards, np.float64)
+    seg = np.asarray(seg)
+    out = np.zeros_like(rewards)
+    for g in range(p):
+        idx = np.flatnonzero(seg == g)
+        r = rewards[idx]
+        if len(r) < 2 or np.all(r == r[0]):
+            continue
+        if estimator == "grpo":
+            out[idx] = (r - r.mean()) / (np.std(r, ddof=1 if std == "unbiased" else 0) + eps)
+        elif estimator == "dr_grpo":
+            out[idx] = r - r.mean()
+        else:
+            out[idx] = [r[i] - np.delete(r, i).mean() for i in range(len(r))]
+    return out
+
+
+# ---------------------------------------------------------------- hand-computed values
+
+def test_hand_values_one_group():
+    r, s = [1.0, 1.0, 1.0, 0.0], [0, 0, 0, 0]
+    # mean 0.75, deviations (.25, .25, .25, -.75); unbiased var .75/3 = .25 -> std .5
+    a, _ = adv(r, s, 1, estimator="grpo", std="unbiased")
+    np.testing.assert_allclose(a, np.array([.25, .25, .25, -.75]) / (0.5 + 1e-6), rtol=1e-6)
+    # population var .75/4 = .1875
+    a, _ = adv(r, s, 1, estimator="grpo", std="population")
+    np.testing.assert_allclose(a, np.array([.25, .25, .25, -.75]) / (math.sqrt(.1875) + 1e-6),
+                               rtol=1e-6)
+    a, _ = adv(r, s, 1, estimator="dr_grpo")
+    np.testing.assert_allclose(a, [.25, .25, .25, -.75], rtol=1e-6)
+    # rloo: 1 - mean(1, 1, 0) = 1/3; 0 - mean(1, 1, 1) = -1
+    a, _ = adv(r, s, 1, estimator="rloo")
+    np.testing.assert_allclose(a, [1 / 3, 1 / 3, 1 / 3, -1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_regression_1110_finite_and_bounded(estimator):
+    for std in ("unbiased", "population"):
+        a, _ = adv([1.0, 1.0, 1.0, 0.0], [0, 0, 0, 0], 1, estimator=estimator, std=std)
+        assert np.all(np.isfinite(a))
+        assert np.max(np.abs(a)) <= math.sqrt(4) + 1e-6
+        assert np.max(np.abs(a)) > 0.1
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("rewards", [[0.5, 0.5, 0.5], [0.1, 0.1, 0.1], [1e-3] * 7, [-3.3] * 2])
+def test_all_equal_group_gives_exact_zeros(estimator, rewards):
+    a, stats = adv(rewards, [0] * len(rewards), 1, estimator=estimator)
+    np.testing.assert_array_equal(a, np.zeros(len(rewards)))
+    assert stats["num_zero_std_groups"] == 1
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_unequal_groups_shuffled_match_reference(estimator):
+    rng = np.random.default_rng(0)
+    seg = np.array([0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3, 4, 4])        # sizes 2, 3, 1, 5, 2
+    rewards = rng.integers(0, 3, size=seg.size).astype(np.float64) + rng.normal(size=seg.size)
+    rewards[11:13] = 2.0                                             # group 4 all equal
+    perm = rng.permutation(seg.size)
+    for std in ("unbiased", "population"):
+        a, stats = adv(rewards[perm], seg[perm], 5, estimator=estimator, std=std)
+        np.testing.assert_allclose(
+            a, reference(rewards[perm], seg[perm], 5, estimator, std), rtol=1e-5, atol=1e-6)
+    assert stats == {"num_groups": 5, "num_singleton_groups": 1, "num_zero_std_groups": 1,
+                     "num_nonfinite_rewards": 0, "num_padding_rows": 0, "num_clipped": 0}
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_singleton_and_padding_rows_are_zero(estimator):
+    r = [1.0, 0.0, 5.0, 7.0, 3.0, 1.0]
+    s = [0, 0, 1, -1, 9, 2]        # group 1 and 2 singletons; -1 and 9 (>= P=3) are padding
+    a, stats = adv(r, s, 3, estimator=estimator)
+    assert a[0] > 0 and a[1] < 0
+    np.testing.assert_array_equal(a[2:], 0.0)
+    assert stats["num_singleton_groups"] == 2
+    assert stats["num_padding_rows"] == 2
+    assert stats["num_groups"] == 3
+
+
+def test_empty_group_is_not_counted():
+    a, stats = adv([1.0, 0.0], [0, 0], 4)
+    assert stats["num_groups"] == 1 and stats["num_singleton_groups"] == 0
+
+
+def test_clip():
+    r = [1.0] + [0.0] * 9                                           # A_0 = 0.9/0.316 = 2.85
+    a, stats = adv(r, [0] * 10, 1, estimator="grpo", clip=1.5)
+    ref = reference(r, [0] * 10, 1, "grpo")
+    np.testing.assert_allclose(a, np.clip(ref, -1.5, 1.5), rtol=1e-5)
+    assert a[0] == pytest.approx(1.5) and stats["num_clipped"] == 1
+
+
+# ---------------------------------------------------------------- non-finite rewards
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_raises_by_default(bad):
+    with pytest.raises(ValueError, match="non-finite"):
+        adv([1.0, 0.0, bad, 1.0], [0, 0, 1, 1], 2)
+
+
+def test_nonfinite_on_padding_row_does_not_raise():
+    a, _ = adv([1.0, 0.0, np.nan], [0, 0, -1], 1)
+    np.testing.assert_array_equal(a[2], 0.0)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_mask_keeps_other_groups_finite(estimator, bad):
+    r = np.array([1.0, 0.0, 1.0, 0.5, bad, 0.0, 1.0])
+    s = np.array([0, 0, 0, 1, 1, 1, 1])                             # NaN in group "2" (id 1)
+    a, stats = adv(r, s, 2, estimator=estimator, nonfinite="mask")
+    assert np.all(np.isfinite(a))
+    assert a[4] == 0.0
+    assert stats["num_nonfinite_rewards"] == 1
+    # group 1 unaffected; group 2 computed from its finite members only
+    np.testing.assert_allclose(a[:3], reference(r[:3], s[:3], 1, estimator), rtol=1e-5)
+    keep = np.array([3, 5, 6])
+    np.testing.assert_allclose(a[keep], reference(r[keep], s[keep] - 1, 1, estimator),
+                               rtol=1e-5)
+
+
+def test_nonfinite_raise_under_jit_masks_instead():
+    f = jax.jit(functools.partial(advantages.compute, num_segments=2))
+    a, stats = f(jnp.array([1.0, 0.0, jnp.nan, 1.0, 0.0]), jnp.array([0, 0, 1, 1, 1]))
+    assert np.all(np.isfinite(np.asarray(a))) and int(stats["num_nonfinite_rewards"]) == 1
+
+
+# ---------------------------------------------------------------- argument validation
+
+def test_bad_arguments():
+    r, s = jnp.zeros(4), jnp.zeros(4, jnp.int32)
+    for kw in ({"estimator": "ppo"}, {"std": "sample"}, {"nonfinite": "ignore"}, {"eps": -1.0},
+               {"clip": 0.0}):
+        with pytest.raises(ValueError):
+            advantages.compute(r, s, 1, **kw)
+    with pytest.raises(ValueError, match="num_segments"):
+        advantages.compute(r, s, 1.5)
+    with pytest.raises(AssertionError):
+        advantages.compute(r, jnp.zeros(4), 1)                     # float segment ids
+    with pytest.raises(AssertionError):
+        advantages.compute(r, jnp.zeros(3, jnp.int32), 1)
+
+
+# ---------------------------------------------------------------- hypothesis properties
+
+ROWS, GROUPS = 24, 4   # fixed shapes (padding rows get id -1) so eager ops compile once
+
+
+@st.composite
+def grouped_rewards(draw):
+    sizes = draw(st.lists(st.integers(0, 6), min_size=GROUPS, max_size=GROUPS))
+    seg = np.full(ROWS, -1)
+    seg[:sum(sizes)] = np.repeat(np.arange(GROUPS), sizes)
+    # rewards on a 0.25 grid: distinct values differ by >= 0.25, so eps is negligible
+    rewards = np.array(draw(st.lists(st.integers(-8, 8), min_size=ROWS, max_size=ROWS)),
+                       np.float64) / 4
+    perm = np.array(draw(st.permutations(range(ROWS))))
+    return rewards[perm], seg[perm], GROUPS
+
+
+@settings(max_examples=25, deadline=None)
+@given(grouped_rewards(), st.sampled_from(ESTIMATORS), st.floats(-50, 50))
+def test_property_shift_invariance_and_zero_group_mean(data, estimator, shift):
+    r, s, p = data
+    a, _ = adv(r, s, p, estimator=estimator)
+    b, _ = adv(r + shift, s, p, estimator=estimator)
+    np.testing.assert_allclose(a, b, atol=2e-3)
+    for g in range(p):
+        assert abs(a[s == g].sum()) < 1e-4
+    np.testing.assert_allclose(a, reference(r, s, p, estimator), rtol=1e-4, atol=1e-5)
+    assert np.all(a[s < 0] == 0)
+    sizes = np.bincount(s[s >= 0], minlength=p)
+    if estimator == "grpo":
+        assert np.all(np.abs(a[s >= 0]) <= np.sqrt(sizes[s[s >= 0]]) + 1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(grouped_rewards(), st.floats(0.1, 100.0), st.sampled_from(["unbiased", "population"]))
+def test_property_grpo_positive_scale_invariance(data, scale, std):
+    r, s, p = data
+    a, _ = adv(r, s, p, estimator="grpo", std=std)
+    b, _ = adv(r * scale, s, p, estimator="grpo", std=std)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- jit / grad / vmap / sharding
+
+def test_jit_vmap_grad():
+    r = jnp.array([1.0, 0.0, 0.5, 2.0, 1.0, 1.0])
+    s = jnp.array([0, 0, 0, 1, 1, 2])
+    f = functools.partial(advantages.compute, num_segments=3, nonfinite="mask")
+    eager, _ = f(r, s)
+    jitted, _ = jax.jit(f)(r, s)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6)
+    batch = jnp.stack([r, 2 * r + 1, -r])
+    vm, vstats = jax.vmap(f, in_axes=(0, None))(batch, s)
+    for i in range(3):
+        np.testing.assert_allclose(vm[i], f(batch[i], s)[0], rtol=1e-5, atol=1e-6)
+    assert vstats["num_singleton_groups"].shape == (3,)
+    # dr_grpo is linear in r: d(sum_i w_i A_i)/dr = (I - group mean) w
+    w = jnp.arange(6.0)
+    g = jax.grad(lambda x: jnp.sum(w * f(x, s, estimator="dr_grpo")[0]))(r)
+    np.testing.assert_allclose(g, [-1, 0, 1, -0.5, 0.5, 0.0], atol=1e-6)
+
+
+def test_sharded_over_data_axis_matches_single_device():
+    devices = jax.devices()[:8]
+    assert len(devices) == 8
+    mesh = Mesh(np.array(devices), ("data",))
+    rng = np.random.default_rng(1)
+    seg = rng.integers(-1, 5, size=32).astype(np.int32)
+    r = rng.integers(0, 3, size=32).astype(np.float32)
+    sh = NamedSharding(mesh, PartitionSpec("data"))
+    for estimator in ESTIMATORS:
+        f = jax.jit(functools.partial(advantages.compute, num_segments=5, estimator=estimator,
+                                      nonfinite="mask"))
+        single, s1 = f(jnp.asarray(r), jnp.asarray(seg))
+        sharded, s2 = f(jax.device_put(r, sh), jax.device_put(seg, sh))
+        np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-6, atol=1e-7)
+        assert {k: int(v) for k, v in s1.items()} == {k: int(v) for k, v in s2.items()}
