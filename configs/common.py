@@ -106,6 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.data = 1                            # data-parallel axis size (-1 = all remaining devices)
   c.mesh.fsdp = 1                            # fully-sharded data-parallel axis size
   c.mesh.tensor = 1                          # tensor-parallel axis size
+  c.mesh.num_devices = 0                     # use the first N devices (0 = all of jax.devices())
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 10              # save every N RL steps (and at the end / on SIGTERM)

@@ -98,7 +98,7 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
   for name, examples in exp.eval_sets.items():
     rng, key = jax.random.split(rng)
     per_dataset[name] = evaluate_policy(
-        exp.graphdef, params, examples, tokenizer=exp.tokenizer, reward_fn=exp.reward_fn,
+        exp.graphdef, params, examples, tokenizer=exp.tokenizer, reward_fn=exp.eval_reward_fn(name),
         sampling_config=exp.eval_sampling,
         render=lambda p: render(exp.config, exp.tokenizer, p), prompt_len=exp.prompt_len, k=k,
         batch_size=cfg.batch_size, rng=key, to_device=exp.to_device)

@@ -62,6 +62,8 @@ class Experiment:
   critic_init_fn: Callable[[], Any] | None = None
   critic_tx: Any = None
   ref_params: Any = None
+  state_shardings: Any = None
+  _eval_reward_fns: dict = dataclasses.field(default_factory=dict)
 
   # --- helpers used by the loop
   @property
@@ -81,15 +83,24 @@ class Experiment:
                                      process_count=jax.process_count())
 
   def init_state(self, make_state):
-    """TrainState materialised directly into its sharding (shapes first via eval_shape)."""
-    params = jax.jit(self.init_params_fn, out_shardings=self.param_shardings)()
-    kwargs = {}
-    if self.critic_init_fn is not None:
-      cparams = jax.jit(self.critic_init_fn)()
-      kwargs = {"critic_params": cparams, "critic_opt_state": self.critic_tx.init(cparams)}
-    return make_state(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                      rng=jax.random.PRNGKey(self.config.seed), skips=jnp.zeros((), jnp.int32),
-                      **kwargs)
+    """TrainState created by one jitted init, parameters directly in their sharding.
+
+    Sets ``self.state_shardings`` (the shardings every jitted step takes and returns, so
+    steps never recompile because of a sharding change).
+    """
+    def init():
+      params = jax.lax.with_sharding_constraint(self.init_params_fn(), self.param_shardings)
+      kwargs = {}
+      if self.critic_init_fn is not None:
+        cparams = self.critic_init_fn()
+        kwargs = {"critic_params": cparams, "critic_opt_state": self.critic_tx.init(cparams)}
+      return make_state(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
+                        rng=jax.random.PRNGKey(self.config.seed), skips=jnp.zeros((), jnp.int32),
+                        **kwargs)
+    with jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh:
+      state = jax.jit(init)()
+    self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    return state
 
   def set_ref_params(self, restored, state) -> None:
     """The frozen reference: the starting policy (after any warm start)."""
@@ -121,10 +132,20 @@ class Experiment:
     target = np.concatenate([np.zeros_like(self.prompt_mask), amask], axis=1).astype(np.float32)
     return tokens, mask, target
 
+  def eval_reward_fn(self, dataset: str):
+    """The reward function for a held-out set (shared with training when the task matches)."""
+    task = reward_task(dataset)
+    if task == reward_task(self.config.data.name):
+      return self.reward_fn
+    if task not in self._eval_reward_fns:
+      self._eval_reward_fns[task] = make_reward_fn(self.config, dataset)
+    return self._eval_reward_fns[task]
+
   def close(self) -> None:
-    close = getattr(self.reward_fn, "close", None)
-    if close is not None:
-      close()
+    for fn in [self.reward_fn, *self._eval_reward_fns.values()]:
+      close = getattr(fn, "close", None)
+      if close is not None:
+        close()
 
 
 def encode_prompts(tokenizer, texts: list[str], max_len: int, overlong: str):
@@ -216,12 +237,17 @@ def render(config, tokenizer, problem: str) -> str:
   return templates.render_prompt(problem, template=config.data.template, tokenizer=tokenizer)
 
 
-def make_reward_fn(config):
+def reward_task(dataset: str) -> str:
+  """The verifier for a dataset: exact integers (arithmetic), GSM8K numbers, or LaTeX math."""
+  return {"arithmetic": "arithmetic", "gsm8k": "gsm8k"}.get(dataset, "math")
+
+
+def make_reward_fn(config, dataset: str | None = None):
   from grpo_jax import rewards
-  task = {"arithmetic": "arithmetic", "gsm8k": "gsm8k"}.get(config.data.name, "math")
   return rewards.RewardFn(rewards.RewardConfig(
-      task=task, scale=config.algorithm.reward_scale, format_reward=config.reward.format_reward,
-      timeout_s=config.reward.timeout_s, num_workers=config.reward.num_workers))
+      task=reward_task(dataset or config.data.name), scale=config.algorithm.reward_scale,
+      format_reward=config.reward.format_reward, timeout_s=config.reward.timeout_s,
+      num_workers=config.reward.num_workers))
 
 
 def gdro_configs(config):
@@ -245,8 +271,12 @@ def gdro_configs(config):
 def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = True) -> Experiment:
   """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run."""
   from grpo_jax import train as train_lib  # make_optimizer
-  mesh = sharding.make_mesh({"data": config.mesh.data, "fsdp": config.mesh.fsdp,
-                             "tensor": config.mesh.tensor})
+  devices = jax.devices()[:config.mesh.num_devices or None]
+  try:
+    mesh = sharding.make_mesh({"data": config.mesh.data, "fsdp": config.mesh.fsdp,
+                               "tensor": config.mesh.tensor}, devices)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
   R = P * n_bar
   div = sharding.batch_divisor(mesh)

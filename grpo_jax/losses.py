@@ -31,6 +31,8 @@ LOSS_AGG_MODES = (
 RATIO_LEVELS = ("token", "sequence")
 KL_KINDS = ("k1", "k2", "k3")
 LOG_RATIO_CLAMP = 20.0
+# Backends whose 16-bit float slicing is emulated in float32 (see `_sliceable_view`).
+_INT_VIEW_BACKENDS = ("cpu",)
 
 
 def _concrete(x) -> bool:
@@ -62,7 +64,7 @@ def _sliceable_view(logits: jax.Array):
     (integer slices are never upcast); the bitcast costs one 16-bit copy on CPU. GPU/TPU slice
     16-bit floats natively and use the array as is.
     """
-    if jnp.dtype(logits.dtype).itemsize == 2 and jax.default_backend() == "cpu":
+    if jnp.dtype(logits.dtype).itemsize == 2 and jax.default_backend() in _INT_VIEW_BACKENDS:
         dt = logits.dtype
         return (lax.bitcast_convert_type(logits, jnp.uint16),
                 lambda u: lax.bitcast_convert_type(u, dt))
@@ -108,7 +110,8 @@ def _chunked(fn, chunk_size, logits, temperature, *others):
     float32 forward, takes its VJP and writes the chunk's cotangent (in `logits.dtype`) into
     the gradient buffer with `dynamic_update_slice`; residuals are only the inputs. Peak extra
     memory is O(one float32 `[R, c, V]` chunk) in both passes. Where the last chunk overlaps
-    the previous one, both write identical values. No gradient flows to `temperature` or to
+    the previous one, both write identical values. Positions whose output cotangent is zero
+    get a zero gradient even if their logits are NaN/inf. No gradient flows to `temperature` or to
     the integer `others`; forward-mode (`jax.jvp`) is not supported.
     """
     return _chunked_forward(fn, chunk_size, logits, temperature, *others)
@@ -132,6 +135,10 @@ def _chunked_bwd(fn, chunk_size, res, g):
                    for gi in g)
         _, vjp = jax.vjp(lambda x: fn(x.astype(jnp.float32) / temperature, *oc), lc)
         (dl,) = vjp(gc)
+        # Positions with zero cotangent (masked by the caller) get exactly zero gradient, even
+        # if their logits are NaN/inf garbage (0 * NaN would be NaN).
+        live = functools.reduce(jnp.logical_or, [gi != 0 for gi in gc])
+        dl = jnp.where(live[..., None], dl, 0.0)
         dl, _ = _sliceable_view(dl.astype(logits.dtype))
         return lax.dynamic_update_slice_in_dim(buf, dl, start, axis=1), None
 
@@ -212,12 +219,14 @@ def token_logprobs(logits: chex.Array, tokens: chex.Array, temperature: float = 
     `out[r, t] = log_softmax(logits[r, t] / temperature)[tokens[r, t + 1]]`, `t < T - 1`.
 
     Memory: the float32 log-softmax is computed `chunk_size` positions at a time (a `lax.scan`
-    over `dynamic_slice`s of `logits`, each chunk rematerialised in the backward pass), so
-    neither the forward nor the gradient ever holds a float32 `[R, T, V]` copy of the logits
-    (at `V = 151,936`, `T = 4,096` that copy would be 2.5 GB per row). Peak extra memory is
-    about one float32 `[R, chunk_size, V]` chunk; the gradient w.r.t. `logits` has the logits'
-    own dtype and shape. The shift is done on the targets (the last position gets a dummy
-    target and its output is dropped), so `logits` is never sliced or copied.
+    over `dynamic_slice`s of `logits`; a custom VJP recomputes each chunk in the backward
+    pass), so neither the forward nor the gradient ever holds a float32 `[R, T, V]` copy of
+    the logits (at `V = 151,936`, `T = 4,096` that copy would be 2.5 GB per row). Peak extra
+    memory is about one float32 `[R, chunk_size, V]` chunk (plus, on XLA:CPU only, one 16-bit
+    copy for bfloat16 logits, see `_sliceable_view`); the gradient w.r.t. `logits` has the
+    logits' own dtype and shape. The shift is done on the targets (the last position gets a
+    dummy target and its output is dropped), so `logits` is never sliced or copied. Supports
+    `jit`, `grad`/`vjp`, `vmap` and sharded inputs; not forward-mode `jvp`.
 
     Args:
       logits: `[R, T, V]` float (bfloat16/float16/float32), computed on input `tokens`.
@@ -454,7 +463,8 @@ def policy_loss(
       logprobs: `[R, T]` float, log-probs of the sampled completion tokens under the current
         policy (differentiated).
       old_logprobs: `[R, T]` float, log-probs under the sampling policy (constant).
-      advantages: `[R]` float, one per rollout (broadcast over its tokens).
+      advantages: `[R]` float, one per rollout (broadcast over its tokens; GRPO), or
+        `[R, T]` per-token advantages (PPO/GAE baseline). Constant (no gradient).
       completion_mask: `[R, T]` bool/int/float (> 0 means a real completion token).
       epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]`.
       dual_clip: None or `c > 1`.
@@ -502,17 +512,18 @@ def policy_loss(
     logprobs = jnp.asarray(logprobs)
     old_logprobs = jnp.asarray(old_logprobs)
     advantages = jnp.asarray(advantages)
-    chex.assert_rank([logprobs, old_logprobs, advantages], [2, 2, 1])
+    chex.assert_rank([logprobs, old_logprobs, advantages], [2, 2, {1, 2}])
     chex.assert_type([logprobs, old_logprobs, advantages], float)
     chex.assert_equal_shape([logprobs, old_logprobs, completion_mask])
     r, t = logprobs.shape
-    chex.assert_shape(advantages, (r,))
+    chex.assert_shape(advantages, (r,) if advantages.ndim == 1 else (r, t))
     m = _bool_mask(completion_mask)
     cnt = jnp.sum(m, axis=1).astype(jnp.float32)                       # [R]
 
     lp = jnp.where(m, _f32(logprobs), 0.0)
     old = jnp.where(m, lax.stop_gradient(_f32(old_logprobs)), 0.0)
-    adv = jnp.where(m, _f32(advantages)[:, None], 0.0)
+    adv = lax.stop_gradient(_f32(advantages))
+    adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
     if sample_weights is not None:
         sample_weights = jnp.asarray(sample_weights)
         chex.assert_shape(sample_weights, (r,))

@@ -191,7 +191,9 @@ def make_update_fn(exp: Experiment):
       metrics["value_loss"] = vloss
     return new, metrics
 
-  return jax.jit(update, donate_argnums=0)
+  batch_sharding = sharding.batch_sharding(exp.mesh)
+  return jax.jit(update, in_shardings=(exp.state_shardings, batch_sharding),
+                 out_shardings=(exp.state_shardings, None), donate_argnums=0)
 
 
 def make_logprobs_fn(exp: Experiment):
@@ -245,9 +247,9 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   bins = np.asarray(gdro.classify(exp.classifier_cfg, ctrl.classifier, jnp.asarray(ids)))
 
   # 3. rollouts per prompt -> segment ids (R fixed, so shapes never change).
+  success = gdro.bin_success(exp.classifier_cfg, ctrl.classifier, jnp.asarray(ids),
+                             jnp.asarray(bins), exp.num_bins)
   if algo == "rollout_gdro":
-    success = gdro.bin_success(exp.classifier_cfg, ctrl.classifier, jnp.asarray(ids),
-                               jnp.asarray(bins), exp.num_bins)
     alloc = gdro.allocate(exp.rollout_gdro_cfg, ctrl.rollout_gdro, bins, success, prompt_ids=ids)
   else:
     alloc = gdro.fixed_allocation(bins, n_bar, exp.num_bins)
@@ -330,17 +332,20 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
                                                         jnp.asarray(ids), visit))
   signal_ = gdro.loss_signal(exp.prompt_gdro_cfg, per_rollout_loss=jnp.asarray(per_rollout_loss),
                              correct=jnp.asarray(correct))
-  diagnostics = {}
+  # the same curriculum diagnostics for every algorithm (GRPO is the baseline of the figures)
+  diagnostics = gdro.prompt_gdro_diagnostics(exp.num_bins, rollout_bins, rewards=rewards)
   if algo == "prompt_gdro":
     pg, diagnostics = gdro.prompt_gdro_update(exp.prompt_gdro_cfg, ctrl.prompt_gdro,
                                               jnp.asarray(rollout_bins), signal_,
                                               rewards=jnp.asarray(rewards))
     ctrl = ctrl.replace(prompt_gdro=pg)
   elif algo == "rollout_gdro":
-    rg, diagnostics = gdro.rollout_gdro_update(exp.rollout_gdro_cfg, ctrl.rollout_gdro, alloc,
-                                               bins, signal_, rewards, segment_ids)
+    rg, rdiag = gdro.rollout_gdro_update(exp.rollout_gdro_cfg, ctrl.rollout_gdro, alloc,
+                                         bins, signal_, rewards, segment_ids, bin_success=success)
+    diagnostics.update(rdiag)
     ctrl = ctrl.replace(rollout_gdro=rg)
-  state = state.replace(step=state.step + 1, rng=rng)
+  state = state.replace(step=jax.device_put(state.step + 1, state.step.sharding),
+                        rng=jax.device_put(rng, state.rng.sharding))
   times["controllers"] = t()
 
   # 10. metrics.
@@ -486,12 +491,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_utils.check_workdir(config, workdir)
   wall0 = time.perf_counter()
   exp = build_experiment(config)
-  fns = _jit_functions(exp)
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   source = exp.make_source()
 
   # Initial state (shape first, then materialised directly into its sharding).
   state = exp.init_state(make_state=TrainState)
+  fns = _jit_functions(exp)
   ctrl = init_controllers(exp)
   meta: dict = {}
   restored = ckpt.restore_latest(checkpointing.abstract_like({"train": state, "controllers": ctrl,
@@ -506,7 +511,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sft_metrics = {}
     if config.sft.steps > 0:
       params, sft_metrics = supervised_warmstart(exp, state.params, state.rng)
-      state = state.replace(params=params, opt_state=exp.tx.init(params))
+      state = jax.device_put(state.replace(params=params, opt_state=exp.tx.init(params)),
+                             exp.state_shardings)
     exp.set_ref_params(None, state)
     eval_rng = jax.random.PRNGKey(config.seed + 7)
     meta = {"eval_before": evaluation.evaluate(exp, state.params, eval_rng), "sft": sft_metrics,

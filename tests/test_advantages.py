@@ -68,8 +68,10 @@ def test_regression_1110_finite_and_bounded(estimator):
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-@pytest.mark.parametrize("rewards", [[0.5, 0.5, 0.5], [0.1, 0.1, 0.1], [1e-3] * 7, [-3.3] * 2])
+@pytest.mark.parametrize("rewards", [[0.5] * 3, [0.9] * 3, [0.3] * 6, [0.1] * 7, [-3.3] * 2])
 def test_all_equal_group_gives_exact_zeros(estimator, rewards):
+    """Includes values whose float32 group mean is off by an ulp (0.9 * 3, 0.3 * 6, 0.1 * 7):
+    a (r - mean) / (std + eps) would give about +-0.06 there instead of 0."""
     a, stats = adv(rewards, [0] * len(rewards), 1, estimator=estimator)
     np.testing.assert_array_equal(a, np.zeros(len(rewards)))
     assert stats["num_zero_std_groups"] == 1

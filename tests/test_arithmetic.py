@@ -82,6 +82,8 @@ def test_level_weights_and_heavy_tail():
     train, _ = make_arithmetic(ArithmeticConfig(num_train=90, num_eval=0, levels=(2, 4),
                                                 level_weights=(2.0, 1.0)))
     assert collections.Counter(ex["level"] for ex in train) == {2: 60, 4: 30}
+    cfg = ArithmeticConfig(levels=[2, 4], level_weights=[2, 1])  # lists, as from a ConfigDict
+    assert cfg.levels == (2, 4) and cfg.level_weights == (2.0, 1.0) and hash(cfg)
     with pytest.raises(ValueError, match="level_weights"):
         ArithmeticConfig(levels=(1, 2), level_weights=(1.0,))
     with pytest.raises(ValueError, match="unknown level"):

@@ -204,6 +204,10 @@ class ArithmeticConfig:
     seed: int = 0
 
     def __post_init__(self):
+        # Accept lists (e.g. from a ConfigDict.to_dict()) and keep the dataclass hashable.
+        object.__setattr__(self, "levels", tuple(int(lv) for lv in self.levels))
+        if self.level_weights is not None:
+            object.__setattr__(self, "level_weights", tuple(float(w) for w in self.level_weights))
         if self.num_train < 0 or self.num_eval < 0:
             raise ValueError(f"num_train/num_eval must be >= 0, got {self.num_train}, {self.num_eval}")
         if not self.levels:

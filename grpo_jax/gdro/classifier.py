@@ -35,7 +35,6 @@ from typing import Any, Mapping, Optional, Tuple
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 STATISTICS = ("any_correct", "pass_at_k")
 _TOL = 1e-6   # float32 slack so that p_hat exactly on e +/- delta counts as crossed (spec: >=, <=)

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Dict, Mapping, Optional
 
 import flax

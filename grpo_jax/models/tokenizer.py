@@ -221,6 +221,7 @@ class Tokenizer:
         template = self.chat_template or _CHATML
         try:
             import jinja2
+            import jinja2.ext
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:  # plain ChatML
             text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)

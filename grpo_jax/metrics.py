@@ -1,0 +1,131 @@
+"""Evaluation metrics over sampled answers: unbiased pass@k, mean@k, maj@k (host side, numpy).
+
+All three return one value per prompt (`[P]` float64); a benchmark score is their mean over
+prompts. Source for pass@k: Chen et al. 2021, *Evaluating Large Language Models Trained on
+Code* (arXiv 2107.03374), Eq. 1 and the numerically stable product form of Fig. 3.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Optional, Sequence, Union
+
+import numpy as np
+
+ArrayLike = Union[int, Sequence[int], np.ndarray]
+
+
+def _as_int_array(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer)
+                               or (np.issubdtype(a.dtype, np.floating)
+                                   and np.all(np.isfinite(a)) and np.all(a == np.round(a)))):
+        raise ValueError(f"{name} must hold integers, got {a.dtype} values {a.ravel()[:5]}")
+    return a.astype(np.int64)
+
+
+def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> Union[float, np.ndarray]:
+    """Unbiased pass@k estimate from `n` samples of which `c` are correct (Chen et al. 2021, Eq. 1).
+
+    `pass@k = 1 - C(n - c, k) / C(n, k)`, computed as `1 - prod_{i = n-c+1}^{n} (1 - k / i)`
+    (no large binomials); it is 1 when `n - c < k` and 0 when `c = 0`. Vectorised: `n`, `c`
+    and `k` broadcast against each other (e.g. `n [P]`, `c [P]`, scalar `k`).
+
+    Args:
+      n: samples per prompt (int or int array, >= 1).
+      c: correct samples per prompt (int or int array, `0 <= c <= n`).
+      k: the k of pass@k (int or int array, `1 <= k <= n`).
+
+    Returns:
+      float64 in `[0, 1]`: a Python float if all inputs are scalars, else an array of the
+      broadcast shape.
+
+    Raises:
+      ValueError: any `k > n` (the estimate is undefined: fewer samples than k; reporting 1.0
+        for a prompt with zero correct samples would be wrong), `k < 1`, `c < 0`, `c > n`,
+        `n < 1`, or non-integer inputs.
+    """
+    n_a, c_a, k_a = (_as_int_array(x, name) for x, name in ((n, "n"), (c, "c"), (k, "k")))
+    n_a, c_a, k_a = np.broadcast_arrays(n_a, c_a, k_a)
+    if np.any(n_a < 1):
+        raise ValueError(f"pass_at_k: n must be >= 1, got min n = {n_a.min()}")
+    if np.any(k_a < 1):
+        raise ValueError(f"pass_at_k: k must be >= 1, got min k = {k_a.min()}")
+    if np.any(k_a > n_a):
+        i = np.flatnonzero((k_a > n_a).ravel())[0]
+        raise ValueError(
+            f"pass_at_k: k = {k_a.ravel()[i]} > n = {n_a.ravel()[i]} samples (unbiased pass@k "
+            "needs at least k samples per prompt)")
+    if np.any(c_a < 0) or np.any(c_a > n_a):
+        raise ValueError("pass_at_k: need 0 <= c <= n for every prompt")
+    shape = n_a.shape
+    n_f, c_f, k_f = (a.ravel() for a in (n_a, c_a, k_a))
+    out = np.ones(n_f.shape, np.float64)
+    if n_f.size:
+        i = np.arange(1, int(n_f.max()) + 1, dtype=np.float64)[None, :]       # [1, max n]
+        in_range = (i > (n_f - c_f)[:, None]) & (i <= n_f[:, None])
+        terms = np.where(in_range, 1.0 - k_f[:, None] / i, 1.0)
+        prod = np.prod(terms, axis=1)
+        out = np.where(n_f - c_f < k_f, 1.0, 1.0 - prod)
+    out = out.reshape(shape)
+    return float(out) if out.ndim == 0 else out
+
+
+def mean_at_k(correct) -> np.ndarray:
+    """mean@k: per-prompt fraction of correct samples.
+
+    Args:
+      correct: `[P, k]` bool/0-1 array (or list of equal-length lists), one row per prompt.
+
+    Returns:
+      `[P]` float64 in `[0, 1]`; the benchmark's mean@k is `mean_at_k(correct).mean()`.
+
+    Raises:
+      ValueError: not 2-D, `k = 0`, or values other than 0/1.
+    """
+    a = np.asarray(correct)
+    if a.ndim != 2 or a.shape[1] == 0:
+        raise ValueError(f"mean_at_k: correct must be [P, k] with k >= 1, got shape {a.shape}")
+    if not np.all((a == 0) | (a == 1)):
+        raise ValueError("mean_at_k: correct must hold booleans / 0-1 values")
+    return a.astype(np.float64).mean(axis=1)
+
+
+def maj_at_k(answers: Sequence[Sequence[Optional[Hashable]]],
+             correct: Sequence[Sequence[bool]]) -> np.ndarray:
+    """maj@k: is the majority-vote answer correct? One value per prompt.
+
+    For each prompt the most frequent answer among its samples wins (ties broken by first
+    occurrence); `None` marks a sample without an extracted answer and does not vote (a prompt
+    whose samples are all `None` scores 0). The prompt scores 1 if any sample carrying the
+    majority answer is marked correct (answers must already be normalised so that equal
+    answers compare equal, e.g. the verifier's canonical form).
+
+    Args:
+      answers: `[P][k]` hashable normalised answers (or `None`); `k` may differ per prompt.
+      correct: `[P][k]` bools aligned with `answers` (the verifier's per-sample verdict).
+
+    Returns:
+      `[P]` float64 of 0.0 / 1.0; the benchmark's maj@k is the mean.
+
+    Raises:
+      ValueError: `answers` and `correct` differ in length for the batch or any prompt, or a
+        prompt has no samples.
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"maj_at_k: {len(answers)} prompts in answers, {len(correct)} in correct")
+    out = np.zeros(len(answers), np.float64)
+    for p, (ans, cor) in enumerate(zip(answers, correct)):
+        ans, cor = list(ans), [bool(x) for x in cor]
+        if len(ans) != len(cor):
+            raise ValueError(f"maj_at_k: prompt {p} has {len(ans)} answers, {len(cor)} verdicts")
+        if not ans:
+            raise ValueError(f"maj_at_k: prompt {p} has no samples")
+        counts = {}
+        for a in ans:
+            if a is not None:
+                counts[a] = counts.get(a, 0) + 1          # dict keeps first-occurrence order
+        if not counts:
+            continue
+        best = max(counts.values())
+        winner = next(a for a, n in counts.items() if n == best)
+        out[p] = float(any(c for a, c in zip(ans, cor) if a == winner))
+    return out
