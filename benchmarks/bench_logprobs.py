@@ -17,8 +17,9 @@ shape (`--time-*` flags) that runs on a CPU. Numbers are for the backend JAX run
 that XLA:CPU has no native bfloat16, so some bf16 buffers become f32 there (see
 `grpo_jax.losses._sliceable_view`).
 
-  python benchmarks/bench_logprobs.py                    # defaults, < 2 min on a laptop CPU
-  python benchmarks/bench_logprobs.py --mode projection --hidden 64
+  PYTHONPATH=. python benchmarks/bench_logprobs.py       # defaults, < 2 min on a laptop CPU
+  PYTHONPATH=. python benchmarks/bench_logprobs.py --mode projection --hidden 64
+  PYTHONPATH=. python benchmarks/bench_logprobs.py --dtype float32 --no-time
 """
 from __future__ import annotations
 

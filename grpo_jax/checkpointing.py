@@ -14,6 +14,8 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,12 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict) -> None:
-    """Saves synchronously (every process must call it on multi-host runs)."""
+    """Saves synchronously (every process must call it on multi-host runs).
+
+    Global arrays are written shard by shard by the processes that own them; host-local
+    arrays (the controllers, identical on every process) are written as numpy by process 0.
+    """
+    state = jax.tree.map(lambda x: np.asarray(x) if _host_local(x) else x, state)
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
     self.manager.wait_until_finished()
@@ -71,16 +78,30 @@ class Checkpointer:
         print(f"WARNING: {msg}", flush=True)
         errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
         continue
-      return step, restored["state"], restored["meta"]
+      # host-local leaves (numpy templates, see abstract_like) come back as local arrays
+      tree = jax.tree.map(lambda t, x: jnp.asarray(x) if isinstance(t, np.ndarray) else x,
+                          abstract_state, restored["state"])
+      return step, tree, restored["meta"]
     raise RuntimeError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
 
   def close(self) -> None:
     self.manager.close()
 
 
+def _host_local(x) -> bool:
+  """A single-process array in a multi-process run (not a global array Orbax can shard)."""
+  return isinstance(x, jax.Array) and jax.process_count() > 1 and x.is_fully_addressable
+
+
 def abstract_like(tree: Any) -> Any:
-  """``jax.ShapeDtypeStruct`` (with sharding) for every array leaf of ``tree``."""
+  """``jax.ShapeDtypeStruct`` (with sharding) for every array leaf of ``tree``.
+
+  In a multi-process run a host-local array becomes a numpy template instead (restored on
+  every process from the copy process 0 wrote).
+  """
   def one(x):
+    if _host_local(x):
+      return np.zeros(x.shape, x.dtype)
     if isinstance(x, jax.Array):
       return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     return x

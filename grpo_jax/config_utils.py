@@ -122,10 +122,24 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
 
   The first call writes ``<workdir>/config.json``; later calls compare against it, ignoring
   fields that do not change the trajectory (steps, checkpoint/logging/eval settings, paths).
+  Multi-process runs: every process compares, only process 0 writes (or clears, on
+  overwrite), and all of them wait for it before returning.
 
   Raises:
     ConfigError: naming the first differing field, the workdir and ``config.checkpoint.overwrite``.
   """
+  import jax  # local: config files import this module without starting JAX
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    try:
+      _check_workdir(config, workdir, write=jax.process_index() == 0)
+    finally:  # a refusal on one process is a refusal on all (same files, same config)
+      multihost_utils.sync_global_devices("grpo_jax.check_workdir")
+    return
+  _check_workdir(config, workdir, write=True)
+
+
+def _check_workdir(config: ml_collections.ConfigDict, workdir: str, write: bool) -> None:
   path = os.path.join(workdir, "config.json")
   new = config.to_dict()
   if os.path.exists(path) and not config.checkpoint.overwrite:
@@ -137,6 +151,8 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
       raise ConfigError(
           f"{workdir} holds a run with another config ({diff}); use a new --workdir, or pass "
           "--config.checkpoint.overwrite=True to start over there")
+    return
+  if not write:
     return
   if os.path.exists(path) and config.checkpoint.overwrite:
     import shutil

@@ -16,6 +16,11 @@ from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling
 
 
+def _to_host(x) -> np.ndarray:
+  from grpo_jax.experiment import Experiment
+  return Experiment.to_host(x)
+
+
 def _summarise(correct: np.ndarray, answers: list[list[str]] | None, k: int) -> dict:
   """correct [N, k] bool -> {mean_at_1, mean_at_k, pass_at_1, pass_at_k, maj_at_k, n}."""
   n = np.full((correct.shape[0],), k)
@@ -66,8 +71,8 @@ def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward
     rng, key = jax.random.split(rng)
     out = sampling.generate(graphdef, params, to_device(tokens[rows]), to_device(mask[rows]), key,
                             sampling_config)
-    comp = np.asarray(out.completion_tokens)
-    lengths = np.asarray(out.lengths)
+    comp = _to_host(out.completion_tokens)
+    lengths = _to_host(out.lengths)
     eos = set(tokenizer.eos_ids)
     completions = [tokenizer.decode([int(t) for t in comp[i, :lengths[i]] if int(t) not in eos])
                    for i in range(len(rows))]

@@ -71,23 +71,33 @@ class Experiment:
     return jnp.arange(self.num_prompt_ids, dtype=jnp.int32)
 
   def to_device(self, x: np.ndarray) -> jax.Array:
-    """Host batch -> global array sharded over the batch axes (multi-host safe)."""
-    return jax.make_array_from_process_local_data(sharding.batch_sharding(self.mesh, x.ndim), x)
+    """The *global* host batch -> a global array sharded over the batch axes.
+
+    Every process holds the same global numpy batch (the pipeline is deterministic and
+    identical on all hosts); each one supplies the shards its devices own.
+    """
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding.batch_sharding(self.mesh, x.ndim),
+                                        lambda index: x[index])
+
+  @staticmethod
+  def to_host(x: jax.Array) -> np.ndarray:
+    """A global (possibly multi-host) array -> the full numpy array on every process."""
+    if jax.process_count() == 1 or x.is_fully_addressable:
+      return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
   def decode(self, ids) -> str:
     return self.tokenizer.decode([int(i) for i in ids if int(i) not in self.tokenizer.eos_ids])
 
   def make_source(self):
+    # Every process draws the same *global* batch (process_count=1): the controllers need
+    # every prompt's bin, and device arrays are assembled from it shard by shard.
     return pipeline_lib.PromptSource(self.examples, self.config.rollout.prompts_per_step,
-                                     seed=self.config.seed, process_index=jax.process_index(),
-                                     process_count=jax.process_count())
+                                     seed=self.config.seed, process_index=0, process_count=1)
 
-  def init_state(self, make_state):
-    """TrainState created by one jitted init, parameters directly in their sharding.
-
-    Sets ``self.state_shardings`` (the shardings every jitted step takes and returns, so
-    steps never recompile because of a sharding change).
-    """
+  def _state_init_fn(self, make_state):
     def init():
       params = jax.lax.with_sharding_constraint(self.init_params_fn(), self.param_shardings)
       kwargs = {}
@@ -97,10 +107,51 @@ class Experiment:
       return make_state(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
                         rng=jax.random.PRNGKey(self.config.seed), skips=jnp.zeros((), jnp.int32),
                         **kwargs)
-    with jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh:
-      state = jax.jit(init)()
-    self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    return state
+    return init
+
+  def _state_shardings_for(self, shapes):
+    """Shardings of a TrainState shaped like ``shapes``: parameters by the mesh rules, every
+    parameter-shaped optimizer leaf (Adam mu/nu) like its parameter, scalars replicated."""
+    repl = sharding.replicated(self.mesh)
+
+    def opt(tx, opt_state, param_sh):
+      return optax.tree_map_params(tx, lambda _, s: s, opt_state, param_sh,
+                                   transform_non_params=lambda _: repl)
+    out = jax.tree.map(lambda _: repl, shapes)
+    out = out.replace(params=self.param_shardings,
+                      opt_state=opt(self.tx, shapes.opt_state, self.param_shardings))
+    if getattr(shapes, "critic_params", None) is not None:
+      critic_sh = sharding.param_shardings(
+          nnx.split(_abstract_model(self.model_config, transformer.CriticModel), nnx.Param)[1], self.mesh)
+      out = out.replace(critic_params=critic_sh,
+                        critic_opt_state=opt(self.critic_tx, shapes.critic_opt_state, critic_sh))
+    return out
+
+  def _mesh_context(self):
+    return jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh
+
+  def init_state(self, make_state):
+    """TrainState created by one jitted init, parameters directly in their sharding.
+
+    Sets ``self.state_shardings`` (the shardings every jitted step takes and returns, so
+    steps never recompile because of a sharding change); optimizer moments are sharded like
+    their parameters (see ``abstract_state``).
+    """
+    self.abstract_state(make_state)
+    with self._mesh_context():
+      return jax.jit(self._state_init_fn(make_state), out_shardings=self.state_shardings)()
+
+  def abstract_state(self, make_state):
+    """The TrainState ``init_state`` would build, as ``jax.ShapeDtypeStruct`` with shardings.
+
+    Nothing is allocated or compiled (``jax.eval_shape``); sets ``self.state_shardings``.
+    For compile-only checks (experiments/aot.py) and restoring checkpoints.
+    """
+    with self._mesh_context():
+      shapes = jax.eval_shape(self._state_init_fn(make_state))
+    self.state_shardings = self._state_shardings_for(shapes)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, self.state_shardings)
 
   def set_ref_params(self, restored, state) -> None:
     """The frozen reference: the starting policy (after any warm start)."""
@@ -176,7 +227,8 @@ def encode_prompts(tokenizer, texts: list[str], max_len: int, overlong: str):
 def _load_model(config, tokenizer):
   mc = config.model
   overrides = dict(mc.overrides.to_dict()) if mc.overrides else {}
-  overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
+  if tokenizer is not None:  # None: compile-only build (vocab from the preset)
+    overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
   overrides.update(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
   if mc.hf_checkpoint or mc.gguf_path:
     from grpo_jax.models import loading
@@ -269,7 +321,12 @@ def gdro_configs(config):
 
 
 def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = True) -> Experiment:
-  """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run."""
+  """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run.
+
+  ``with_data=False`` builds the compile-only pieces: no data, no reward workers and (except
+  for the built-in arithmetic tokenizer) no tokenizer: the vocabulary is the preset's (or
+  ``config.model.overrides.vocab_size``), eos_ids=(0,), pad 0.
+  """
   from grpo_jax import train as train_lib  # make_optimizer
   devices = jax.devices()[:config.mesh.num_devices or None]
   try:
@@ -287,7 +344,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   if R % mb or mb % div:
     raise ConfigError(f"config.algorithm.mini_batch_size={mb} must divide R={R} and be a multiple of "
                       f"the mesh's data x fsdp = {div}")
-  tokenizer = _load_tokenizer(config)
+  tokenizer = _load_tokenizer(config) if with_data or config.data.name == "arithmetic" else None
   model_cfg, graphdef, init_fn = _load_model(config, tokenizer)
   abstract_state = nnx.split(_abstract_model(model_cfg), nnx.Param)[1]
   shardings = sharding.param_shardings(abstract_state, mesh)
@@ -323,14 +380,15 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)
   tx = train_lib.make_optimizer(config.optimizer, steps_updates)
   sc = config.rollout
-  eos = tuple(tokenizer.eos_ids)
+  eos = tuple(tokenizer.eos_ids) if tokenizer is not None else (0,)
+  pad_id = tokenizer.pad_id if tokenizer is not None else 0
   train_sampling = sampling.SamplingConfig(max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
                                            top_k=sc.top_k, top_p=sc.top_p, eos_ids=eos,
-                                           pad_id=tokenizer.pad_id)
+                                           pad_id=pad_id)
   ec = config.eval
   eval_sampling = sampling.SamplingConfig(max_new_tokens=ec.max_new_tokens or sc.max_new_tokens,
                                           temperature=ec.temperature, top_k=ec.top_k, top_p=ec.top_p,
-                                          eos_ids=eos, pad_id=tokenizer.pad_id)
+                                          eos_ids=eos, pad_id=pad_id)
   cls_cfg, pg_cfg, rg_cfg = gdro_configs(config)
   exp = Experiment(
       config=config, mesh=mesh, model_config=model_cfg, graphdef=graphdef,

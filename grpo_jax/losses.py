@@ -426,7 +426,7 @@ def policy_loss(
     logits: Optional[chex.Array] = None,
     denominator: Optional[chex.Array] = None,
 ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-    """Clipped-surrogate policy loss (GRPO / DAPO / Dr. GRPO / GSPO) with optional KL to a reference.
+    """Clipped-surrogate policy loss (GRPO, DAPO, Dr. GRPO, GSPO) with optional KL to a reference.
 
     Per masked-in token, in float32, with `A_t = advantages[r] * sample_weights[r]`:
 

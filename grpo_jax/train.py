@@ -264,8 +264,8 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   prompt_mask = exp.to_device(exp.prompt_mask[rows])
   rollouts = fns["generate"](exp.graphdef, state.params, prompt_tokens, prompt_mask, gen_key,
                              exp.train_sampling)
-  completion_tokens = np.asarray(rollouts.completion_tokens)
-  lengths = np.asarray(rollouts.lengths)
+  completion_tokens = exp.to_host(rollouts.completion_tokens)
+  lengths = exp.to_host(rollouts.lengths)
   times["generate"] = t()
 
   # 5. rewards (host).
@@ -316,7 +316,7 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
       idx = jnp.asarray(perm[s:s + mb])
       state, m = fns["update"](state, jax.tree.map(lambda x: x[idx], batch))
       if it == 0:
-        per_rollout_loss[perm[s:s + mb]] = np.asarray(m.pop("per_rollout_loss"))
+        per_rollout_loss[perm[s:s + mb]] = exp.to_host(m.pop("per_rollout_loss"))
       else:
         m.pop("per_rollout_loss")
       upd.append(m)
@@ -349,14 +349,14 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   times["controllers"] = t()
 
   # 10. metrics.
-  completion_tokens_total = int(np.asarray(rollouts.completion_mask).sum())
+  completion_tokens_total = int(exp.to_host(rollouts.completion_mask).sum())
   row = {
       "reward_mean": float(rewards.mean()), "pass_rate": float(correct.mean()),
       "any_correct_rate": float(any_correct.mean()),
       "completion_length": float(lengths.mean()),
-      "truncated_fraction": float(np.asarray(rollouts.truncated).mean()),
-      "advantage_abs_mean": float(np.abs(np.asarray(adv)).mean()),
-      "sample_weight_max": float(np.asarray(sample_weights).max()),
+      "truncated_fraction": float(exp.to_host(rollouts.truncated).mean()),
+      "advantage_abs_mean": float(np.abs(exp.to_host(adv)).mean()),
+      "sample_weight_max": float(exp.to_host(sample_weights).max()),
       "skipped_updates": int(sum(not bool(m["update_ok"]) for m in upd)),
       "consecutive_skips": int(state.skips),
       "generated_tokens": completion_tokens_total,

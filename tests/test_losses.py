@@ -408,13 +408,15 @@ CONFIGS = [(mode, "token", None) for mode in MODES] + [
     ("seq-mean-token-mean", "sequence", None), ("token-mean", "token", 3.0)]
 
 
-@functools.lru_cache(maxsize=None)
-def _loss_and_grad(mode, level, dual_clip):
-    def f(lp, old, a, m, ref, w):
-        return PL(lp, old, a, m, loss_agg_mode=mode, ratio_level=level,
-                                  ref_logprobs=ref, kl_coef=0.1, sample_weights=w,
-                                  dual_clip=dual_clip, epsilon_high=0.28)[0]
-    return jax.jit(jax.value_and_grad(f))
+@jax.jit
+def _losses_and_grads(lp, old, a, m, ref, w):
+    """Loss and d loss / d logprobs for every config in CONFIGS (one compile for all)."""
+    out = []
+    for mode, level, dual in CONFIGS:
+        out.append(jax.value_and_grad(lambda x: losses.policy_loss(
+            x, old, a, m, loss_agg_mode=mode, ratio_level=level, ref_logprobs=ref, kl_coef=0.1,
+            sample_weights=w, dual_clip=dual, epsilon_high=0.28)[0])(lp))
+    return out
 
 
 @st.composite
@@ -449,48 +451,48 @@ def test_property_masked_garbage_changes_neither_loss_nor_gradient(data, seed):
     a_d, w_d = a.copy(), w.copy()
     a_d[empty], w_d[empty] = np.nan, np.inf
     clean = [np.where(masked, 0.0, x).astype(np.float32) for x in (lp, old, ref)]
-    for mode, level, dual in CONFIGS:
-        f = _loss_and_grad(mode, level, dual)
-        l1, g1 = f(clean[0], clean[1], a, m, clean[2], w)
-        l2, g2 = f(dirty[0], dirty[1], a_d, m, dirty[2], w_d)
+    res_clean = _losses_and_grads(clean[0], clean[1], a, m, clean[2], w)
+    res_dirty = _losses_and_grads(dirty[0], dirty[1], a_d, m, dirty[2], w_d)
+    for (l1, g1), (l2, g2) in zip(res_clean, res_dirty):
         assert np.isfinite(l1) and np.all(np.isfinite(g2))
         np.testing.assert_allclose(l2, l1, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(g2, g1, rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(np.asarray(g2)[masked], 0.0)
 
 
-@functools.lru_cache(maxsize=None)
-def _micro(mode, level, dual):
-    def f(lp, old, a, m, ref, w, den):
-        return PL(lp, old, a, m, loss_agg_mode=mode, ratio_level=level,
-                                  ref_logprobs=ref, kl_coef=0.1, sample_weights=w, max_len=8,
-                                  dual_clip=dual, denominator=den)
-    return jax.jit(jax.value_and_grad(f, has_aux=True))
+@jax.jit
+def _accumulate(lp, old, a, m, ref, w):
+    """Per mode: full-batch loss/grad (plain call) and two micro-batches of R/2 rows, each
+    given the full batch's denominator (one compile for all modes)."""
+    out = {}
+    for mode in MODES:
+        def f(lp, old, a, m, ref, w, den):
+            return losses.policy_loss(lp, old, a, m, loss_agg_mode=mode, ref_logprobs=ref,
+                                      kl_coef=0.1, sample_weights=w, max_len=8, denominator=den)
+        vg = jax.value_and_grad(f, has_aux=True)
+        den = losses.loss_denominator(m, mode, max_len=8)
+        full = vg(lp, old, a, m, ref, w, None)
+        micro = [vg(lp[s], old[s], a[s], m[s], ref[s], w[s], den)
+                 for s in (slice(0, R // 2), slice(R // 2, R))]
+        out[mode] = (den, full, micro)
+    return out
 
 
 @settings(max_examples=10, deadline=None)
 @given(batch())
 def test_property_microbatch_accumulation_equals_full_batch(data):
-    """Two micro-batches of R/2 rows (fixed shapes: one compile per mode); the lengths drawn by
-    hypothesis include fully masked rows and whole micro-batches without tokens."""
-    lp, old, a, m, ref, w = data
-    bounds = [0, R // 2, R]
-    for mode in MODES:
-        f = _micro(mode, "token", None)
-        den = losses.loss_denominator(m, mode, max_len=8)
-        (full, aux_full), g_full = f(lp, old, a, m, ref, w, den)   # den = its own: plain loss
+    """The lengths drawn by hypothesis include fully masked rows and micro-batches without
+    any token (denominator 0 locally)."""
+    for mode, (den, ((full, aux_full), g_full), micro) in _accumulate(*data).items():
         np.testing.assert_allclose(den, aux_full["denominator"])
-        total, grads, sums, dens = 0.0, [], 0.0, 0.0
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            sl = slice(lo, hi)
-            (lm, aux), g = f(lp[sl], old[sl], a[sl], m[sl], ref[sl], w[sl], den)
-            total, sums, dens = total + lm, sums + aux["loss_sum"], dens + aux["denominator"]
-            grads.append(g)
+        total = sum(lm for (lm, _), _ in micro)
         np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.concatenate(grads), g_full, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.concatenate([g for _, g in micro]), g_full, rtol=1e-5,
+                                   atol=1e-7)
+        sums = sum(aux["loss_sum"] for (_, aux), _ in micro)
+        dens = sum(aux["denominator"] for (_, aux), _ in micro)
         np.testing.assert_allclose(dens, den)
-        expect = sums / dens if dens > 0 else 0.0
-        np.testing.assert_allclose(expect, full, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(sums / dens if dens > 0 else 0.0, full, rtol=1e-5, atol=1e-6)
 
 
 def _reinforce_loss(lp, a, m, mode, max_len):
