@@ -12,7 +12,7 @@ def get_config(arg: str = "grpo"):
   parts = [p for p in (arg or "grpo").split(",") if p]
   algorithm = parts[0] if parts and parts[0] in common.ALGORITHMS else "grpo"
   c = common.base_config()
-  c.steps = 120                              # RL steps
+  c.steps = 150                              # RL steps
   c.model.preset = "tiny"                    # 2 layers, width 64 (see grpo_jax/models/config.py)
   c.model.overrides.hidden_size = 128        # width of the tiny transformer
   c.model.overrides.intermediate_size = 256  # MLP width
@@ -24,7 +24,8 @@ def get_config(arg: str = "grpo"):
   c.data.name = "arithmetic"                 # procedural task with exact integer answers
   c.data.template = "arithmetic"             # prompt = "<problem>="
   c.data.max_prompt_tokens = 16              # longest level-5 prompt is 12 characters
-  c.data.arithmetic.num_train = 4000         # training problems
+  c.data.arithmetic.num_train = 20000        # training problems (large: the warm start must not memorise)
+  c.data.arithmetic.levels = (1, 2, 3)       # a+b (1 digit), two-digit a+b, a+b-c (see grpo_jax/data/arithmetic.py)
   c.data.arithmetic.num_eval = 200           # held-out problems (disjoint from training)
   c.data.arithmetic.seed = 0                 # task generator seed
 
@@ -34,11 +35,11 @@ def get_config(arg: str = "grpo"):
   c.rollout.temperature = 1.0                # sampling temperature
 
   c.algorithm.kl_coef = 0.0                  # no reference pass for the tiny default
-  c.optimizer.learning_rate = 3e-4           # tiny models take large steps
+  c.optimizer.learning_rate = 2e-4           # tiny models take large steps
   c.optimizer.grad_clip = 1.0
 
-  c.sft.steps = 300                          # supervised warm start (format + partial skill)
-  c.sft.batch_size = 64
+  c.sft.steps = 300                          # supervised warm start: the format and partial skill (~30% held-out)
+  c.sft.batch_size = 128
   c.sft.learning_rate = 1e-3
 
   c.checkpoint.every_steps = 20
@@ -53,12 +54,14 @@ def get_config(arg: str = "grpo"):
   c.reward.num_workers = 1                   # arithmetic is scored in-process (no pool is started)
   common.apply_algorithm(c, algorithm)
   if "heavy_tailed" in parts:
+    c.data.arithmetic.levels = (1, 2, 3, 4, 5)
     c.data.arithmetic.heavy_tailed = True    # most problems easy, a long tail of hard levels
   if "smoke" in parts:                       # seconds-long run for tests
     c.steps = 3
     c.sft.steps = 5
     c.rollout.prompts_per_step = 8
     c.rollout.rollouts_per_prompt = 4
+    c.data.arithmetic.num_train = 500
     c.eval.max_examples = 16
     c.eval.batch_size = 64
     c.checkpoint.every_steps = 1

@@ -399,6 +399,10 @@ def _fmt(nbytes: float, scale_name: tuple[float, str] | None = None) -> str:
   return f"{v:.3g} {name}" if v < 100 else f"{v:.0f} {name}"
 
 
+def _fmt_count(n: int) -> str:
+  return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+
+
 def headline(result: Mapping[str, Any]) -> str:
   """'PPO X GB, GRPO Y GB, saved Z%' from a result with ``ppo_total`` / ``grpo_total`` (the
   measured totals when ``result['measured']`` is present)."""
@@ -436,20 +440,18 @@ def _plot_one(ax, result: Mapping[str, Any], title: str | None):
   ax.tick_params(labelsize=7)
 
 
-def plot_bars(result: dict, path: str | None = None, ax=None):
+def plot_bars(result: dict, path: str | None = None, ax=None, suptitle: str | None = None):
   """Stacked PPO / GRPO bars of an ``analytic_breakdown`` result (components stacked; of
   activations and KV cache only the larger phase is drawn, as in the total), with the compiled
   totals as black lines when ``result["measured"]`` holds ``compiled_memory``'s output, titled
   'PPO X GB, GRPO Y GB, saved Z%' (measured when present, else analytic).
 
   ``result`` may also be a mapping ``{name: result}`` (one panel per entry; ``ax`` then a
-  sequence of axes or None). Writes a PNG to ``path`` when given (matplotlib Agg, 90 dpi).
+  sequence of axes or None); ``suptitle`` (optional) goes above the panels. Writes a PNG to ``path`` when given (90 dpi; the script runs
+  matplotlib with the Agg backend, a notebook keeps its own).
   Returns the matplotlib Figure.
   """
-  import matplotlib
-  if ax is None:
-    matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # the script selects Agg (main); notebooks keep their backend
 
   single = "ppo_total" in result
   items = [(None, result)] if single else list(result.items())
@@ -470,6 +472,9 @@ def plot_bars(result: dict, path: str | None = None, ax=None):
         handles[l] = h
         labels.append(l)
   fig.legend([handles[l] for l in labels], labels, loc="center right", fontsize=7, frameon=False)
+  if suptitle:
+    import textwrap
+    fig.suptitle(textwrap.fill(suptitle, int(13 * fig.get_figwidth())), fontsize=7)
   fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
   if path:
     fig.savefig(path, dpi=90)
@@ -486,7 +491,7 @@ def table_rows(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     m, s = r["measured"], r["state_only"]
     unit = _unit(m["ppo_total"])
     rows.append(
-        f"| {name} | {r['num_params'] / 1e9:.3g}B | {_fmt(m['ppo_total'], unit)} | "
+        f"| {name} | {_fmt_count(r['num_params'])} | {_fmt(m['ppo_total'], unit)} | "
         f"{_fmt(m['grpo_total'], unit)} | {m['ppo_total'] / m['grpo_total']:.2f} | "
         f"{100 * m['saved_fraction']:.1f}% | {_fmt(r['ppo_total'], unit)} | "
         f"{_fmt(r['grpo_total'], unit)} | {100 * r['saved_fraction']:.1f}% | "
@@ -549,17 +554,27 @@ def run(models: Sequence[str], *, batch_rollouts: int, prompt_len: int, completi
 
 
 def write_report(results: Mapping[str, Any], out_dir: str, *, command: str, settings: dict,
-                 png_name: str = "memory.png", md_name: str = "memory.md") -> tuple[str, str]:
-  """Writes ``<out_dir>/<md_name>`` and ``<out_dir>/<png_name>``; returns their paths."""
+                 png_name: str = "memory.png", md_name: str = "memory.md",
+                 sweep: Mapping[str, Any] | None = None) -> tuple[str, str]:
+  """Writes ``<out_dir>/<md_name>`` and ``<out_dir>/<png_name>`` (and, with a ``sweep``,
+  ``<png_name stem>_sweep.png``); returns the markdown and main PNG paths."""
+  import matplotlib.pyplot as plt
   os.makedirs(out_dir, exist_ok=True)
   png = os.path.join(out_dir, png_name)
-  plot_bars(dict(results), png)
+  note = ("bars: analytic (activations or rollout KV cache, the larger); black line: compiled "
+          f"(XLA {jax.default_backend().upper()}); ")
+  sizes = ("batch_rollouts", "prompt_len", "completion_len")
+  precision = ", ".join(f"{k}={v}" for k, v in settings.items() if k not in sizes)
+  plt.close(plot_bars(dict(results), png, suptitle=note + ", ".join(
+      f"{k}={settings[k]}" for k in sizes) + ", " + precision))
   md = os.path.join(out_dir, md_name)
-  first = next(iter(results.values()))
+  compile_s = sum(r["measured"]["ppo"]["compile_s"] + r["measured"]["grpo"]["compile_s"]
+                  for r in [*results.values(), *(sweep or {}).values()])
   lines = [
       "# Memory: PPO (actor + critic + reference) vs GRPO (actor + reference)",
       "",
-      f"Regenerate (CPU, compile only, ~{sum(r['measured']['ppo']['compile_s'] + r['measured']['grpo']['compile_s'] for r in results.values()) / 60:.0f} min here):",
+      f"Regenerate (CPU, compile only, nothing allocated; {compile_s / 60:.0f} min of compiles on "
+      f"this shared 2-core machine):",
       "",
       "```bash",
       command,
@@ -583,7 +598,15 @@ def write_report(results: Mapping[str, Any], out_dir: str, *, command: str, sett
       *table_rows(results),
       "",
   ]
-  lines += _discussion(results)
+  lines += _discussion(results, sweep)
+  if sweep:
+    sweep_png = os.path.splitext(png_name)[0] + "_sweep.png"
+    plt.close(plot_bars(dict(sweep), os.path.join(out_dir, sweep_png), suptitle=note + precision))
+    lines += ["", "## The saving against tokens per update", "",
+              "Same model and precision, fewer tokens per update (R rollouts x (Lp + Lc)): the "
+              "activations shrink and the compiled saving rises toward the state-only figure, "
+              "staying below it by the optimizer transients (point 2 above).", "",
+              *table_rows(sweep), "", f"![sweep]({sweep_png})", ""]
   lines += ["", "## Analytic components (PPO; GRPO has no critic rows), GB", "",
             *component_rows(results), "",
             "## Compiled figures per program, GB", "",
@@ -595,34 +618,69 @@ def write_report(results: Mapping[str, Any], out_dir: str, *, command: str, sett
   return md, png
 
 
-def _discussion(results) -> list[str]:
+def _transients_note(sweep) -> str:
+  if not sweep:
+    return ""
+  name, r = min(sweep.items(), key=lambda kv: kv[1]["grpo"]["activations"])
+  m = r["measured"]
+  temp = m["grpo"]["phases"]["update"]["temp"]
+  return (f": at {name} the GRPO update's temp is {temp / GB:.4g} GB = "
+          f"{temp / r['grpo']['actor_grads']:.1f} x the gradient ({r['grpo']['actor_grads'] / GB:.4g} GB) "
+          f"while the activations are estimated at {r['grpo']['activations'] / GB:.3g} GB, and the "
+          f"compiled GRPO is {m['grpo_total'] / GB:.4g} GB against {r['state_only']['grpo'] / GB:.4g} GB "
+          f"state-only")
+
+
+def _discussion(results, sweep=None) -> list[str]:
   lines = ["## How this compares with the seed figure (PPO 252 GB vs GRPO 140 GB, saved 44%)", ""]
   lines.append(
       "The seed figure is state-only arithmetic for a 7.0B model: 16 bytes/param for each trained "
       "model (fp32 weights, grads, two Adam moments) and 4 bytes/param for the frozen reference: "
-      "PPO = 7.0 x (16 + 16 + 4) = 252 GB, GRPO = 7.0 x (16 + 4) = 140 GB, saved 16/36 = 44.4% for "
-      "any size. The *state only* column reproduces it (44.4% when the critic has as many "
-      "parameters as the actor; a tied-embedding model's critic is the same size, an untied one's "
-      "lacks the lm_head).")
-  rows = []
+      "PPO = 7.0 x (16 + 16 + 4) = 252 GB, GRPO = 7.0 x (16 + 4) = 140 GB, saved 16/36 = 44.4% "
+      "whatever the size. The *state only* column is that arithmetic for each preset: 44.4% when "
+      "the critic is as large as the actor (tied embeddings), 42.5% for Qwen3-8B, whose critic "
+      "lacks the untied 0.62B-parameter lm_head.")
+  lines += ["", "Compiled PPO - GRPO against the critic's state (weights + grads + 2 Adam moments):", ""]
   for name, r in results.items():
-    m, s = r["measured"], r["state_only"]
-    rows.append(f"{name}: compiled saving {100 * m['saved_fraction']:.1f}% vs state-only "
-                f"{100 * s['saved_fraction']:.1f}% (compiled PPO - GRPO = "
-                f"{(m['ppo_total'] - m['grpo_total']) / GB:.4g} GB; critic weights + grads + Adam = "
-                f"{(r['ppo']['critic_weights'] + r['ppo']['critic_grads'] + r['ppo']['critic_adam']) / GB:.4g} GB)")
-  lines += ["", *[f"- {x}" for x in rows], ""]
+    m = r["measured"]
+    crit = r["ppo"]["critic_weights"] + r["ppo"]["critic_grads"] + r["ppo"]["critic_adam"]
+    diff = m["ppo_total"] - m["grpo_total"]
+    ut = {a: m[a]["phases"]["update"]["temp"] for a in ("ppo", "grpo")}
+    lines.append(
+        f"- {name}: saved {100 * m['saved_fraction']:.1f}% compiled vs {100 * r['state_only']['saved_fraction']:.1f}% "
+        f"state-only; PPO - GRPO = {diff / GB:.4g} GB = critic state {crit / GB:.4g} GB "
+        f"+ {(diff - crit) / GB:.4g} GB; update temp PPO {ut['ppo'] / GB:.4g} GB vs GRPO "
+        f"{ut['grpo'] / GB:.4g} GB (actor grads {r['grpo']['actor_grads'] / GB:.4g} GB)")
+  lines += [""]
   lines.append(
-      "Why the compiled saving is smaller than 44%: (1) both algorithms pay the same activation "
-      "memory (the critic's backward pass runs after the actor's inside the update, so PPO's "
-      "activation peak is not doubled) and at thousands of tokens per rollout the activations "
-      "(logits and their gradient, the non-fused attention's [R, H, T, T] float32 scores for the "
-      "layer being recomputed) are a large share of both totals, diluting the critic's share; "
-      "(2) the compiled update also holds optimizer transients (clipped gradients, Adam updates) "
-      "for whichever model is being updated, and XLA:CPU keeps some bfloat16 intermediates in "
-      "float32. What PPO adds over GRPO is close to the critic's weights + gradients + Adam "
-      "moments, as the last bullet column shows; the saving in GB grows with the model, the saving "
-      "in % shrinks with the tokens per update.")
+      "Why the compiled saving is below 44%, largest first:")
+  lines += [
+      "",
+      "1. **Activations, paid by both.** At R x (Lp + Lc) = 8 x 5120 tokens the update's "
+      "temporaries (logits and their gradient, the non-fused attention's [R, H, T, T] float32 "
+      "scores of the layer being recomputed, the remat residuals) are most of both totals, so the "
+      "critic's share shrinks. The tiny model (82K parameters) is all activations: its saving "
+      "rounds to 0%. With fewer tokens per update (the sweep below) the saving rises toward the "
+      "state-only figure.",
+      "2. **Optimizer transients, not in the seed arithmetic.** The compiled update also holds the "
+      "gradient's successors (the clipped gradient and AdamW's update before `apply_updates` / "
+      "the non-finite `select`)" + _transients_note(sweep) + ". Both algorithms pay them for "
+      "the actor, which dilutes the critic's share further (PPO pays them for the critic too).",
+      "3. **The critic's activations partly overlap the actor's (raises PPO).** "
+      "`grpo_jax.train.make_update_fn` updates actor and critic in one jitted program; the two "
+      "are independent, and XLA's schedule keeps both models' remat residuals and some attention "
+      "buffers live at once (seen in the buffer assignment, `--xla_dump_to`), so PPO - GRPO "
+      "exceeds the critic state by the second column above. Sequencing the critic's update after "
+      "the actor's (a separate jit, or a data dependence / `optimization_barrier`) would remove "
+      "that part; this is why the compiled saving at long sequences is above the analytic one, "
+      "which assumes the two backward passes do not overlap.",
+      "4. **Backend.** This is XLA:CPU (no native bfloat16 matmul): some bfloat16 tensors are "
+      "held in float32 (e.g. the [V, R*T] float32 logits-gradient transpose), so the bfloat16 "
+      "activation figures overstate a GPU/TPU compile. No accelerator was available to compare.",
+      "",
+      "The analytic activation count is a rule of thumb (see `activation_bytes_estimate`); it "
+      "omits the optimizer transients and the overlap, so it sits below the compiled figure.",
+  ]
   return lines
 
 
@@ -644,23 +702,41 @@ def main(argv: Sequence[str] | None = None) -> dict:
                  help="rematerialise each layer in the backward pass (configs/dapo_qwen3.py)")
   p.add_argument("--kl_coef", type=float, default=1e-3,
                  help="KL-to-reference coefficient (> 0: the frozen reference is resident)")
+  p.add_argument("--sweep", default="2:128:128,8:256:1024",
+                 help="extra R:Lp:Lc settings compiled for --sweep_model (only with --model=all; "
+                      "'' for none)")
+  p.add_argument("--sweep_model", default="qwen3-8b", help="model of the --sweep settings")
   p.add_argument("--out_dir", default="reports",
                  help="writes memory.md + memory.png ('all'), or memory_<model>.md/.png")
   args = p.parse_args(argv)
+  import matplotlib
+  matplotlib.use("Agg")
   models = list(DEFAULT_PRESETS) if args.model == "all" else args.model.split(",")
   settings = dict(batch_rollouts=args.batch_rollouts, prompt_len=args.prompt_len,
                   completion_len=args.completion_len, param_dtype=args.param_dtype,
                   dtype=args.dtype, remat=args.remat, kl_coef=args.kl_coef)
   t0 = time.perf_counter()
   results = run(models, **settings)
+  sweep = {}
+  if args.model == "all" and args.sweep:
+    for item in args.sweep.split(","):
+      R, lp, lc = (int(x) for x in item.split(":"))
+      one = dict(settings, batch_rollouts=R, prompt_len=lp, completion_len=lc)
+      sweep.update({f"{k} R={R} {lp}+{lc}": v for k, v in run([args.sweep_model], **one).items()})
+    main_key = next((k for k in results if k == args.sweep_model), None)
+    if main_key:
+      sweep[f"{main_key} R={args.batch_rollouts} {args.prompt_len}+{args.completion_len}"] = (
+          results[main_key])
   suffix = "" if args.model == "all" else "_" + "_".join(results)
   command = "python -m experiments.memory " + " ".join(
       [f"--model={args.model}"] + [f"--{k}={v}" for k, v in settings.items() if k != "remat"]
-      + ["--remat" if args.remat else "--no-remat", f"--out_dir={args.out_dir}"])
+      + ["--remat" if args.remat else "--no-remat", f"--out_dir={args.out_dir}"]
+      + ([f"--sweep={args.sweep}", f"--sweep_model={args.sweep_model}"] if sweep else []))
   print("\n".join(table_rows(results)))
   if args.out_dir:
     md, png = write_report(results, args.out_dir, command=command, settings=settings,
-                           png_name=f"memory{suffix}.png", md_name=f"memory{suffix}.md")
+                           png_name=f"memory{suffix}.png", md_name=f"memory{suffix}.md",
+                           sweep=sweep or None)
     print(f"wrote {md} and {png} ({os.path.getsize(png) / 1e3:.0f} kB) in "
           f"{time.perf_counter() - t0:.0f} s")
   return results

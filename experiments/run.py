@@ -88,28 +88,58 @@ def initialize_distributed(mode: str = "auto", coordinator: str | None = None,
   return True
 
 
-def _config_key_errors(argv):
-  """Checks `--config.a.b=...` keys before absl does, so typos get a clean message."""
+def _load_config(argv):
+  """The config named by `--config` (without overrides), or None if it cannot be loaded."""
   config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if config_arg is None and "--config" in argv:
+  if config_arg is None and "--config" in argv[:-1]:
     config_arg = argv[argv.index("--config") + 1]
-  overrides = [m.group(1) for a in argv for m in [re.match(r"--config\.([\w.]+)(=|$)", a)] if m]
-  if not overrides or config_arg is None:
+  if config_arg is None:
     return None
   from ml_collections.config_flags import config_flags as cf
-  from grpo_jax import config_utils
   try:
-    config = cf._LoadConfigModule("config", config_arg.split(":", 1)[0]).get_config(
+    return cf._LoadConfigModule("config", config_arg.split(":", 1)[0]).get_config(
         *([config_arg.split(":", 1)[1]] if ":" in config_arg else []))
   except Exception:  # noqa: BLE001 -- absl reports config-file errors itself
     return None
+
+
+def _config_key_errors(argv):
+  """Checks `--config.a.b=...` keys before absl does, so typos get a clean message."""
+  overrides = [m.group(1) for a in argv for m in [re.match(r"--config\.([\w.]+)(=|$)", a)] if m]
+  config = _load_config(argv) if overrides else None
+  if config is None:
+    return None
+  from grpo_jax import config_utils
   valid = set(config_utils.all_keys(config))
   for key in overrides:
     if key not in valid:
       close = config_utils.closest_keys(config, key)
-      hint = f"; did you mean {', '.join('config.' + c for c in close)}?" if close else ""
+      hint = (f"; did you mean {', '.join('config.' + c for c in close)}?" if close else
+              "; the valid keys are listed (commented) in configs/common.py")
       return f"unknown config key config.{key}{hint}"
   return None
+
+
+def _parse_flags(argv):
+  """absl flag parsing, but a bad flag value is one `error: ...` line (exit 2), not FATAL + usage."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = " ".join(str(e).split())
+    hint = ""
+    m = re.match(r"flag --config\.([\w.]+)=", message)
+    config = _load_config(argv) if m else None
+    if config is not None:
+      value = config
+      try:
+        for part in m.group(1).split("."):
+          value = value[part]
+        hint = (f"; config.{m.group(1)} takes a value of type {type(value).__name__} "
+                f"(e.g. --config.{m.group(1)}={value})")
+      except (KeyError, AttributeError, TypeError):
+        pass
+    print(f"error: {message}{hint}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv):
@@ -120,12 +150,23 @@ def main(argv):
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  from grpo_jax import config_utils, train
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except config_utils.ConfigError as e:
+    config = _CONFIG.value
+    config.get("steps")  # a config file that failed to load raises here
+  except OSError as e:
+    reason = str(e).strip().splitlines()[-1].strip()
+    print(f"error: --config: {reason}; give a config file and argument, e.g. "
+          "--config=configs/arithmetic.py:grpo", file=sys.stderr)
+    sys.exit(2)
+  from grpo_jax import checkpointing, config_utils, train
+  try:
+    train.train_and_evaluate(config, _WORKDIR.value)
+  except config_utils.ConfigError as e:  # bad config, paths or data: nothing was trained
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except (FloatingPointError, checkpointing.CheckpointError) as e:  # the run stopped; state is on disk
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":
@@ -133,4 +174,4 @@ if __name__ == "__main__":
   if error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -199,21 +199,25 @@ class Experiment:
         close()
 
 
-def encode_prompts(tokenizer, texts: list[str], max_len: int, overlong: str):
+def encode_prompts(tokenizer, texts: list[str], max_len: int, overlong: str, *,
+                   return_overlong: bool = False):
   """Left-pads token ids to ``max_len``.
 
   Returns:
-    (tokens [N, max_len] int32, mask [N, max_len] bool, kept [N] bool). Prompts longer than
-    ``max_len`` are dropped (``overlong="skip"``; kept=False) or cut from the left
-    (``"truncate"``, keeping the end of the prompt, where the question and template are).
+    (tokens [N, max_len] int32, mask [N, max_len] bool, kept [N] bool), plus
+    overlong [N] bool (longer than ``max_len``, in either mode) with ``return_overlong``.
+    Prompts longer than ``max_len`` are dropped (``overlong="skip"``; kept=False) or cut from
+    the left (``"truncate"``, keeping the end of the prompt, where the question and template are).
   """
   n = len(texts)
   tokens = np.full((n, max_len), tokenizer.pad_id, np.int32)
   mask = np.zeros((n, max_len), bool)
   kept = np.ones((n,), bool)
+  over = np.zeros((n,), bool)
   for i, text in enumerate(texts):
     ids = tokenizer.encode(text)
     if len(ids) > max_len:
+      over[i] = True
       if overlong == "skip":
         kept[i] = False
         continue
@@ -221,7 +225,7 @@ def encode_prompts(tokenizer, texts: list[str], max_len: int, overlong: str):
     if ids:
       tokens[i, max_len - len(ids):] = ids
       mask[i, max_len - len(ids):] = True
-  return tokens, mask, kept
+  return (tokens, mask, kept, over) if return_overlong else (tokens, mask, kept)
 
 
 def _load_model(config, tokenizer):
@@ -265,24 +269,39 @@ def _load_tokenizer(config):
     from grpo_jax.data import arithmetic
     return arithmetic.CharTokenizer()
   from grpo_jax.models import tokenizer as tokenizer_lib
-  if config.model.hf_checkpoint:
-    return tokenizer_lib.Tokenizer.from_dir(config.model.hf_checkpoint)
-  if config.model.gguf_path:
-    return tokenizer_lib.Tokenizer.from_gguf(config.model.gguf_path)
+  try:
+    if config.model.hf_checkpoint:
+      return tokenizer_lib.Tokenizer.from_dir(config.model.hf_checkpoint)
+    if config.model.gguf_path:
+      return tokenizer_lib.Tokenizer.from_gguf(config.model.gguf_path)
+  except FileNotFoundError as e:
+    field = "hf_checkpoint" if config.model.hf_checkpoint else "gguf_path"
+    raise ConfigError(f"config.model.{field}: {e}; point it at an existing "
+                      f"{'checkpoint directory' if field == 'hf_checkpoint' else 'GGUF file'}") from None
   raise ConfigError("config.model: a non-arithmetic dataset needs a tokenizer: set "
                     "config.model.hf_checkpoint or config.model.gguf_path")
 
 
-def _load_examples(config, name: str, split: str) -> list[dict]:
+def _load_examples(config, name: str, split: str, stats: dict | None = None) -> list[dict]:
+  """The examples of a split; ``stats`` (if given) gets `datasets.load_with_stats`' counts."""
   if name == "arithmetic":
     from grpo_jax.data import arithmetic
     acfg = arithmetic.ArithmeticConfig(**config.data.arithmetic.to_dict())
     train, evals = arithmetic.make_arithmetic(acfg)
     return train if split == "train" else evals
   from grpo_jax.data import datasets
-  return datasets.load(name, split, source_dir=config.data.source_dir or None,
-                       config=(config.data.config or None) if name == config.data.name else None,
-                       bad_rows=config.data.bad_rows)
+  try:
+    examples, counts = datasets.load_with_stats(
+        name, split, source_dir=config.data.source_dir or None,
+        config=(config.data.config or None) if name == config.data.name else None,
+        bad_rows=config.data.bad_rows)
+  except ValueError as e:
+    if "bad row" not in str(e):
+      raise
+    raise ConfigError(f"{e}; in a run: --config.data.bad_rows=skip drops and counts such rows") from None
+  if stats is not None:
+    stats.update(counts)
+  return examples
 
 
 def render(config, tokenizer, problem: str) -> str:
@@ -344,6 +363,8 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   if R % mb or mb % div:
     raise ConfigError(f"config.algorithm.mini_batch_size={mb} must divide R={R} and be a multiple of "
                       f"the mesh's data x fsdp = {div}")
+  load_stats = {}  # the training rows are read first: missing or bad data fails before the weights load
+  raw = _load_examples(config, config.data.name, config.data.split, load_stats) if with_data else []
   tokenizer = _load_tokenizer(config) if with_data or config.data.name == "arithmetic" else None
   model_cfg, graphdef, init_fn = _load_model(config, tokenizer)
   abstract_state = nnx.split(_abstract_model(model_cfg), nnx.Param)[1]
@@ -355,12 +376,14 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   tokens = mask = np.zeros((0, lp), np.int32)
   golds, levels = [], []
   if with_data:
-    raw = _load_examples(config, config.data.name, config.data.split)
     if config.data.max_train_examples:
       raw = raw[:config.data.max_train_examples]
     texts = [render(config, tokenizer, ex["problem"]) for ex in raw]
-    tokens, mask, kept = encode_prompts(tokenizer, texts, lp, config.data.overlong_prompts)
-    data_stats = {"train_examples": len(raw), "overlong_prompts": int((~kept).sum())}
+    tokens, mask, kept, over = encode_prompts(tokenizer, texts, lp, config.data.overlong_prompts,
+                                              return_overlong=True)
+    data_stats = {"train_examples": len(raw), "overlong_prompts": int(over.sum()),
+                  "overlong_prompts_skipped": int((~kept).sum()),
+                  "bad_rows_skipped": int(load_stats.get("num_skipped", 0))}
     # ids = positions after filtering (stable for a given dataset and config; the classifier keys on them)
     examples = pipeline_lib.reindex([ex for ex, k in zip(raw, kept) if k])
     if not examples:

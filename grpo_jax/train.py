@@ -129,6 +129,11 @@ def make_optimizer(opt_cfg, total_updates: int, learning_rate: float | None = No
   return optax.chain(*parts)
 
 
+def _all_finite(tree) -> jax.Array:
+  """True when every element of every leaf is finite (bool scalar)."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def _select(ok, new, old):
   return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
@@ -136,8 +141,9 @@ def _select(ok, new, old):
 def make_update_fn(exp: Experiment):
   """Returns a jitted ``update(state, batch) -> (state, metrics)`` for one mini-batch.
 
-  A non-finite loss or gradient norm skips the update (parameters and optimizer state are
-  kept) and increments ``state.skips``; a finite one resets it.
+  A non-finite loss or gradient norm, or an update that would make a parameter non-finite,
+  skips the update (parameters and optimizer state are kept) and increments ``state.skips``;
+  a good one resets it.
   """
   cfg = exp.config.algorithm
   graphdef, lp, temperature = exp.graphdef, exp.prompt_len, float(exp.config.rollout.temperature)
@@ -172,7 +178,8 @@ def make_update_fn(exp: Experiment):
     gnorm = optax.global_norm(grads)
     updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+    # finite loss and gradient, and no parameter overflowed in the step (huge learning rate)
+    ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _all_finite(params)
     metrics = {"loss": loss, "grad_norm": gnorm, "clip_fraction": aux["clip_fraction"],
                "approx_kl": aux["approx_kl"], "ratio_mean": aux["ratio_mean"],
                "per_rollout_loss": aux["per_rollout_loss"], "update_ok": ok}
@@ -194,6 +201,18 @@ def make_update_fn(exp: Experiment):
   batch_sharding = sharding.batch_sharding(exp.mesh)
   return jax.jit(update, in_shardings=(exp.state_shardings, batch_sharding),
                  out_shardings=(exp.state_shardings, None), donate_argnums=0)
+
+
+def make_take_fn(exp: Experiment):
+  """Jitted ``take(batch, idx [mb] int) -> the mini-batch`` laid out as the update takes it.
+
+  The rows are gathered on device and constrained to the batch sharding (an eager ``x[idx]``
+  comes back replicated, which a multi-process jit refuses as an argument).
+  """
+  def take(batch, idx):
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+        x[idx], sharding.batch_sharding(exp.mesh, x.ndim)), batch)
+  return jax.jit(take)
 
 
 def make_logprobs_fn(exp: Experiment):
@@ -313,8 +332,7 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   for it in range(cfg.algorithm.num_iterations):
     perm = order_rng.permutation(R) if R > mb else np.arange(R)
     for s in range(0, R, mb):
-      idx = jnp.asarray(perm[s:s + mb])
-      state, m = fns["update"](state, jax.tree.map(lambda x: x[idx], batch))
+      state, m = fns["update"](state, fns["take"](batch, perm[s:s + mb]))
       if it == 0:
         per_rollout_loss[perm[s:s + mb]] = exp.to_host(m.pop("per_rollout_loss"))
       else:
@@ -413,6 +431,7 @@ def _jit_functions(exp: Experiment) -> dict:
           clip=algo.advantage_clip or None, nonfinite="mask")),
       "logprobs": make_logprobs_fn(exp),
       "update": make_update_fn(exp),
+      "take": make_take_fn(exp),
   }
   if algo.name == "ppo":
     fns["ppo_advantages"] = make_ppo_advantages_fn(exp)
@@ -488,9 +507,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   config_utils.validate(config)
   os.makedirs(workdir, exist_ok=True)
+  config_path = os.path.join(workdir, "config.json")
+  new_workdir = not os.path.exists(config_path)
   config_utils.check_workdir(config, workdir)
   wall0 = time.perf_counter()
-  exp = build_experiment(config)
+  try:
+    exp = build_experiment(config)
+  except (ValueError, FileNotFoundError) as e:  # bad paths, data or values: one line for the CLI
+    if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
+      os.remove(config_path)  # nothing ran: the corrected command must not be refused as "another run"
+    if isinstance(e, config_utils.ConfigError):
+      raise
+    raise config_utils.ConfigError(" ".join(str(e).split())) from e
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   source = exp.make_source()
 
@@ -520,9 +548,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ckpt.save(0, {"train": state, "controllers": ctrl, "ref_params": exp.ref_params_or_none(state)},
               {**meta, "config": config.to_dict()})
   writer = writers.MetricsWriter(workdir, tensorboard=config.logging.tensorboard,
-                                 resume_step=int(state.step))
-  if int(state.step) == 0 and restored is None:
-    writer.write(0, {f"eval/{k}": v for k, v in writers.flatten(meta["eval_before"]).items()})
+                                 resume_step=int(state.step) + 1 if int(state.step) else 0)  # row N precedes checkpoint N
+  if int(state.step) == 0:  # (again after a restart at checkpoint 0: that row may not have been written)
+    writer.write(0, {**{f"eval/{k}": v for k, v in writers.flatten(meta["eval_before"]).items()},
+                     **{f"data/{k}": v for k, v in exp.data_stats.items()}})
 
   bar = None
   if config.logging.progress_bar and jax.process_index() == 0:
@@ -534,11 +563,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       state, ctrl, row = rl_step(exp, state, ctrl, source, fns)
       step = int(state.step)
       if int(state.skips) >= config.optimizer.max_consecutive_skips:
+        writer.write(step, row)  # the failing step's row (loss, grad_norm) is part of the diagnosis
         ckpt.save(step, {"train": state, "controllers": ctrl, "ref_params": exp.ref_params_or_none(state)},
                   {**meta, "data": source.get_state(), "config": config.to_dict()})
         raise FloatingPointError(
-            f"step {step}: {int(state.skips)} consecutive updates had a non-finite loss or gradient "
-            "and were skipped; the last good state is checkpointed. Likely causes: learning rate too "
+            f"step {step}: {int(state.skips)} consecutive updates had a non-finite loss, gradient or "
+            f"update and were skipped; the last good parameters are checkpointed (step {step} in "
+            f"{ckpt.directory}). Likely causes: learning rate too "
             "high (config.optimizer.learning_rate), bfloat16 overflow (config.model.dtype=float32), or "
             "non-finite rewards.")
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < config.steps:
@@ -569,7 +600,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = {"algorithm": config.algorithm.name, "steps": int(state.step),
              "wall_seconds": time.perf_counter() - wall0,
              "eval_before": meta["eval_before"], "eval_after": eval_after,
-             "sft": meta.get("sft", {})}
+             "sft": meta.get("sft", {}), "data": exp.data_stats}
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(writers.to_jsonable(summary), f, indent=2, sort_keys=True)

@@ -30,7 +30,8 @@ class MetricsWriter:
   """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (+ TensorBoard).
 
   On resume, rows with ``step >= resume_step`` are dropped first, so a run that is killed
-  after writing a row but before its checkpoint leaves no duplicate rows.
+  after writing a row but before its checkpoint leaves no duplicate rows (and a line torn by
+  a kill mid-write is dropped too).
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None):
@@ -42,7 +43,7 @@ class MetricsWriter:
     os.makedirs(workdir, exist_ok=True)
     if resume_step is not None and os.path.exists(self.path):
       with open(self.path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line).get("step", -1) < resume_step]
+        rows = [line.rstrip("\n") + "\n" for line in f if _step_of(line) < resume_step]
       tmp = self.path + ".tmp"
       with open(tmp, "w") as f:
         f.writelines(rows)
@@ -69,6 +70,14 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def _step_of(line: str) -> float:
+  """A row's step; +inf for a blank or torn line (a process killed mid-write), which is dropped."""
+  try:
+    return json.loads(line).get("step", -1)
+  except (json.JSONDecodeError, AttributeError):
+    return math.inf
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -19,9 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_URL = "https://github.com/YOUR_ORG/grpo_jax"
 
 INSTALL_MD = f"""\
-**Setup.** In Colab the next cell installs the package from the repository
-(`{REPO_URL}` — `YOUR_ORG` is a placeholder: replace it with the organisation or user that hosts
-your copy). Locally it finds the repository root (the folder holding `setup.py` and `grpo_jax/`)
+**Setup.** In Colab the next cell installs the package from the repository,
+`{REPO_URL}`. `YOUR_ORG` is a placeholder: replace it with the organisation or user that
+hosts your copy. Locally it finds the repository root (the folder holding `setup.py` and `grpo_jax/`)
 from the working directory and puts it on `sys.path`, so the notebook runs from a checkout
 without installing anything."""
 
@@ -52,7 +52,9 @@ def code(src: str):
   return new_code_cell(textwrap.dedent(src).strip("\n"))
 
 
-def notebook(cells) -> nbformat.NotebookNode:
+def notebook(prefix: str, cells) -> nbformat.NotebookNode:
+  for i, cell in enumerate(cells):
+    cell.id = f"{prefix}-{i:02d}"          # stable ids: regenerating gives no spurious diff
   nb = new_notebook(cells=cells)
   nb.metadata = {
       "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -126,8 +128,9 @@ NB01 = [
     x = np.arange(G)
     ax_r.bar(x, rewards, color="0.6")
     ax_r.axhline(mean, color="k", ls="--", label=f"group mean {mean:.2f}")
-    ax_r.axhspan(mean - std, mean + std, color="0.85", zorder=0, label=f"± std {std:.2f}")
-    ax_r.set(title="rewards of the group", xticks=x, xticklabels=answers, ylabel="reward")
+    ax_r.errorbar(G, mean, yerr=std, fmt="o", color="k", capsize=5, label=f"mean ± std ({std:.2f})")
+    ax_r.set(title="rewards of the group", xticks=x, xticklabels=answers, ylabel="reward",
+             xlim=(-0.6, G + 0.6))
     ax_r.tick_params(axis="x", rotation=45)
     ax_r.legend(loc="lower right", fontsize=8)
 
@@ -190,7 +193,8 @@ NB01 = [
     to the log-prob comes from `jax.grad` of the same function.
     """),
     code("""
-    ratios = np.linspace(0.5, 1.6, 441).astype(np.float32)
+    # A grid that avoids the clip boundaries themselves (there the two branches tie).
+    ratios = (0.5 + 0.0025 * (np.arange(440) + 0.5)).astype(np.float32)
     log_ratio = jnp.log(ratios)[:, None]                  # [R, 1]: one token per row
     mask = jnp.ones_like(log_ratio)
 
@@ -225,11 +229,11 @@ NB01 = [
     plt.show()
 
     obj_hi, grad_hi = surrogate(1.0, 0.2, 0.28)
-    print("A > 0: gradient is zero for ρ >", float(ratios[np.argmax(grad_hi == 0)]),
+    print(f"A > 0: the gradient is zero from ρ = {ratios[np.argmax(grad_hi == 0)]:.4f} up "
           "(1 + epsilon_high = 1.28)")
     obj_lo, grad_lo = surrogate(-1.0, 0.2, 0.28)
-    print("A < 0: gradient is zero for ρ <", float(ratios[np.flatnonzero(grad_lo == 0).max()]),
-          "(1 - epsilon_low = 0.8)")
+    print(f"A < 0: the gradient is zero from ρ = {ratios[np.flatnonzero(grad_lo == 0).max()]:.4f} "
+          "down (1 - epsilon_low = 0.8)")
     """),
     md("""
     Read the plots: for `A > 0` (a good answer) the objective rises with `ρ` until
@@ -241,28 +245,42 @@ NB01 = [
 
     PPO trains a critic (a value model usually as large as the policy) with its own gradients
     and optimiser state, and keeps its activations for the value loss; GRPO replaces it with the
-    group baseline above. Pick a model size (in Colab the field below is a drop-down) and compare
-    the analytic memory of one training step. The numbers come from
-    `experiments.memory.analytic_breakdown` and are drawn by `experiments.memory.plot_bars`.
+    group baseline above. Pick a model size (in Colab the fields below are a form: a drop-down,
+    numbers and a checkbox) and compare the analytic memory of one training step on one device.
+    The numbers come from `experiments.memory.analytic_breakdown` and are drawn by
+    `experiments.memory.plot_bars`: the state (weights, gradients, two Adam moments, the frozen
+    reference) plus the larger of the update's activations and the rollouts' KV cache.
+
+    The critic roughly doubles the trained state (weights + gradients + Adam: 16 bytes per
+    parameter in float32), so on the state alone GRPO saves about 44%. Activations are the same
+    for both and grow with the batch: without rematerialisation (`REMAT = False`) or with many
+    rollouts per update they dominate and the relative saving shrinks.
+    `python -m experiments.memory` also compiles both steps with XLA and reports the measured
+    peak beside this estimate.
     """),
     code("""
-    MODEL = "qwen3-8b"  # @param ["qwen3-1.7b", "qwen3-4b", "qwen3-8b"]
-    BATCH_ROLLOUTS = 64  # @param {type:"integer"}
-    PROMPT_LEN = 512  # @param {type:"integer"}
-    COMPLETION_LEN = 2048  # @param {type:"integer"}
+    MODEL = "qwen3-8b"  # @param ["smollm2-135m", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"]
+    BATCH_ROLLOUTS = 8  # @param {type:"integer"}
+    PROMPT_LEN = 1024  # @param {type:"integer"}
+    COMPLETION_LEN = 4096  # @param {type:"integer"}
+    REMAT = True  # @param {type:"boolean"}
 
     from experiments import memory
-    from grpo_jax.models import config as model_config_lib
 
-    model_config = model_config_lib.get_preset(MODEL)
+    # The paper's run precision (configs/dapo_qwen3.py): float32 master weights, bfloat16 compute.
+    model_config = memory.model_config_from_arg(MODEL, param_dtype="float32", dtype="bfloat16",
+                                                remat=REMAT)
     result = memory.analytic_breakdown(model_config, batch_rollouts=BATCH_ROLLOUTS,
                                        prompt_len=PROMPT_LEN, completion_len=COMPLETION_LEN)
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(7, 4))
     memory.plot_bars(result, ax=ax)
-    ax.set_title(f"{MODEL}: memory of one training step, {BATCH_ROLLOUTS} rollouts of "
-                 f"{PROMPT_LEN}+{COMPLETION_LEN} tokens")
-    fig.tight_layout()
+    ax.set_title(f"{MODEL} ({result['num_params'] / 1e9:.2f}B parameters), {BATCH_ROLLOUTS} "
+                 f"rollouts of {PROMPT_LEN}+{COMPLETION_LEN} tokens\\n" + memory.headline(result),
+                 fontsize=9)
     plt.show()
+    print(memory.headline(result))
+    print(f"weights + gradients + Adam + reference only: saved "
+          f"{result['state_only']['saved_fraction']:.0%} (the critic is as large as the policy)")
     """),
 ]
 
@@ -302,9 +320,14 @@ NB02 = [
     md("""
     ## Simulated prompts with heavy-tailed difficulty
 
-    `simulate_gdro.initial_success_rates` draws each prompt's true success rate from a mix:
-    50% hard (Beta(0.3, 4)), 30% middle (Beta(2, 2)), 20% easy (Beta(4, 0.5)). The vertical lines
-    are the classifier's bin edges 0.1 … 0.9.
+    `simulate_gdro.initial_success_rates` draws each prompt's true per-rollout success rate `p`
+    from a mix: 50% hard (Beta(0.3, 4)), 30% middle (Beta(2, 2)), 20% easy (Beta(4, 0.5)).
+
+    What the classifier measures is not `p` itself: each **visit** of a prompt stores one number,
+    by default `1[any of its rollouts is correct]` (paper Eq. 10), and `p_hat` is the mean over
+    the last `H = 50` visits. With `n̄ = 4` rollouts per visit that estimates
+    `1 - (1 - p)^4`, so a prompt with `p = 0.5` already sits near the top (0.94). The
+    bins (edges 0.1 … 0.9, vertical lines) are over this visit success rate.
     """),
     code("""
     NUM_PROMPTS, P, N_BAR, STEPS = 300, 32, 4, 60
@@ -313,13 +336,19 @@ NB02 = [
 
     ccfg = gdro.ClassifierConfig(delta=0.03)             # paper defaults: 10 bins, H = 50
     B = ccfg.num_bins
-    true_bins = np.searchsorted(np.asarray(ccfg.edges), p_true, side="right")
+    visit_rate = 1.0 - (1.0 - p_true) ** N_BAR           # P(any of n_bar rollouts correct)
+    true_bins = np.searchsorted(np.asarray(ccfg.edges), visit_rate, side="right")
 
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.hist(p_true, bins=40, color="C0")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3))
+    axes[0].hist(p_true, bins=40, color="C0")
+    axes[0].set(xlabel="true per-rollout success rate p", ylabel="prompts",
+                title="heavy-tailed difficulty")
+    axes[1].hist(visit_rate, bins=40, color="C1")
     for e in ccfg.edges:
-        ax.axvline(e, color="0.6", lw=0.8)
-    ax.set(xlabel="true success rate p", ylabel="prompts", title="heavy-tailed difficulty")
+        axes[1].axvline(e, color="0.6", lw=0.8)
+    axes[1].set(xlabel=f"1 - (1 - p)^{N_BAR}", ylabel="prompts",
+                title="what a visit measures: any of n̄ rollouts correct")
+    fig.tight_layout()
     plt.show()
     print("prompts per true bin (0 = hardest):", np.bincount(true_bins, minlength=B).tolist())
     """),
@@ -342,7 +371,7 @@ NB02 = [
     cstate = gdro.classifier_init(ccfg, NUM_PROMPTS)
     pstate = gdro.prompt_gdro_init(pcfg, B)
     all_ids = jnp.arange(NUM_PROMPTS, dtype=jnp.int32)
-    tracked = [int(np.argmin(np.abs(p_true - t))) for t in (0.03, 0.25, 0.5, 0.75, 0.97)]
+    tracked = [int(np.argmin(np.abs(visit_rate - t))) for t in (0.03, 0.25, 0.5, 0.75, 0.97)]
 
     dataset_bins, scores, qs, weights = [], [], [], []
     for t in range(STEPS):
@@ -380,7 +409,7 @@ NB02 = [
     fig.colorbar(im, ax=axes[0])
     for i, pid in enumerate(tracked):
         axes[1].step(np.arange(STEPS), dataset_bins[:, pid] + 0.06 * i, where="post",
-                     label=f"prompt {pid}: p = {p_true[pid]:.2f} (true bin {true_bins[pid]})")
+                     label=f"prompt {pid}: p = {p_true[pid]:.2f}, true bin {true_bins[pid]}")
     axes[1].set(xlabel="step", ylabel="bin", yticks=range(B),
                 title="bins of five prompts over time")
     axes[1].legend(fontsize=7, loc="center right")
@@ -392,10 +421,16 @@ NB02 = [
     """),
     md("""
     **Prompt-GDRO.** Each step, each bin's mean loss signal is divided by the bin's share of the
-    batch (debiasing, Eq. 12) and folded into an EMA score `S_b` (Eq. 13). The weights are
-    `q = (1 - γ) softmax(η S) + γ / B_active` over the bins present (Eq. 14-15), and each rollout's
-    advantage is multiplied by `w_i = q_{b(i)} R / Σ q` (mean 1, capped at 15; Eq. 16). Because
-    of the debiasing, a bin holding few prompts is not ignored: its per-prompt loss counts.
+    batch's rollouts (debiasing, Eq. 12) and folded into an EMA score `S_b` (Eq. 13). The weights
+    are `q = (1 - γ) softmax(η S) + γ / B_active` over the bins present (Eq. 14-15), and each
+    rollout's advantage is multiplied by `w_i = q_{b(i)} R / Σ q` (mean 1, capped at
+    `weight_cap = 15`; Eq. 16).
+
+    The debiasing divides by the share, so a bin with few prompts but a high failure rate gets a
+    large score, while the crowded hardest bin (bin 0, half the dataset) and the all-correct top
+    bin get small ones: the weight goes to the sparse middle-hard bins, where groups are mixed
+    and carry signal. With the failure rate as the signal and `η = 0.65` the softmax is sharp,
+    so the weights of the leading bin often reach the cap.
     """),
     code("""
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
@@ -467,17 +502,20 @@ NB02 = [
     SIM = dict(steps=100, seed=0, num_prompts=400, prompts_per_step=32, n_bar=N_BAR)
     runs = {name: simulate_gdro.simulate(name, **SIM) for name in simulate_gdro.ALLOCATORS}
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.4))
     for name, res in runs.items():
-        axes[0].plot(res["total_rollouts"], label=name)
-        axes[1].plot(res["mean_success"], label=name)
-    axes[0].set(xlabel="step", ylabel="rollouts", title="budget kept: rollouts per step (R = P·n̄)")
-    axes[1].set(xlabel="step", ylabel="mean true success", title="toy learner: dataset success rate")
+        axes[0].plot(res["total_rollouts"], label=name, lw=3 if name == "uniform" else 1.5)
+        axes[2].plot(res["mean_success"], label=name)
+    axes[1].plot(runs["rollout_bandit"]["mu"], color="C2")
+    axes[0].set(xlabel="step", ylabel="rollouts", ylim=(0, 1.5 * SIM["prompts_per_step"] * N_BAR),
+                title="budget kept: rollouts per step (R = P·n̄)")
+    axes[1].set(xlabel="step", ylabel="μ", title="bandit: price of a rollout (dual ascent)")
+    axes[2].set(xlabel="step", ylabel="mean true success", title="toy learner: dataset success rate")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     plt.show()
-    print("bandit price mu over time (dual ascent toward n_bar):",
-          np.round(runs["rollout_bandit"]["mu"][::20], 3).tolist())
+    for name, res in runs.items():
+        assert np.all(res["total_rollouts"] == SIM["prompts_per_step"] * N_BAR), name
     """),
     code("""
     def heatmap(ax, arr, title, cmap="viridis"):
@@ -503,9 +541,10 @@ NB02 = [
               f"{s['rollouts_per_step']:7.0f}")
     """),
     md("""
-    `WSE/uniform` is the weighted standard error of the allocation divided by that of the
-    uniform allocation of the same batches, with the true `σ_b` (and, in brackets, the paper's
-    proxy from the classifier's estimates). Small, short runs like this one are noisy; see
+    In the heatmaps white means the bin held no prompt that step. `WSE/uniform` is the weighted
+    standard error of the allocation divided by that of the uniform allocation of the same
+    batches, with the true `σ_b` (and, in brackets, the paper's proxy from the classifier's
+    estimates, which is what the `sqrt` rule minimises). Small, short runs like this one are noisy; see
     `experiments/simulate_gdro.py` for the full-size comparison.
     """),
 ]
@@ -522,9 +561,14 @@ NB03 = [
     The embedded default (`configs/arithmetic.py`) is a tiny character-level transformer that
     learns arithmetic: a short supervised warm start teaches the answer format, then GRPO. Here
     it runs from the library API — `train.train_and_evaluate(config, workdir)` — shrunk so the
-    cell finishes in a minute or two on a CPU. With so few steps expect little or no gain; the
-    full run (`python -m experiments.run --config=configs/arithmetic.py:grpo`, 300 warm-start and
-    120 RL steps) takes 5-10 minutes on 2 cores.
+    cell finishes in a minute or two on a CPU.
+
+    With so few steps expect little or no gain: after 150 warm-start steps the model solves only
+    a few percent of the problems, so most groups are all wrong and carry no GRPO signal (see
+    notebook 01). The full run (`python -m experiments.run --config=configs/arithmetic.py:grpo`,
+    300 warm-start and 120 RL steps) takes 5-10 minutes on 2 cores. The `CONFIG` field picks
+    another algorithm, or `grpo,heavy_tailed`: a mix with many easy problems, where the short
+    warm start already gets a share right and the few RL steps have more to work with.
     """),
     md(INSTALL_MD),
     code(INSTALL_CODE),
@@ -538,8 +582,10 @@ NB03 = [
     from configs import arithmetic
     from grpo_jax import train, writers
 
-    config = arithmetic.get_config("grpo")
-    config.sft.steps = 120                   # supervised warm start (default 300)
+    CONFIG = "grpo"  # @param ["grpo", "grpo,heavy_tailed", "prompt_gdro", "rollout_gdro", "ppo"]
+
+    config = arithmetic.get_config(CONFIG)
+    config.sft.steps = 150                   # supervised warm start (default 300)
     config.steps = 15                        # RL steps (default 120)
     config.rollout.prompts_per_step = 16     # P (default 32)
     config.rollout.rollouts_per_prompt = 8   # group size
@@ -602,14 +648,22 @@ NB03 = [
 ]
 
 
+NOTEBOOKS = {"01_grpo_in_pictures.ipynb": NB01, "02_gdro_controllers.ipynb": NB02,
+             "03_train_tiny.ipynb": NB03}
+
+
+def build(name: str) -> str:
+  """The stored text (nbformat JSON, no outputs) of notebook ``name``."""
+  nb = notebook(name[:2], NOTEBOOKS[name])
+  nbformat.validate(nb)
+  return nbformat.writes(nb) + "\n"
+
+
 def main():
-  for name, cells in [("01_grpo_in_pictures.ipynb", NB01), ("02_gdro_controllers.ipynb", NB02),
-                      ("03_train_tiny.ipynb", NB03)]:
-    nb = notebook(cells)
-    nbformat.validate(nb)
+  for name in NOTEBOOKS:
     path = os.path.join(HERE, name)
     with open(path, "w", encoding="utf-8") as f:
-      nbformat.write(nb, f)
+      f.write(build(name))
     print("wrote", path)
 
 

@@ -3,6 +3,9 @@ import json
 import re
 
 import jax
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np
 import pytest
 from flax import nnx
@@ -98,7 +101,10 @@ def test_plot_bars_writes_png(tmp_path):
   assert fig.axes[0].get_title().startswith("PPO ")
   r["measured"] = {"ppo_total": 2 * r["ppo_total"], "grpo_total": r["ppo_total"]}
   assert memory.headline(r).endswith("saved 50%")
-  memory.plot_bars({"a": r, "b": r}, str(tmp_path / "two.png"))
+  fig2 = memory.plot_bars({"a": r, "b": r}, str(tmp_path / "two.png"))
+  assert len(fig2.axes) == 2
+  plt.close(fig)
+  plt.close(fig2)
   for name in ("one.png", "two.png"):
     data = (tmp_path / name).read_bytes()
     assert data[:4] == b"\x89PNG" and len(data) < 200_000

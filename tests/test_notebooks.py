@@ -4,6 +4,7 @@ A notebook passes when every cell runs without an exception. Each test prints on
 (`notebook NAME executed without error in S s`) past pytest's capture, so it shows in
 `python -m pytest -n 2 -q` too, and records the time as the junit property `seconds`.
 """
+import importlib.util
 import os
 import sys
 import time
@@ -46,6 +47,22 @@ def test_notebook_is_stored_without_outputs(name):
   first = code[0].source
   assert '"google.colab" in sys.modules' in first and "%pip install" in first
   assert "sys.path.insert(0" in first
+
+
+def _build_script():
+  spec = importlib.util.spec_from_file_location(
+      "build_notebooks", os.path.join(NOTEBOOK_DIR, "build_notebooks.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_matches_build_script(name):
+  with open(os.path.join(NOTEBOOK_DIR, name), encoding="utf-8") as f:
+    stored = f.read()
+  assert stored == _build_script().build(name), (
+      f"{name} differs from notebooks/build_notebooks.py; edit the script and rerun it")
 
 
 @pytest.mark.slow
