@@ -12,7 +12,7 @@ def get_config(arg: str = "grpo"):
   parts = [p for p in (arg or "grpo").split(",") if p]
   algorithm = parts[0] if parts and parts[0] in common.ALGORITHMS else "grpo"
   c = common.base_config()
-  c.steps = 150                              # RL steps
+  c.steps = 100                              # RL steps
   c.model.preset = "tiny"                    # 2 layers, width 64 (see grpo_jax/models/config.py)
   c.model.overrides.hidden_size = 128        # width of the tiny transformer
   c.model.overrides.intermediate_size = 256  # MLP width
@@ -29,20 +29,20 @@ def get_config(arg: str = "grpo"):
   c.data.arithmetic.num_eval = 200           # held-out problems (disjoint from training)
   c.data.arithmetic.seed = 0                 # task generator seed
 
-  c.rollout.prompts_per_step = 32            # P
+  c.rollout.prompts_per_step = 64            # P (a large batch keeps the tiny model's RL stable)
   c.rollout.rollouts_per_prompt = 8          # n_bar (group size)
   c.rollout.max_new_tokens = 6               # answers are at most 5 characters + EOS
   c.rollout.temperature = 1.0                # sampling temperature
 
   c.algorithm.kl_coef = 0.0                  # no reference pass for the tiny default
-  c.optimizer.learning_rate = 2e-4           # tiny models take large steps
+  c.optimizer.learning_rate = 1e-4           # tiny models take large steps
   c.optimizer.grad_clip = 1.0
 
   c.sft.steps = 300                          # supervised warm start: the format and partial skill (~30% held-out)
   c.sft.batch_size = 128
   c.sft.learning_rate = 1e-3
 
-  c.checkpoint.every_steps = 20
+  c.checkpoint.every_steps = 25
   c.eval.datasets = ("arithmetic",)
   c.eval.max_examples = 200
   c.eval.num_samples = 8
