@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1.0",
     "numpy>=1.26",
     "tokenizers>=0.21",
+    "jinja2>=3.1",                 # chat templates of real tokenizers (SmolLM2, Qwen3)
     "safetensors>=0.4.5",
     "gguf>=0.17.0",
     "math-verify>=0.8.0",

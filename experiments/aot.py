@@ -30,6 +30,7 @@ each in its own subprocess, and writes the markdown table.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -110,16 +111,50 @@ def _memory(compiled) -> dict:
   return out
 
 
+# On the CPU stand-in only the buffer assignment matters, not the speed of the generated code:
+# skip LLVM's optimisation passes (the memory figures are the same, the compile is much shorter).
+_FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
 def _compile(fn, *args, **kwargs):
+  import jax
   t0 = time.perf_counter()
   lowered = fn.lower(*args, **kwargs)
   t1 = time.perf_counter()
-  compiled = lowered.compile()
+  cpu = jax.devices()[0].platform == "cpu"
+  compiled = lowered.compile(compiler_options=_FAST_CPU_COMPILE) if cpu else lowered.compile()
   t2 = time.perf_counter()
   return compiled, {"lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)}
 
 
-def compile_steps(config, *, sampler: str = "full") -> dict:
+@contextlib.contextmanager
+def pinned_activations(mesh):
+  """What-if (not what train.py runs today): pins every decoder layer's input activations
+  [B, T, E] to the batch sharding (rows over ``data`` x ``fsdp``).
+
+  Without it XLA's sharding propagation may lay the activations out like the FSDP-sharded
+  embedding (hidden axis over ``fsdp``) and keep the batch axis whole on every device; this is
+  the one-line ``with_sharding_constraint`` proposed for ``grpo_jax/models/transformer.py``.
+  """
+  from jax.sharding import NamedSharding, PartitionSpec
+  from grpo_jax.models import transformer
+  import jax
+  original = transformer.Block.__call__
+  spec = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
+
+  def call(self, x, positions, mask, kv_write, kv_read):
+    if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0:
+      x = jax.lax.with_sharding_constraint(x, spec)
+    return original(self, x, positions, mask, kv_write, kv_read)
+  transformer.Block.__call__ = call
+  try:
+    yield
+  finally:
+    transformer.Block.__call__ = original
+
+
+def compile_steps(config, *, sampler: str = "full", update: bool = True,
+                  logprobs: bool = True, pin_activations: bool = False) -> dict:
   """Lowers and compiles the update, sampler and log-prob steps of ``config`` abstractly.
 
   Uses the current JAX devices (``config.mesh`` must match them, as in a real run). Nothing is
@@ -130,6 +165,8 @@ def compile_steps(config, *, sampler: str = "full") -> dict:
       are ignored (the preset's architecture is compiled).
     sampler: "full" (``sampling.generate``: prefill + while-loop decode), "decode" (one prefill
       call and one decode call on the full-size KV cache) or "none".
+    update, logprobs: whether to compile the update and the log-prob pass.
+    pin_activations: compile under ``pinned_activations`` (a what-if, see there).
 
   Returns:
     ``{"mesh", "batch", "params", "state_bytes", "ref_bytes", "steps": {name: {memory..., lower_s,
@@ -146,6 +183,16 @@ def compile_steps(config, *, sampler: str = "full") -> dict:
   from grpo_jax.experiment import build_experiment
   from grpo_jax.models import transformer
 
+  if pin_activations:
+    import jax
+    from grpo_jax import sharding as sharding_lib
+    devices = jax.devices()[:config.mesh.num_devices or None]
+    mesh = sharding_lib.make_mesh({"data": config.mesh.data, "fsdp": config.mesh.fsdp,
+                                   "tensor": config.mesh.tensor}, devices)
+    with pinned_activations(mesh):
+      result = compile_steps(config, sampler=sampler, update=update, logprobs=logprobs)
+    result["pinned_activations"] = True
+    return result
   config = config.copy_and_resolve_references()
   config.model.hf_checkpoint = ""
   config.model.gguf_path = ""
@@ -175,9 +222,10 @@ def compile_steps(config, *, sampler: str = "full") -> dict:
       sample_weights=batched((mb,), "float32"), old_logprobs=batched(lc_shape, "float32"),
       ref_logprobs=batched(lc_shape, "float32"), returns=batched(lc_shape, "float32"),
       old_values=batched(lc_shape, "float32"))
-  compiled, times = _compile(train.make_update_fn(exp), state, batch)
-  steps["update"] = {**_memory(compiled), **times, "resident_extra": ref_bytes,
-                     "rows": mb, "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"}
+  if update:
+    compiled, times = _compile(train.make_update_fn(exp), state, batch)
+    steps["update"] = {**_memory(compiled), **times, "resident_extra": ref_bytes,
+                       "rows": mb, "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"}
 
   # 2. the sampler (R rows, Lp + Lc cache slots).
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
@@ -211,7 +259,7 @@ def compile_steps(config, *, sampler: str = "full") -> dict:
                      "what": f"{name} call, {R} rows x {T} tokens on the {Lp}+{Lc}-slot KV cache"}
 
   # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
-  if needs_ref or not exp.on_policy:
+  if logprobs and (needs_ref or not exp.on_policy):
     compiled, times = _compile(train.make_logprobs_fn(exp), state.params,
                                batched((R, Lp + Lc), "int32"), batched((R, Lp + Lc), "bool"))
     # resident while it runs: the whole state plus the reference, minus the parameters passed in
@@ -231,6 +279,12 @@ def verdict(peak: int, chip: Chip, headroom: float) -> str:
   if peak <= usable:
     return "fits"
   return "does not fit"
+
+
+def fits_on(peak: int, headroom: float) -> str:
+  """The chips of ``CHIPS`` whose usable memory holds ``peak`` bytes per device."""
+  return ", ".join(c.name.replace("NVIDIA ", "").replace(" SXM", "") for c in CHIPS.values()
+                   if peak <= c.memory_bytes * headroom)
 
 
 def advice(result: dict) -> str:
@@ -312,6 +366,8 @@ def main(argv=None):
   flags.DEFINE_integer("mini_batch", 0, "Rollouts per gradient step (config.algorithm.mini_batch_size).")
   flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
   flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
+  flags.DEFINE_bool("pin_activations", False, "What-if: pin the decoder activations to the batch "
+                    "sharding (the change proposed for models/transformer.py; not today's code).")
   flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
   flags.DEFINE_string("sweep", "", "Write a markdown report of 3 sizes x 3 algorithms here (subprocesses).")
   flags.DEFINE_string("sweep_sizes", ",".join(SWEEP_SIZES), "Sizes for --sweep.")
@@ -339,7 +395,7 @@ def _run(FLAGS):
                      "run as a fresh process (XLA_FLAGS is set before JAX starts)")
   try:
     config_utils.validate(config)
-    result = compile_steps(config, sampler=FLAGS.sampler)
+    result = compile_steps(config, sampler=FLAGS.sampler, pin_activations=FLAGS.pin_activations)
   except config_utils.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -360,6 +416,7 @@ def _run(FLAGS):
 def _sweep(FLAGS, chip):
   """One subprocess per (size, algorithm); collects the JSON results into a markdown table."""
   import tempfile
+  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.sweep)), exist_ok=True)
   rows = []
   for size in FLAGS.sweep_sizes.split(","):
     for algo in FLAGS.sweep_algorithms.split(","):
@@ -371,6 +428,7 @@ def _sweep(FLAGS, chip):
       cmd += [f"--mesh={FLAGS.mesh}"] if FLAGS.mesh else []
       cmd += [f"--mini_batch={FLAGS.mini_batch}"] if FLAGS.mini_batch else []
       cmd += [f"--devices={FLAGS.devices}"] if FLAGS.devices else []
+      cmd += ["--pin_activations"] if FLAGS.pin_activations else []
       t0 = time.perf_counter()
       proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout_s)
       wall = time.perf_counter() - t0
@@ -378,6 +436,9 @@ def _sweep(FLAGS, chip):
       result = json.load(open(path)) if os.path.getsize(path) else None
       os.remove(path)
       rows.append((size, algo, result, wall, proc.returncode, proc.stderr.strip().splitlines()[-1:]))
+      if result is not None:
+        with open(os.path.splitext(FLAGS.sweep)[0] + ".jsonl", "a") as f:
+          f.write(json.dumps({"size": size, "algorithm": algo, "wall_s": round(wall, 1), **result}) + "\n")
   with open(FLAGS.sweep, "a") as f:
     f.write(_markdown(rows, chip, FLAGS))
   print(f"appended to {FLAGS.sweep}")
@@ -385,13 +446,15 @@ def _sweep(FLAGS, chip):
 
 def _markdown(rows, chip, FLAGS) -> str:
   out = [f"\n### {FLAGS.topology} ({chip.name}, {_fmt(chip.memory_bytes)} GiB per chip)"
-         f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}\n",
-         "| size | algorithm | mesh (data, fsdp, tensor) | batch | state | update peak | sampler peak | "
-         "logprobs peak | peak | verdict | compile s (update / sampler / logprobs) |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}"
+         f"{' -- WHAT-IF: activations pinned to the batch sharding' if FLAGS.pin_activations else ''}\n",
+         "| size | algorithm | mesh (data, fsdp, tensor) | batch | state + ref | update peak | sampler peak | "
+         f"logprobs peak | peak | on {chip.name} | fits on (same count, {FLAGS.headroom:.0%} usable) | "
+         "compile s (update / sampler / logprobs) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for size, algo, r, wall, rc, err in rows:
     if r is None:
-      out.append(f"| {size} | {algo} | | | | | | | | compile failed (rc {rc}): {' '.join(err)[:120]} | {wall:.0f} |")
+      out.append(f"| {size} | {algo} | | | | | | | | compile failed (rc {rc}): {' '.join(err)[:120]} | | {wall:.0f} |")
       continue
     s = r["steps"]
     sampler = s.get("sampler") or s.get("decode")
@@ -406,7 +469,8 @@ def _markdown(rows, chip, FLAGS) -> str:
     out.append(f"| {size} | {algo} | {mesh} | R={b['R']}, mb={b['mini_batch']}, {b['prompt_tokens']}+"
                f"{b['new_tokens']} tok | {_fmt(r['state_bytes'])} + ref {_fmt(r['ref_bytes'])} | "
                f"{cell(s['update'])} | {cell(sampler)} | {cell(s.get('logprobs'))} | {_fmt(r['peak'])} | "
-               f"{r['verdict']} | {secs(s['update'])} / {secs(sampler)} / {secs(s.get('logprobs'))} |")
+               f"{r['verdict']} | {fits_on(r['peak'], FLAGS.headroom) or 'none'} | "
+               f"{secs(s['update'])} / {secs(sampler)} / {secs(s.get('logprobs'))} |")
   return "\n".join(out) + "\n"
 
 

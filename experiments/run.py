@@ -10,7 +10,6 @@ Multi-host (every process runs the same command): `jax.distributed.initialize` i
     `--distributed=on`, or by default (`auto`) when such a multi-process cluster is detected.
 `--distributed=off` never initialises. CPU processes use the gloo collectives.
 """
-import os
 import re
 import sys
 
@@ -18,7 +17,57 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/arithmetic.py:grpo",
+from grpo_jax import distributed
+
+_DEFAULT_CONFIG = "configs/arithmetic.py:grpo"
+
+
+def _load_config(argv):
+  """``(config, None)``: the config named by `--config` (without overrides); ``(None, reason)``
+  when it cannot be loaded (one line)."""
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if config_arg is None and "--config" in argv[:-1]:
+    config_arg = argv[argv.index("--config") + 1]
+  config_arg = config_arg or _DEFAULT_CONFIG
+  path, _, arg = config_arg.partition(":")
+  from ml_collections.config_flags import config_flags as cf
+  try:
+    module = cf._LoadConfigModule("config", path)
+  except Exception as e:  # noqa: BLE001 -- reported as one line
+    reason = str(e).strip().splitlines()[-1].strip()
+    return None, (f"--config={config_arg}: cannot load {path} ({reason}); give a config file and "
+                  f"argument, e.g. --config={_DEFAULT_CONFIG}")
+  try:
+    return module.get_config(*([arg] if ":" in config_arg else [])), None
+  except Exception as e:  # noqa: BLE001 -- reported as one line
+    return None, f"--config={config_arg}: get_config({arg!r}) failed: {type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def _config_key_errors(argv):
+  """Checks the config file and the `--config.a.b=...` keys before absl does, so a missing file
+  or a typo gets a one-line message."""
+  overrides = [m.group(1) for a in argv for m in [re.match(r"--config\.([\w.]+)(=|$)", a)] if m]
+  config, error = _load_config(argv)
+  if error:
+    return error
+  from grpo_jax import config_utils
+  valid = set(config_utils.all_keys(config))
+  for key in overrides:
+    if key not in valid:
+      close = config_utils.closest_keys(config, key)
+      hint = (f"; did you mean {', '.join('config.' + c for c in close)}?" if close else
+              "; the valid keys are listed (commented) in configs/common.py")
+      return f"unknown config key config.{key}{hint}"
+  return None
+
+
+if __name__ == "__main__":  # before DEFINE_config_file, which applies --config.* overrides at once
+  _ERROR = _config_key_errors(sys.argv)
+  if _ERROR:
+    print(f"error: {_ERROR}", file=sys.stderr)
+    sys.exit(2)
+
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
                                           "Experiment config file, with an argument after ':'.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Where checkpoints, metrics and "
                                "the summary are written; an existing run there is resumed.")
@@ -35,90 +84,6 @@ _INIT_TIMEOUT = flags.DEFINE_integer("distributed_timeout_s", 300, "Seconds to w
                                      "process to join before failing (instead of hanging).")
 
 
-def _detected_cluster() -> str | None:
-  """The multi-process cluster JAX can configure itself from, if any."""
-  env = os.environ
-  if len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1:
-    return "TPU pod"
-  if int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1 and "SLURM_JOB_ID" in env:
-    return "Slurm"
-  if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
-    return "Open MPI"
-  return None
-
-
-def initialize_distributed(mode: str = "auto", coordinator: str | None = None,
-                           num_processes: int | None = None, process_id: int | None = None,
-                           timeout_s: int = 300) -> bool:
-  """Joins this process to a multi-process JAX job; returns whether it did.
-
-  Flags win over the environment (GRPO_JAX_COORDINATOR, GRPO_JAX_NUM_PROCESSES,
-  GRPO_JAX_PROCESS_ID). Must run before anything touches a JAX device.
-
-  Raises:
-    ValueError: a coordinator without the process count / id (or the reverse).
-  """
-  env = os.environ
-  coordinator = coordinator or env.get("GRPO_JAX_COORDINATOR") or None
-  num_processes = num_processes if num_processes is not None else (
-      int(env["GRPO_JAX_NUM_PROCESSES"]) if env.get("GRPO_JAX_NUM_PROCESSES") else None)
-  process_id = process_id if process_id is not None else (
-      int(env["GRPO_JAX_PROCESS_ID"]) if env.get("GRPO_JAX_PROCESS_ID") else None)
-  if mode == "off":
-    return False
-  explicit = coordinator is not None
-  if explicit and (num_processes is None or process_id is None):
-    raise ValueError("--coordinator_address needs --num_processes and --process_id (or "
-                     "GRPO_JAX_NUM_PROCESSES / GRPO_JAX_PROCESS_ID)")
-  if not explicit and (num_processes is not None or process_id is not None) and mode == "auto":
-    raise ValueError("--num_processes / --process_id need --coordinator_address (or "
-                     "GRPO_JAX_COORDINATOR)")
-  cluster = _detected_cluster()
-  if mode == "auto" and not explicit and cluster is None:
-    return False
-  import jax
-  if not jax.config.jax_cpu_collectives_implementation:
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU cross-process collectives
-  kwargs = {"initialization_timeout": timeout_s}
-  if explicit:
-    kwargs.update(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
-  jax.distributed.initialize(**kwargs)
-  print(f"process {jax.process_index()}/{jax.process_count()} ({'explicit coordinator ' + coordinator if explicit else cluster or 'auto'}): "
-        f"{jax.local_device_count()} local / {jax.device_count()} global devices", flush=True)
-  return True
-
-
-def _load_config(argv):
-  """The config named by `--config` (without overrides), or None if it cannot be loaded."""
-  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if config_arg is None and "--config" in argv[:-1]:
-    config_arg = argv[argv.index("--config") + 1]
-  if config_arg is None:
-    return None
-  from ml_collections.config_flags import config_flags as cf
-  try:
-    return cf._LoadConfigModule("config", config_arg.split(":", 1)[0]).get_config(
-        *([config_arg.split(":", 1)[1]] if ":" in config_arg else []))
-  except Exception:  # noqa: BLE001 -- absl reports config-file errors itself
-    return None
-
-
-def _config_key_errors(argv):
-  """Checks `--config.a.b=...` keys before absl does, so typos get a clean message."""
-  overrides = [m.group(1) for a in argv for m in [re.match(r"--config\.([\w.]+)(=|$)", a)] if m]
-  config = _load_config(argv) if overrides else None
-  if config is None:
-    return None
-  from grpo_jax import config_utils
-  valid = set(config_utils.all_keys(config))
-  for key in overrides:
-    if key not in valid:
-      close = config_utils.closest_keys(config, key)
-      hint = (f"; did you mean {', '.join('config.' + c for c in close)}?" if close else
-              "; the valid keys are listed (commented) in configs/common.py")
-      return f"unknown config key config.{key}{hint}"
-  return None
-
 
 def _parse_flags(argv):
   """absl flag parsing, but a bad flag value is one `error: ...` line (exit 2), not FATAL + usage."""
@@ -128,7 +93,7 @@ def _parse_flags(argv):
     message = " ".join(str(e).split())
     hint = ""
     m = re.match(r"flag --config\.([\w.]+)=", message)
-    config = _load_config(argv) if m else None
+    config = _load_config(argv)[0] if m else None
     if config is not None:
       value = config
       try:
@@ -145,7 +110,7 @@ def _parse_flags(argv):
 def main(argv):
   del argv
   try:
-    initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+    distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
                            _PROCESS_ID.value, _INIT_TIMEOUT.value)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -170,8 +135,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  error = _config_key_errors(sys.argv)
-  if error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
   app.run(main, flags_parser=_parse_flags)

@@ -195,20 +195,16 @@ def _words(x, xp):
   return jax.lax.bitcast_convert_type(x, u).astype(jnp.uint32)
 
 
-def _device_sums(leaves):
-  out = []
-  for x in leaves:
-    w = _words(x, jnp)
-    idx, stride = jnp.zeros(w.shape, jnp.uint32), 1
-    for d in reversed(range(w.ndim)):   # row-major flat index mod 2^32, without a reshape
-      idx = idx + jax.lax.broadcasted_iota(jnp.uint32, w.shape, d) * jnp.uint32(stride)
-      stride = (stride * w.shape[d]) % 2 ** 32
-    out.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32),
-                          jnp.sum(w * (idx * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)]))
-  return out
-
-
-_device_sums_jit = jax.jit(_device_sums)
+@jax.jit
+def _device_sums(x):
+  """[2] uint32: the two checksums of one array (see `fingerprint`), computed where it lives."""
+  w = _words(x, jnp)
+  idx, stride = jnp.zeros(w.shape, jnp.uint32), 1
+  for d in reversed(range(w.ndim)):   # row-major flat index mod 2^32, without a reshape
+    idx = idx + jax.lax.broadcasted_iota(jnp.uint32, w.shape, d) * jnp.uint32(stride)
+    stride = (stride * w.shape[d]) % 2 ** 32
+  return jnp.stack([jnp.sum(w, dtype=jnp.uint32),
+                    jnp.sum(w * (idx * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)])
 
 
 def _host_sums(x) -> tuple[int, int]:
@@ -225,24 +221,21 @@ def fingerprint(tree: Any) -> dict[str, str]:
   Two sums of the leaf's bits as uint32 words, modulo 2^32: the plain sum and the sum weighted
   by ``2 * flat_index + 1`` (odd weights, so changing any one word changes both). Integer sums
   are exact and order-free, so the result does not depend on the sharding; global arrays are
-  summed on device (jitted, one compile per tree structure and device set), host arrays in
-  numpy. Detects corruption that Orbax reads back without an error (e.g. flipped bits).
+  summed where they live (jitted per leaf: one small compile per distinct shape, dtype and
+  sharding, so a deep model's identical layers share it), host arrays in numpy. Detects corruption that Orbax reads back without an error (e.g. flipped bits).
   """
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  flat = [(jax.tree_util.keystr(p), x) for p, x in flat if isinstance(x, (jax.Array, np.ndarray))]
-  result: dict[str, str] = {}
-  groups: dict[tuple, list[tuple[str, Any]]] = {}
+  flat = [(jax.tree_util.keystr(p), x) for p, x in flat
+          if isinstance(x, (jax.Array, np.ndarray, np.generic))]
+  on_device = {k: _device_sums(x) for k, x in flat if isinstance(x, jax.Array) and not _host_local(x)}
+  result = {}
   for key, x in flat:
-    if isinstance(x, jax.Array) and not _host_local(x):
-      groups.setdefault(tuple(sorted(d.id for d in x.sharding.device_set)), []).append((key, x))
+    if key in on_device:
+      a, b = np.asarray(on_device[key].addressable_data(0)).tolist()
     else:
-      result[key] = "%08x%08x" % _host_sums(x)
-  for items in groups.values():
-    sums = _device_sums_jit([x for _, x in items])
-    for (key, _), s in zip(items, sums):
-      a, b = np.asarray(s.addressable_data(0)).tolist()
-      result[key] = "%08x%08x" % (a, b)
-  return {k: result[k] for k, _ in flat}
+      a, b = _host_sums(x)
+    result[key] = "%08x%08x" % (a, b)
+  return result
 
 
 def _check_fingerprint(expected: dict, actual: dict) -> None:

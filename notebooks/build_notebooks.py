@@ -563,7 +563,7 @@ NB03 = [
     it runs from the library API — `train.train_and_evaluate(config, workdir)` — shrunk so the
     cell finishes in a minute or two on a CPU.
 
-    With so few steps expect little or no gain: after 150 warm-start steps the model solves only
+    With so few steps expect little or no gain: after 100 warm-start steps the model solves only
     a few percent of the problems, so most groups are all wrong and carry no GRPO signal (see
     notebook 01). The full run (`python -m experiments.run --config=configs/arithmetic.py:grpo`,
     300 warm-start and 120 RL steps) takes 5-10 minutes on 2 cores. The `CONFIG` field picks
@@ -585,8 +585,8 @@ NB03 = [
     CONFIG = "grpo"  # @param ["grpo", "grpo,heavy_tailed", "prompt_gdro", "rollout_gdro", "ppo"]
 
     config = arithmetic.get_config(CONFIG)
-    config.sft.steps = 150                   # supervised warm start (default 300)
-    config.steps = 15                        # RL steps (default 120)
+    config.sft.steps = 100                   # supervised warm start (default 300)
+    config.steps = 12                        # RL steps (default 120)
     config.rollout.prompts_per_step = 16     # P (default 32)
     config.rollout.rollouts_per_prompt = 8   # group size
     config.eval.max_examples = 64            # held-out problems, 8 samples each

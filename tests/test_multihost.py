@@ -9,6 +9,7 @@ processes with steps=3 that resumes from the checkpoint) must match one process 
 """
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -106,3 +107,73 @@ def test_two_processes_train_save_restart_and_match_one_process(tmp_path):
       np.testing.assert_allclose(ra[key], rb[key], rtol=1e-5, atol=1e-6, err_msg=f"step {ra['step']}: {key}")
   summaries = [json.load(open(os.path.join(d, "summary.json"))) for d in (single, multi)]
   assert summaries[0]["eval_after"]["mean_at_1"] == summaries[1]["eval_after"]["mean_at_1"]
+
+
+# ----------------------------------------------------------------------------- flags and scripts
+
+
+def test_initialize_distributed_argument_checks(monkeypatch):
+  from grpo_jax import distributed as run
+  for var in ("GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID",
+              "TPU_WORKER_HOSTNAMES", "SLURM_JOB_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+    monkeypatch.delenv(var, raising=False)
+  assert run.initialize("auto") is False            # one process: nothing to join
+  assert run.initialize("off", "localhost:1", 2, 0) is False
+  with pytest.raises(ValueError, match="--num_processes and --process_id"):
+    run.initialize("auto", "localhost:1234")
+  monkeypatch.setenv("GRPO_JAX_COORDINATOR", "localhost:1234")
+  monkeypatch.setenv("GRPO_JAX_NUM_PROCESSES", "2")
+  with pytest.raises(ValueError, match="--process_id"):           # the environment counts too
+    run.initialize("auto")
+  monkeypatch.delenv("GRPO_JAX_COORDINATOR")
+  with pytest.raises(ValueError, match="need --coordinator_address"):
+    run.initialize("auto")
+  monkeypatch.delenv("GRPO_JAX_NUM_PROCESSES")
+  assert run._detected_cluster() is None
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t1k-w-0,t1k-w-1")
+  assert run._detected_cluster() == "TPU pod"
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")        # a single-host TPU VM
+  assert run._detected_cluster() is None
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  assert run._detected_cluster() == "Slurm"
+
+
+def _script(name, *args):
+  return subprocess.run(["bash", os.path.join(REPO, "scripts", name), *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=60)
+
+
+def test_tpu_pod_script_dry_run_prints_create_install_run_and_delete(tmp_path):
+  out = _script("launch_tpu_pod.sh", "--dry-run", "--name=t1", "--zone=us-east5-a", "--type=v5p-64",
+                "--workdir=/mnt/gcs/runs/a", "--gcs-bucket=b", "--",
+                "--config=configs/dapo_qwen3.py:8b,grpo")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("gcloud compute tpus tpu-vm create t1 --zone=us-east5-a "
+                             "--accelerator-type=v5p-64 --version=v2-alpha-tpuv5")
+  run_line = next(l for l in lines if "experiments.run" in l)
+  assert "--worker=all" in run_line and "--distributed=on" in run_line
+  assert "--workdir=/mnt/gcs/runs/a" in run_line and "JAX_COMPILATION_CACHE_DIR=/mnt/gcs/runs/jax_cache" in run_line
+  assert lines[-1].startswith("gcloud compute tpus tpu-vm delete t1")
+  assert not os.path.exists(os.path.join(REPO, "logs", "t1"))    # a dry run creates nothing
+  bad = _script("launch_tpu_pod.sh", "--dry-run", "--name=t1", "--zone=z", "--workdir=w")
+  assert bad.returncode == 2 and "experiments.run flags after --" in bad.stderr
+
+
+def test_slurm_script_dry_run_prints_the_batch_script_and_srun():
+  out = _script("launch_gpu_slurm.sh", "--dry-run", "--nodes=2", "--partition=gpu",
+                "--workdir=/shared/runs/a", "--", "--config=configs/dapo_qwen3.py:8b,grpo,gpu8")
+  assert out.returncode == 0, out.stderr
+  assert "#SBATCH --nodes=2" in out.stdout and "#SBATCH --partition=gpu" in out.stdout
+  srun = next(l for l in out.stdout.splitlines() if l.startswith("srun "))
+  assert "--ntasks-per-node=1" in srun and "--kill-on-bad-exit=1" in srun
+  assert "--num_processes=$SLURM_NTASKS --process_id=$SLURM_PROCID" in out.stdout
+  assert "--coordinator_address=$GRPO_HEAD:$GRPO_PORT" in out.stdout
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck not installed")
+def test_launch_scripts_pass_shellcheck():
+  out = subprocess.run(["shellcheck", "scripts/launch_tpu_pod.sh", "scripts/launch_gpu_slurm.sh"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stdout

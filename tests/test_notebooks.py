@@ -13,7 +13,8 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+if importlib.util.find_spec("ipykernel") is None:  # the kernel's package; not imported here
+  pytest.skip("ipykernel is not installed", allow_module_level=True)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK_DIR = os.path.join(REPO, "notebooks")
@@ -21,10 +22,12 @@ NOTEBOOKS = sorted(f for f in os.listdir(NOTEBOOK_DIR) if f.endswith(".ipynb"))
 CELL_TIMEOUT_S = 600
 
 
-def _kernel_env():
+def _kernel_env(tmp_dir):
   """The test process's environment without the 8-virtual-device XLA flag of conftest.py
-  (the notebooks run on one CPU device, as in Colab) and with the CPU backend."""
+  (the notebooks run on one CPU device, as in Colab), with the CPU backend and with temporary
+  files (notebook 03's workdir) under pytest's `tmp_dir`."""
   env = dict(os.environ)
+  env["TMPDIR"] = str(tmp_dir)
   env.pop("XLA_FLAGS", None)
   env.pop("MPLBACKEND", None)           # the kernel picks the inline backend (figures as PNG)
   env["JAX_PLATFORMS"] = "cpu"
@@ -67,12 +70,12 @@ def test_notebook_matches_build_script(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_executes(name, capfd, record_property):
+def test_notebook_executes(name, tmp_path, capfd, record_property):
   nb = nbformat.read(os.path.join(NOTEBOOK_DIR, name), as_version=4)
   client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                                    resources={"metadata": {"path": REPO}})
   t0 = time.perf_counter()
-  client.execute(cwd=REPO, env=_kernel_env())     # raises CellExecutionError on any error
+  client.execute(cwd=REPO, env=_kernel_env(tmp_path))     # raises CellExecutionError on any error
   seconds = time.perf_counter() - t0
   record_property("seconds", round(seconds, 1))
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
