@@ -23,11 +23,12 @@ from grpo_jax import writers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The smoke config, made cheap to compile: no warm start, and evaluation sampling identical to
-# the training sampler (same rows, same SamplingConfig: one compiled generate). A format bonus
-# gives the untrained model's rollouts different rewards, so the losses are not all zero.
+# The smoke config with evaluation sampling identical to the training sampler (same rows, same
+# SamplingConfig: one compiled generate). A short warm start teaches the answer format and a
+# format bonus then gives the rollouts of a group different rewards, so the losses are not zero.
 OVERRIDES = {
-    "mesh.data": 8, "logging.tensorboard": False, "sft.steps": 0, "reward.format_reward": 0.5,
+    "mesh.data": 8, "logging.tensorboard": False, "sft.steps": 30, "sft.learning_rate": 3e-3,
+    "reward.format_reward": 0.5,
     "eval.max_examples": 4, "eval.batch_size": 32, "eval.temperature": 1.0, "eval.top_k": 0,
     "eval.top_p": 1.0, "checkpoint.every_steps": 1,
 }

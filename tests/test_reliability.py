@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -432,7 +433,10 @@ def _complete_steps(workdir):
 
 
 def _saved_state(workdir, step):
-  return ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
+  """The raw saved state tree (numpy-comparable arrays), read without a template."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Sharding info not provided")
+    return ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
 
 
 def _assert_same_run(reference, workdir):
