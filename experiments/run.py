@@ -109,6 +109,9 @@ def _parse_flags(argv):
 
 def main(argv):
   del argv
+  from absl import logging as absl_logging
+  if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO; keep the console readable
+    absl_logging.set_verbosity(absl_logging.WARNING)
   try:
     distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
                            _PROCESS_ID.value, _INIT_TIMEOUT.value)
