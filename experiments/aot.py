@@ -154,7 +154,8 @@ def pinned_activations(mesh):
 
 
 def compile_steps(config, *, sampler: str = "full", update: bool = True,
-                  logprobs: bool = True, pin_activations: bool = False) -> dict:
+                  logprobs: bool = True, pin_activations: bool = False,
+                  chunked_logprobs: bool = False) -> dict:
   """Lowers and compiles the update, sampler and log-prob steps of ``config`` abstractly.
 
   Uses the current JAX devices (``config.mesh`` must match them, as in a real run). Nothing is
@@ -167,6 +168,8 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
       call and one decode call on the full-size KV cache) or "none".
     update, logprobs: whether to compile the update and the log-prob pass.
     pin_activations: compile under ``pinned_activations`` (a what-if, see there).
+    chunked_logprobs: what-if: compile the log-prob pass on one mini-batch of rows (what a
+      reference pass computed mini-batch by mini-batch would need) instead of all R rows.
 
   Returns:
     ``{"mesh", "batch", "params", "state_bytes", "ref_bytes", "steps": {name: {memory..., lower_s,
@@ -190,7 +193,8 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
     mesh = sharding_lib.make_mesh({"data": config.mesh.data, "fsdp": config.mesh.fsdp,
                                    "tensor": config.mesh.tensor}, devices)
     with pinned_activations(mesh):
-      result = compile_steps(config, sampler=sampler, update=update, logprobs=logprobs)
+      result = compile_steps(config, sampler=sampler, update=update, logprobs=logprobs,
+                             chunked_logprobs=chunked_logprobs)
     result["pinned_activations"] = True
     return result
   config = config.copy_and_resolve_references()
@@ -260,12 +264,14 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
 
   # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
   if logprobs and (needs_ref or not exp.on_policy):
+    rows = mb if chunked_logprobs else R
     compiled, times = _compile(train.make_logprobs_fn(exp), state.params,
-                               batched((R, Lp + Lc), "int32"), batched((R, Lp + Lc), "bool"))
+                               batched((rows, Lp + Lc), "int32"), batched((rows, Lp + Lc), "bool"))
     # resident while it runs: the whole state plus the reference, minus the parameters passed in
     steps["logprobs"] = {**_memory(compiled), **times,
-                         "resident_extra": state_bytes + ref_bytes - params_bytes, "rows": R,
-                         "what": f"reference/old log-probs, {R} rows x {Lp}+{Lc} tokens"}
+                         "resident_extra": state_bytes + ref_bytes - params_bytes, "rows": rows,
+                         "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens"
+                                 f"{' (one mini-batch: what-if)' if chunked_logprobs else ''}"}
   for s in steps.values():
     s["peak"] = s["total"] + s["resident_extra"]
   return {"mesh": dict(mesh.shape), "devices": mesh.size, "batch": {"R": R, "mini_batch": mb,
@@ -366,6 +372,8 @@ def main(argv=None):
   flags.DEFINE_integer("mini_batch", 0, "Rollouts per gradient step (config.algorithm.mini_batch_size).")
   flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
   flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
+  flags.DEFINE_bool("chunked_logprobs", False, "What-if: the log-prob pass on one mini-batch "
+                    "of rows (train.py runs it on all R rows today).")
   flags.DEFINE_bool("pin_activations", False, "What-if: pin the decoder activations to the batch "
                     "sharding (the change proposed for models/transformer.py; not today's code).")
   flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
@@ -395,7 +403,8 @@ def _run(FLAGS):
                      "run as a fresh process (XLA_FLAGS is set before JAX starts)")
   try:
     config_utils.validate(config)
-    result = compile_steps(config, sampler=FLAGS.sampler, pin_activations=FLAGS.pin_activations)
+    result = compile_steps(config, sampler=FLAGS.sampler, pin_activations=FLAGS.pin_activations,
+                           chunked_logprobs=FLAGS.chunked_logprobs)
   except config_utils.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -429,6 +438,7 @@ def _sweep(FLAGS, chip):
       cmd += [f"--mini_batch={FLAGS.mini_batch}"] if FLAGS.mini_batch else []
       cmd += [f"--devices={FLAGS.devices}"] if FLAGS.devices else []
       cmd += ["--pin_activations"] if FLAGS.pin_activations else []
+      cmd += ["--chunked_logprobs"] if FLAGS.chunked_logprobs else []
       t0 = time.perf_counter()
       proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout_s)
       wall = time.perf_counter() - t0
@@ -447,7 +457,8 @@ def _sweep(FLAGS, chip):
 def _markdown(rows, chip, FLAGS) -> str:
   out = [f"\n### {FLAGS.topology} ({chip.name}, {_fmt(chip.memory_bytes)} GiB per chip)"
          f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}"
-         f"{' -- WHAT-IF: activations pinned to the batch sharding' if FLAGS.pin_activations else ''}\n",
+         f"{' -- WHAT-IF: activations pinned to the batch sharding' if FLAGS.pin_activations else ''}"
+         f"{', log-prob pass per mini-batch' if FLAGS.chunked_logprobs else ''}\n",
          "| size | algorithm | mesh (data, fsdp, tensor) | batch | state + ref | update peak | sampler peak | "
          f"logprobs peak | peak | on {chip.name} | fits on (same count, {FLAGS.headroom:.0%} usable) | "
          "compile s (update / sampler / logprobs) |",

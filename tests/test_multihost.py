@@ -28,6 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # format bonus then gives the rollouts of a group different rewards, so the losses are not zero.
 OVERRIDES = {
     "mesh.data": 8, "logging.tensorboard": False, "sft.steps": 30, "sft.learning_rate": 3e-3,
+    "sft.batch_size": 32,
     "reward.format_reward": 0.5,
     "eval.max_examples": 4, "eval.batch_size": 32, "eval.temperature": 1.0, "eval.top_k": 0,
     "eval.top_p": 1.0, "checkpoint.every_steps": 1,
@@ -47,8 +48,10 @@ def _run_pair(workdir, steps, *, use_env: bool, timeout=600):
   port = _free_port()
   procs = []
   for pid in range(2):
+    # a persistent compilation cache shared by both phases: the restart reuses the executables
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu"}
+           "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": os.path.join(os.path.dirname(workdir), "jax_cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     args = [sys.executable, "-m", "experiments.run", "--config=configs/arithmetic.py:grpo,smoke",
             f"--workdir={workdir}", f"--config.steps={steps}", "--distributed_timeout_s=120"]
     args += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
