@@ -127,3 +127,13 @@ def test_cli_exits_non_zero_with_a_message_when_it_does_not_fit():
   assert "does not fit on v5e-8" in out.stderr and "largest step" in out.stderr
   assert "'fsdp': 8" in out.stdout                              # the CLI made 8 virtual devices
   np.testing.assert_equal("Traceback" in out.stderr, False)
+
+
+def test_pinned_activations_what_if_patches_only_inside_its_block():
+  from grpo_jax import sharding
+  from grpo_jax.models import transformer
+  original = transformer.Block.__call__
+  mesh = sharding.make_mesh({"fsdp": 8}, jax.devices()[:8])
+  with aot.pinned_activations(mesh):
+    assert transformer.Block.__call__ is not original
+  assert transformer.Block.__call__ is original
