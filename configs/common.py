@@ -28,7 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.split = "train"                     # training split
   c.data.source_dir = ""                     # raw data dir; "" = $GRPO_JAX_DATA_DIR or ../shared/data
   c.data.template = "arithmetic"             # prompt template: arithmetic | plain | chat
-  c.data.max_prompt_tokens = 32              # prompt budget in tokens (prompts are left-padded to it)
+  c.data.max_prompt_tokens = 32              # prompt budget in tokens; prompts are left-padded to the longest train/eval prompt (rounded up to 8), at most this
   c.data.overlong_prompts = "skip"           # prompts over budget: skip | truncate (counted either way)
   c.data.bad_rows = "error"                  # rows missing fields: error | skip (counted)
   c.data.max_train_examples = 0              # cap on training examples (0 = all)
@@ -38,6 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompts_per_step = 32            # P: prompts drawn per RL step
   c.rollout.rollouts_per_prompt = 8          # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
   c.rollout.max_new_tokens = 8               # completion budget in tokens
+  c.rollout.generate_batch_size = 0          # rollouts per sampler call (0 = all R in one call); bounds the KV cache
   c.rollout.temperature = 1.0                # sampling temperature for training rollouts
   c.rollout.top_k = 0                        # top-k for training rollouts (0 = off)
   c.rollout.top_p = 1.0                      # top-p for training rollouts (1 = off)
@@ -55,6 +56,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.algorithm.kl_kind = "k3"                 # k1 | k2 | k3
   c.algorithm.num_iterations = 1             # passes over each batch of rollouts (mu in GRPO)
   c.algorithm.mini_batch_size = 0            # rollouts per gradient step (0 = the whole batch R)
+  c.algorithm.micro_batch_size = 0           # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
   c.algorithm.reward_scale = "pm1"           # pm1 (+1/-1, paper) | 01
   c.algorithm.dynamic_sampling = False       # DAPO: drop all-equal groups and re-sample
   c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling

@@ -53,6 +53,7 @@ def get_config(arg: str = "8b,grpo"):
   c.reward.num_workers = 8
   if algorithm == "prompt_gdro":
     c.rollout.prompts_per_step = 512         # the paper's Prompt-GDRO script: 512 prompts x 500 steps
+    c.rollout.generate_batch_size = 1024     # 2 sampler calls of 1024 rows: the KV cache of GRPO's step
     c.steps = 500
   if mesh == "gpu8":
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 4, 2

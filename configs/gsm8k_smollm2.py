@@ -25,6 +25,8 @@ def get_config(arg: str = "grpo"):
   c = common.base_config()
   c.steps = 200                              # RL steps
   c.model.gguf_path = default_gguf()         # SmolLM2-135M-Instruct, Q4_1 dequantised to float32
+  c.model.remat = True                       # recompute each layer in the backward pass: without it the
+                                             # update keeps every layer's [rows, 9 heads, T, T] attention (10 GB at 8 x 320 tokens)
   c.data.name = "gsm8k"                      # GSM8K train split (7,473 problems)
   c.data.template = "chat"                   # the tokenizer's chat template (ChatML)
   c.data.max_prompt_tokens = 256             # GSM8K questions in the chat template fit in 256

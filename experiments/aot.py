@@ -12,7 +12,8 @@ lowers and compiles, on an abstract mesh of virtual CPU devices standing in for 
              R = prompts_per_step x rollouts_per_prompt rows; ``--sampler=decode`` compiles one
              prefill call and one decode call on the full-size cache instead;
   logprobs   ``train.make_logprobs_fn(exp)``: the reference / old log-prob pass over the whole
-             R-row batch, as ``rl_step`` calls it (only when kl_coef > 0 or the batch is reused).
+             R-row batch, as ``rl_step`` calls it (one mini-batch of rows at a time, inside the
+             jitted program; only when kl_coef > 0 or the batch is reused).
 
 It prints, per device, ``compiled.memory_analysis()``'s argument / output / temporary bytes,
 adds what stays resident in device memory without being an argument of that step (the
@@ -28,15 +29,12 @@ order of magnitude, not as the last GiB.
 ``--sweep=reports/aot.md`` runs the three Qwen3 sizes x grpo / prompt_gdro / rollout_gdro,
 each in its own subprocess, and appends the markdown table (and the JSON rows to
 ``reports/aot.jsonl``). Other layouts and batches: ``--mesh=data,fsdp,tensor``,
-``--mini_batch=N``, any ``--config.x=y``. Two what-ifs measure proposed code changes without
-making them: ``--pin_activations`` (decoder activations pinned to the batch sharding) and
-``--chunked_logprobs`` (the reference / old log-prob pass one mini-batch at a time). The CPU
-compile uses fast-codegen options (``_FAST_CPU_COMPILE``); on a quiet core the 8B check takes
+``--mini_batch=N``, ``--micro_batch=N`` (gradient accumulation), ``--generate_batch=N`` (rows
+per sampler call), any ``--config.x=y``. The CPU compile uses fast-codegen options (``_FAST_CPU_COMPILE``); on a quiet core the 8B check takes
 13-30 s for 8-256 devices. Results: ``reports/aot.md``.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -122,10 +120,16 @@ def _memory(compiled) -> dict:
 _FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _compile(fn, *args, **kwargs):
+def _compile(fn, *args, mesh=None, **kwargs):
+  """Lowers (with ``mesh`` as the abstract-mesh context, as ``sharding.under_mesh`` sets it in
+  training) and compiles ``fn``; returns (compiled, {"lower_s", "compile_s"})."""
   import jax
   t0 = time.perf_counter()
-  lowered = fn.lower(*args, **kwargs)
+  if mesh is None:
+    lowered = fn.lower(*args, **kwargs)
+  else:
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      lowered = fn.lower(*args, **kwargs)
   t1 = time.perf_counter()
   cpu = jax.devices()[0].platform == "cpu"
   compiled = lowered.compile(compiler_options=_FAST_CPU_COMPILE) if cpu else lowered.compile()
@@ -133,35 +137,8 @@ def _compile(fn, *args, **kwargs):
   return compiled, {"lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)}
 
 
-@contextlib.contextmanager
-def pinned_activations(mesh):
-  """What-if (not what train.py runs today): pins every decoder layer's input activations
-  [B, T, E] to the batch sharding (rows over ``data`` x ``fsdp``).
-
-  Without it XLA's sharding propagation may lay the activations out like the FSDP-sharded
-  embedding (hidden axis over ``fsdp``) and keep the batch axis whole on every device; this is
-  the one-line ``with_sharding_constraint`` proposed for ``grpo_jax/models/transformer.py``.
-  """
-  from jax.sharding import NamedSharding, PartitionSpec
-  from grpo_jax.models import transformer
-  import jax
-  original = transformer.Block.__call__
-  spec = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
-
-  def call(self, x, positions, mask, kv_write, kv_read):
-    if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0:
-      x = jax.lax.with_sharding_constraint(x, spec)
-    return original(self, x, positions, mask, kv_write, kv_read)
-  transformer.Block.__call__ = call
-  try:
-    yield
-  finally:
-    transformer.Block.__call__ = original
-
-
 def compile_steps(config, *, sampler: str = "full", update: bool = True,
-                  logprobs: bool = True, pin_activations: bool = False,
-                  chunked_logprobs: bool = False) -> dict:
+                  logprobs: bool = True) -> dict:
   """Lowers and compiles the update, sampler and log-prob steps of ``config`` abstractly.
 
   Uses the current JAX devices (``config.mesh`` must match them, as in a real run). Nothing is
@@ -173,9 +150,6 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
     sampler: "full" (``sampling.generate``: prefill + while-loop decode), "decode" (one prefill
       call and one decode call on the full-size KV cache) or "none".
     update, logprobs: whether to compile the update and the log-prob pass.
-    pin_activations: compile under ``pinned_activations`` (a what-if, see there).
-    chunked_logprobs: what-if: compile the log-prob pass on one mini-batch of rows (what a
-      reference pass computed mini-batch by mini-batch would need) instead of all R rows.
 
   Returns:
     ``{"mesh", "batch", "params", "state_bytes", "ref_bytes", "steps": {name: {memory..., lower_s,
@@ -192,17 +166,6 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
   from grpo_jax.experiment import build_experiment
   from grpo_jax.models import transformer
 
-  if pin_activations:
-    import jax
-    from grpo_jax import sharding as sharding_lib
-    devices = jax.devices()[:config.mesh.num_devices or None]
-    mesh = sharding_lib.make_mesh({"data": config.mesh.data, "fsdp": config.mesh.fsdp,
-                                   "tensor": config.mesh.tensor}, devices)
-    with pinned_activations(mesh):
-      result = compile_steps(config, sampler=sampler, update=update, logprobs=logprobs,
-                             chunked_logprobs=chunked_logprobs)
-    result["pinned_activations"] = True
-    return result
   config = config.copy_and_resolve_references()
   config.model.hf_checkpoint = ""
   config.model.gguf_path = ""
@@ -235,25 +198,27 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
   if update:
     compiled, times = _compile(train.make_update_fn(exp), state, batch)
     steps["update"] = {**_memory(compiled), **times, "resident_extra": ref_bytes,
-                       "rows": mb, "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"}
+                       "rows": mb, "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"
+                               f"{f', {exp.micro_batch_size} per forward/backward' if exp.micro_batch_size < mb else ''}"}
 
-  # 2. the sampler (R rows, Lp + Lc cache slots).
+  # 2. the sampler (G = generate_batch_size rows per call, R / G calls; Lp + Lc cache slots).
+  G = exp.generate_batch_size
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
   not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
   if sampler == "full":
     compiled, times = _compile(sampling._generate, exp.graphdef, state.params, None,
-                               batched((R, Lp), "int32"), batched((R, Lp), "bool"), rng,
-                               exp.train_sampling)
-    steps["sampler"] = {**_memory(compiled), **times, "resident_extra": not_args, "rows": R,
-                        "what": f"generate, {R} rows, {Lp}+{Lc}-slot KV cache"}
+                               batched((G, Lp), "int32"), batched((G, Lp), "bool"), rng,
+                               exp.train_sampling, mesh=mesh)
+    steps["sampler"] = {**_memory(compiled), **times, "resident_extra": not_args, "rows": G,
+                        "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache"}
   elif sampler == "decode":
     mc = exp.model_config
-    cache_shape = (mc.num_layers, R, Lp + Lc, mc.num_kv_heads, mc.head_dim)
+    cache_shape = (mc.num_layers, G, Lp + Lc, mc.num_kv_heads, mc.head_dim)
     kv_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
     cache = transformer.KVCache(
         k=jax.ShapeDtypeStruct(cache_shape, jnp.dtype(mc.dtype), sharding=kv_sharding),
         v=jax.ShapeDtypeStruct(cache_shape, jnp.dtype(mc.dtype), sharding=kv_sharding),
-        key_mask=batched((R, Lp + Lc), "bool"),
+        key_mask=batched((G, Lp + Lc), "bool"),
         index=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl))
     graphdef = exp.graphdef
 
@@ -263,24 +228,25 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
       return model.logits(hidden[:, -1]), cache
     call = jax.jit(call, donate_argnums=4)
     for name, T in (("prefill", Lp), ("decode", 1)):
-      compiled, times = _compile(call, state.params, batched((R, T), "int32"), batched((R, T), "int32"),
-                                 batched((R, T), "bool"), cache)
-      steps[name] = {**_memory(compiled), **times, "resident_extra": not_args, "rows": R,
-                     "what": f"{name} call, {R} rows x {T} tokens on the {Lp}+{Lc}-slot KV cache"}
+      compiled, times = _compile(call, state.params, batched((G, T), "int32"), batched((G, T), "int32"),
+                                 batched((G, T), "bool"), cache, mesh=mesh)
+      steps[name] = {**_memory(compiled), **times, "resident_extra": not_args, "rows": G,
+                     "what": f"{name} call, {G} rows x {T} tokens on the {Lp}+{Lc}-slot KV cache"}
 
   # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
   if logprobs and (needs_ref or not exp.on_policy):
-    rows = mb if chunked_logprobs else R
+    rows = R
     compiled, times = _compile(train.make_logprobs_fn(exp), state.params,
                                batched((rows, Lp + Lc), "int32"), batched((rows, Lp + Lc), "bool"))
     # resident while it runs: the whole state plus the reference, minus the parameters passed in
     steps["logprobs"] = {**_memory(compiled), **times,
                          "resident_extra": state_bytes + ref_bytes - params_bytes, "rows": rows,
-                         "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens"
-                                 f"{' (one mini-batch: what-if)' if chunked_logprobs else ''}"}
+                         "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
+                                 f"{mb} rows at a time"}
   for s in steps.values():
     s["peak"] = s["total"] + s["resident_extra"]
   return {"mesh": dict(mesh.shape), "devices": mesh.size, "batch": {"R": R, "mini_batch": mb,
+          "micro_batch": exp.micro_batch_size, "generate_batch": exp.generate_batch_size,
           "prompt_tokens": Lp, "new_tokens": Lc}, "params": exp.model_config.num_params,
           "state_bytes": state_bytes, "params_bytes": params_bytes, "ref_bytes": ref_bytes,
           "steps": steps, "peak": max(s["peak"] for s in steps.values())}
@@ -303,14 +269,16 @@ def advice(result: dict) -> str:
   """What to change when a step does not fit (from which step is the largest)."""
   worst = max(result["steps"], key=lambda k: result["steps"][k]["peak"])
   tips = {
-      "update": "lower config.algorithm.mini_batch_size (more, smaller gradient steps), shard more "
+      "update": "accumulate gradients over smaller micro-batches (--micro_batch / "
+                "config.algorithm.micro_batch_size), shard more "
                 "(config.mesh.fsdp / a bigger slice), or shorten rollout.max_new_tokens",
-      "sampler": "generate fewer rows per call (rollout.prompts_per_step) or over more chips; the KV "
+      "sampler": "generate fewer rows per call (--generate_batch / config.rollout.generate_batch_size) "
+                 "or over more chips; the KV "
                  "cache is layers x rows x (prompt + new tokens) x kv_heads x head_dim",
-      "prefill": "the prefill of R rows: fewer rows per call or more chips",
-      "decode": "the KV cache of R rows: fewer rows per call or more chips",
-      "logprobs": "the reference/old log-prob pass runs over all R rows at once: compute it in "
-                  "mini-batches, or use more chips",
+      "prefill": "the prefill: fewer rows per sampler call (--generate_batch) or more chips",
+      "decode": "the KV cache: fewer rows per sampler call (--generate_batch) or more chips",
+      "logprobs": "the reference/old log-prob pass (one mini-batch of rows at a time): lower "
+                  "config.algorithm.mini_batch_size, or use more chips",
   }
   return f"largest step: {worst} ({result['steps'][worst]['what']}); {tips[worst]}"
 
@@ -377,12 +345,11 @@ def main(argv=None):
   flags.DEFINE_integer("devices", 0, "Virtual devices (default: the topology's chips).")
   flags.DEFINE_string("mesh", "", "data,fsdp,tensor override, e.g. 1,-1,1 or 1,4,2 (default: the config's).")
   flags.DEFINE_integer("mini_batch", 0, "Rollouts per gradient step (config.algorithm.mini_batch_size).")
+  flags.DEFINE_integer("micro_batch", 0, "Rollouts per forward/backward, gradients accumulated "
+                       "(config.algorithm.micro_batch_size).")
+  flags.DEFINE_integer("generate_batch", 0, "Rollouts per sampler call (config.rollout.generate_batch_size).")
   flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
   flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
-  flags.DEFINE_bool("chunked_logprobs", False, "What-if: the log-prob pass on one mini-batch "
-                    "of rows (train.py runs it on all R rows today).")
-  flags.DEFINE_bool("pin_activations", False, "What-if: pin the decoder activations to the batch "
-                    "sharding (the change proposed for models/transformer.py; not today's code).")
   flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
   flags.DEFINE_string("sweep", "", "Write a markdown report of 3 sizes x 3 algorithms here (subprocesses).")
   flags.DEFINE_string("sweep_sizes", ",".join(SWEEP_SIZES), "Sizes for --sweep.")
@@ -403,6 +370,10 @@ def _run(FLAGS):
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = parts
   if FLAGS.mini_batch:
     config.algorithm.mini_batch_size = FLAGS.mini_batch
+  if FLAGS.micro_batch:
+    config.algorithm.micro_batch_size = FLAGS.micro_batch
+  if FLAGS.generate_batch:
+    config.rollout.generate_batch_size = FLAGS.generate_batch
   import jax
   from grpo_jax import config_utils
   if len(jax.devices()) != (FLAGS.devices or count):
@@ -410,8 +381,7 @@ def _run(FLAGS):
                      "run as a fresh process (XLA_FLAGS is set before JAX starts)")
   try:
     config_utils.validate(config)
-    result = compile_steps(config, sampler=FLAGS.sampler, pin_activations=FLAGS.pin_activations,
-                           chunked_logprobs=FLAGS.chunked_logprobs)
+    result = compile_steps(config, sampler=FLAGS.sampler)
   except config_utils.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -443,9 +413,9 @@ def _sweep(FLAGS, chip):
              f"--json_out={path}"]
       cmd += [f"--mesh={FLAGS.mesh}"] if FLAGS.mesh else []
       cmd += [f"--mini_batch={FLAGS.mini_batch}"] if FLAGS.mini_batch else []
+      cmd += [f"--micro_batch={FLAGS.micro_batch}"] if FLAGS.micro_batch else []
+      cmd += [f"--generate_batch={FLAGS.generate_batch}"] if FLAGS.generate_batch else []
       cmd += [f"--devices={FLAGS.devices}"] if FLAGS.devices else []
-      cmd += ["--pin_activations"] if FLAGS.pin_activations else []
-      cmd += ["--chunked_logprobs"] if FLAGS.chunked_logprobs else []
       t0 = time.perf_counter()
       proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout_s)
       wall = time.perf_counter() - t0
@@ -463,9 +433,7 @@ def _sweep(FLAGS, chip):
 
 def _markdown(rows, chip, FLAGS) -> str:
   out = [f"\n### {FLAGS.topology} ({chip.name}, {_fmt(chip.memory_bytes)} GiB per chip)"
-         f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}"
-         f"{' -- WHAT-IF: activations pinned to the batch sharding' if FLAGS.pin_activations else ''}"
-         f"{', log-prob pass per mini-batch' if FLAGS.chunked_logprobs else ''}\n",
+         f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}\n",
          "| size | algorithm | mesh (data, fsdp, tensor) | batch | state + ref | update peak | sampler peak | "
          f"logprobs peak | peak | on {chip.name} | fits on (same count, {FLAGS.headroom:.0%} usable) | "
          "compile s (update / sampler / logprobs) |",
@@ -484,7 +452,9 @@ def _markdown(rows, chip, FLAGS) -> str:
 
     def secs(x):
       return f"{x['lower_s'] + x['compile_s']:.0f}" if x else "-"
-    out.append(f"| {size} | {algo} | {mesh} | R={b['R']}, mb={b['mini_batch']}, {b['prompt_tokens']}+"
+    extra = "".join(f", {name}={b[key]}" for name, key in (("micro", "micro_batch"), ("gen", "generate_batch"))
+                    if b.get(key) and b[key] < (b["mini_batch"] if key == "micro_batch" else b["R"]))
+    out.append(f"| {size} | {algo} | {mesh} | R={b['R']}, mb={b['mini_batch']}{extra}, {b['prompt_tokens']}+"
                f"{b['new_tokens']} tok | {_fmt(r['state_bytes'])} + ref {_fmt(r['ref_bytes'])} | "
                f"{cell(s['update'])} | {cell(sampler)} | {cell(s.get('logprobs'))} | {_fmt(r['peak'])} | "
                f"{r['verdict']} | {fits_on(r['peak'], FLAGS.headroom) or 'none'} | "

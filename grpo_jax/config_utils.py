@@ -92,6 +92,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"[config.gdro.n_min, config.gdro.n_max] = [{g.n_min}, {g.n_max}]")
   elif n_bar < 2:
     raise ConfigError(f"config.rollout.rollouts_per_prompt={n_bar} must be >= 2 (group baseline)")
+  if config.algorithm.dynamic_sampling:
+    if config.algorithm.name == "rollout_gdro":
+      raise ConfigError("config.algorithm.dynamic_sampling needs a fixed group size; Rollout-GDRO "
+                        "varies it (use grpo, prompt_gdro or ppo, or set dynamic_sampling=False)")
+    if config.algorithm.dynamic_sampling_max_rounds < 0:
+      raise ConfigError(f"config.algorithm.dynamic_sampling_max_rounds="
+                        f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0")
   if config.eval.num_samples < 1:
     raise ConfigError("config.eval.num_samples must be >= 1")
   for path in ("rollout.temperature", "eval.temperature"):

@@ -14,6 +14,7 @@ import numpy as np
 
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling
+from grpo_jax import sharding
 
 
 def _to_host(x) -> np.ndarray:
@@ -40,7 +41,7 @@ def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward
                     prompt_len: int, k: int, batch_size: int, rng: jax.Array,
                     to_device: Callable[[np.ndarray], jax.Array],
                     extract: Callable[[str], str] | None = None,
-                    progress: bool = False) -> dict:
+                    progress: bool = False, mesh=None) -> dict:
   """Samples ``k`` completions per problem and scores them.
 
   Args:
@@ -49,6 +50,7 @@ def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward
     batch_size: rollouts per generation call; rounded down to a multiple of ``k``; the last
       call is padded, so every call has the same shape (one compilation).
     extract: maps a completion to a normalised final answer for maj@k (None: no maj@k).
+    mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
 
   Returns:
     ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
@@ -69,7 +71,8 @@ def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward
     idx = np.where(idx < num, idx, 0)      # pad the last call with problem 0 (discarded)
     rows = np.repeat(idx, k)
     rng, key = jax.random.split(rng)
-    out = sampling.generate(graphdef, params, to_device(tokens[rows]), to_device(mask[rows]), key,
+    generate = sampling.generate if mesh is None else sharding.under_mesh(mesh, sampling.generate)
+    out = generate(graphdef, params, to_device(tokens[rows]), to_device(mask[rows]), key,
                             sampling_config)
     comp = _to_host(out.completion_tokens)
     lengths = _to_host(out.lengths)
@@ -106,7 +109,7 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
         exp.graphdef, params, examples, tokenizer=exp.tokenizer, reward_fn=exp.eval_reward_fn(name),
         sampling_config=exp.eval_sampling,
         render=lambda p: render(exp.config, exp.tokenizer, p), prompt_len=exp.prompt_len, k=k,
-        batch_size=cfg.batch_size, rng=key, to_device=exp.to_device)
+        batch_size=cfg.batch_size, rng=key, to_device=exp.to_device, mesh=exp.mesh)
     pooled_correct.append(per_dataset[name])
   total = sum(r["num_problems"] for r in pooled_correct) or 1
   pooled = {key: sum(r[key] * r["num_problems"] for r in pooled_correct) / total

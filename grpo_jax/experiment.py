@@ -52,6 +52,8 @@ class Experiment:
   eval_sampling: Any
   tx: Any
   mini_batch_size: int
+  generate_batch_size: int
+  micro_batch_size: int
   on_policy: bool
   classifier_cfg: Any
   prompt_gdro_cfg: Any
@@ -363,6 +365,14 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   if R % mb or mb % div:
     raise ConfigError(f"config.algorithm.mini_batch_size={mb} must divide R={R} and be a multiple of "
                       f"the mesh's data x fsdp = {div}")
+  micro = config.algorithm.micro_batch_size or mb
+  if micro < 0 or mb % micro or micro % div:
+    raise ConfigError(f"config.algorithm.micro_batch_size={micro} must divide mini_batch_size={mb} and "
+                      f"be a multiple of the mesh's data x fsdp = {div} (0 = no accumulation)")
+  gbs = config.rollout.generate_batch_size or R
+  if gbs < 0 or R % gbs or gbs % div:
+    raise ConfigError(f"config.rollout.generate_batch_size={gbs} must divide R={R} and be a multiple "
+                      f"of the mesh's data x fsdp = {div} (0 = all R rollouts in one sampler call)")
   load_stats = {}  # the training rows are read first: missing or bad data fails before the weights load
   raw = _load_examples(config, config.data.name, config.data.split, load_stats) if with_data else []
   tokenizer = _load_tokenizer(config) if with_data or config.data.name == "arithmetic" else None
@@ -397,6 +407,15 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
       if config.eval.max_examples:
         evs = evs[:config.eval.max_examples]
       eval_sets[name] = evs
+    # pad to the longest prompt of the train and eval sets (rounded up to 8), not to the budget:
+    # prefill, log-prob and update compute all scale with the padded length
+    longest = int(mask.sum(axis=1).max())
+    for evs in eval_sets.values():
+      longest = max([longest] + [len(tokenizer.encode(render(config, tokenizer, ex["problem"])))
+                                 for ex in evs])
+    trimmed = min(lp, -(-longest // 8) * 8)
+    tokens, mask, lp = tokens[:, lp - trimmed:], mask[:, lp - trimmed:], trimmed
+    data_stats["prompt_tokens_padded_to"] = lp
   else:
     num_ids = 1
 
@@ -419,7 +438,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
       max_new_tokens=sc.max_new_tokens, prompt_tokens=tokens, prompt_mask=mask, golds=golds,
       levels=levels, examples=examples, num_prompt_ids=num_ids,
       eval_sets=eval_sets, reward_fn=make_reward_fn(config) if with_data else None,
-      train_sampling=train_sampling, eval_sampling=eval_sampling, tx=tx, mini_batch_size=mb,
+      train_sampling=train_sampling, eval_sampling=eval_sampling, tx=tx, mini_batch_size=mb, generate_batch_size=gbs, micro_batch_size=micro,
       on_policy=(config.algorithm.num_iterations == 1 and mb == R),
       classifier_cfg=cls_cfg, prompt_gdro_cfg=pg_cfg, rollout_gdro_cfg=rg_cfg,
       num_bins=len(config.gdro.edges) + 1, data_stats=data_stats)

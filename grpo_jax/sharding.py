@@ -9,8 +9,9 @@ an 8B model.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -122,6 +123,47 @@ def param_shardings(abstract_params: Any, mesh: Mesh,
 def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
   """Sharding of a batch array whose leading (rollout) axis splits over ``data`` x ``fsdp``."""
   return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+  """Pins an activation's leading (batch) axis to ``("data", "fsdp")`` of the mesh in context.
+
+  Called on every decoder layer's input ``[B, T, E]``. Without it XLA's sharding propagation
+  may lay the activations out like the FSDP-sharded embedding (hidden axis over ``fsdp``) and
+  keep the whole batch on every device: at Qwen3-8B x 256 rollouts x 5,120 tokens that is
+  1.5 TB per device instead of ~70 GB (``reports/aot.md``).
+
+  The mesh comes from the abstract-mesh context that ``under_mesh`` sets around every jitted
+  entry point of ``grpo_jax.train``; with no mesh in context (a notebook calling the model
+  directly), a mesh without ``data``/``fsdp`` axes, a batch of one shard, or a batch that does
+  not divide by the shard count, ``x`` is returned unchanged.
+
+  Args:
+    x: ``[B, ...]`` any dtype.
+  Returns:
+    ``x`` with a sharding constraint (same shape, dtype and values).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
+    return x
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if shards == 1 or x.shape[0] % shards:
+    return x
+  return jax.lax.with_sharding_constraint(x, PartitionSpec(("data", "fsdp")))
+
+
+def under_mesh(mesh: Mesh, fn: Callable) -> Callable:
+  """``fn`` run with ``mesh`` as the abstract-mesh context (so ``constrain_batch`` sees it).
+
+  Works both around a function that is then jitted (the context is set while it is traced)
+  and around a call of an already-jitted function; jit caches per context, so the constrained
+  and unconstrained programs never mix.
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return wrapped
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -105,8 +105,10 @@ def completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len: in
   """
   model = nnx.merge(graphdef, params)
   positions = positions_from_mask(attention_mask)
-  logits, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
-  logits = logits[:, prompt_len - 1:]
+  hidden, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1], return_hidden=True)
+  # project only the Lc completion positions to the vocabulary (the prompt's logits are never
+  # used: at Lp = 256, Lc = 64 that is 5x less logits memory and LM-head compute)
+  logits = model.logits(hidden[:, prompt_len - 1:])
   return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
 
 
@@ -150,7 +152,7 @@ def make_update_fn(exp: Experiment):
   on_policy = exp.on_policy
   ppo = cfg.name == "ppo"
 
-  def loss_fn(params, batch: Batch):
+  def loss_fn(params, batch: Batch, denominator=None):
     logprobs = completion_logprobs(graphdef, params, batch.tokens, batch.attention_mask, lp,
                                    temperature)
     old = jax.lax.stop_gradient(logprobs) if on_policy else batch.old_logprobs
@@ -161,20 +163,47 @@ def make_update_fn(exp: Experiment):
         max_len=exp.max_new_tokens,
         ref_logprobs=batch.ref_logprobs if cfg.kl_coef > 0 else None,
         kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind,
-        sample_weights=batch.sample_weights)
+        sample_weights=batch.sample_weights, denominator=denominator)
     return loss, aux
 
-  def critic_loss_fn(critic_params, batch: Batch):
+  def critic_loss_fn(critic_params, batch: Batch, denominator=None):
     critic = nnx.merge(exp.critic_graphdef, critic_params)
     positions = positions_from_mask(batch.attention_mask)
     values = critic(batch.tokens[:, :-1], positions[:, :-1], batch.attention_mask[:, :-1])
     values = values[:, lp - 1:]
     loss, aux = losses.value_loss(values, batch.old_values, batch.returns, batch.completion_mask,
-                                  clip_range=cfg.ppo_value_clip)
+                                  clip_range=cfg.ppo_value_clip, denominator=denominator)
     return cfg.ppo_vf_coef * loss, aux
 
+  micro = exp.micro_batch_size
+
+  def accumulate(fn, params, batch: Batch, denominator):
+    """(loss, aux, grads) of ``fn`` over the batch's rows, ``micro`` rows per forward/backward.
+
+    The loss denominator of the whole mini-batch is passed to every micro-batch, so the summed
+    losses and gradients equal the one-pass ones (``losses.policy_loss``, "Micro-batching").
+    Micro-batch j holds rows {i * n + j} (n micro-batches): no row changes device.
+    """
+    rows = batch.tokens.shape[0]
+    if micro >= rows:
+      (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
+      return loss, aux, grads
+    n = rows // micro
+    split = lambda x: jnp.swapaxes(x.reshape(micro, n, *x.shape[1:]), 0, 1)
+
+    def body(acc, micro_batch):
+      (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(params, micro_batch, denominator)
+      return jax.tree.map(jnp.add, acc, g), (loss, aux)
+
+    grads, (loss, aux) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
+                                      jax.tree.map(split, batch))
+    aux = {k: jnp.swapaxes(v, 0, 1).reshape(rows) if k == "per_rollout_loss" else jnp.mean(v)
+           for k, v in aux.items()}  # clip fraction, KL, ratio: the mean over micro-batches
+    return jnp.sum(loss), aux, grads
+
   def update(state: TrainState, batch: Batch):
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    den = losses.loss_denominator(batch.completion_mask, cfg.loss_agg_mode, max_len=exp.max_new_tokens)
+    loss, aux, grads = accumulate(loss_fn, state.params, batch, den)
     gnorm = optax.global_norm(grads)
     updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -189,7 +218,8 @@ def make_update_fn(exp: Experiment):
                         opt_state=_select(ok, opt_state, state.opt_state),
                         skips=jnp.where(ok, 0, state.skips + 1))
     if ppo:
-      (vloss, _), cgrads = jax.value_and_grad(critic_loss_fn, has_aux=True)(state.critic_params, batch)
+      vloss, _, cgrads = accumulate(critic_loss_fn, state.critic_params, batch,
+                                    losses.loss_denominator(batch.completion_mask, "token-mean"))
       cupdates, copt = exp.critic_tx.update(cgrads, state.critic_opt_state, state.critic_params)
       cparams = optax.apply_updates(state.critic_params, cupdates)
       cok = jnp.isfinite(vloss)
@@ -199,7 +229,7 @@ def make_update_fn(exp: Experiment):
     return new, metrics
 
   batch_sharding = sharding.batch_sharding(exp.mesh)
-  return jax.jit(update, in_shardings=(exp.state_shardings, batch_sharding),
+  return jax.jit(sharding.under_mesh(exp.mesh, update), in_shardings=(exp.state_shardings, batch_sharding),
                  out_shardings=(exp.state_shardings, None), donate_argnums=0)
 
 
@@ -215,10 +245,52 @@ def make_take_fn(exp: Experiment):
   return jax.jit(take)
 
 
+def chunked_completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len: int,
+                                temperature: float, rows_per_chunk: int):
+  """``completion_logprobs`` computed ``rows_per_chunk`` rows at a time (``lax.map``).
+
+  Peak memory is one chunk's activations and logits instead of the whole batch's (at Qwen3-8B
+  x 1024 rollouts x 5,120 tokens: 43 GiB instead of 156 GiB per device on 64 chips,
+  ``reports/aot.md``). Chunk ``j`` holds rows ``{i * C + j}`` (C = R / rows_per_chunk chunks),
+  so a batch sharded in contiguous row blocks over ``data`` x ``fsdp`` is split without moving
+  a row between devices. Rows are independent, so the values equal the unchunked ones up to
+  float rounding. Falls back to one pass when ``rows_per_chunk`` does not divide R.
+
+  Args: as ``completion_logprobs``; tokens [R, Lp + Lc] int32, attention_mask [R, Lp + Lc] bool.
+  Returns: [R, Lc] float32.
+  """
+  R = tokens.shape[0]
+  if rows_per_chunk <= 0 or rows_per_chunk >= R or R % rows_per_chunk:
+    return completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len, temperature)
+  chunks = R // rows_per_chunk
+
+  def split(x):  # [R, ...] -> [chunks, rows_per_chunk, ...]; chunk j = rows j, j + C, ...
+    return jnp.swapaxes(x.reshape(rows_per_chunk, chunks, *x.shape[1:]), 0, 1)
+
+  out = jax.lax.map(lambda a: completion_logprobs(graphdef, params, a[0], a[1], prompt_len,
+                                                  temperature),
+                    (split(tokens), split(attention_mask)))
+  return jnp.swapaxes(out, 0, 1).reshape(R, -1)
+
+
+def make_concat_fn(exp: Experiment):
+  """Jitted ``concat([tree, ...]) -> tree``: the trees' leaves joined along the rows (axis 0)
+  and laid out over the batch sharding (an eager concatenation of global arrays would not be)."""
+  def concat(parts):
+    return jax.tree.map(lambda *a: jax.lax.with_sharding_constraint(
+        jnp.concatenate(a), sharding.batch_sharding(exp.mesh, a[0].ndim)), *parts)
+  return jax.jit(concat)
+
+
 def make_logprobs_fn(exp: Experiment):
-  """Jitted ``logprobs(params, tokens, attention_mask) -> [R, Lc]`` (reference / old)."""
-  return jax.jit(functools.partial(completion_logprobs, exp.graphdef, prompt_len=exp.prompt_len,
-                                   temperature=float(exp.config.rollout.temperature)))
+  """Jitted ``logprobs(params, tokens, attention_mask) -> [R, Lc]`` (reference / old).
+
+  Computed one mini-batch of rows at a time (``chunked_completion_logprobs``), so the pass
+  never needs more activation memory than an update does.
+  """
+  return jax.jit(sharding.under_mesh(exp.mesh, functools.partial(
+      chunked_completion_logprobs, exp.graphdef, prompt_len=exp.prompt_len,
+      temperature=float(exp.config.rollout.temperature), rows_per_chunk=exp.mini_batch_size)))
 
 
 # ----------------------------------------------------------------------------- controllers
@@ -246,17 +318,44 @@ def _timer():
   return lambda: time.perf_counter() - t0
 
 
-def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, fns: dict):
-  """One RL step (see the module docstring). Returns (state, ctrl, metrics row)."""
+@dataclasses.dataclass
+class _Round:
+  """One sampling round (steps 1-5 of ``rl_step``): P prompts and their R rollouts.
+
+  Host arrays: ids [P] int32, bins [P] int32, segment_ids [R] int32, rows [R] (prompt row of
+  each rollout), rewards [R] float32, correct [R] bool, lengths [R] int32, informative [P]
+  bool (the group's rewards are not all equal); device arrays: rollouts (``Rollouts``, [R, ...])
+  and prompt_mask [R, Lp]; success, alloc: the classifier's bin success rates and the
+  allocation the rollouts were generated with.
+  """
+  ids: np.ndarray
+  bins: np.ndarray
+  success: Any
+  alloc: Any
+  segment_ids: np.ndarray
+  rows: np.ndarray
+  rollouts: Any
+  prompt_mask: Any
+  rewards: np.ndarray
+  correct: np.ndarray
+  lengths: np.ndarray
+  informative: np.ndarray
+  reward_stats: dict
+  generated_tokens: int
+  times: dict
+
+
+def _sample_round(exp: Experiment, params, ctrl, source, fns: dict, gen_key, step: int) -> _Round:
+  """Steps 1-5 of ``rl_step``: draw, classify, allocate, generate, reward."""
   cfg = exp.config
   algo = cfg.algorithm.name
-  times = {}
   P, n_bar = cfg.rollout.prompts_per_step, cfg.rollout.rollouts_per_prompt
   R = P * n_bar
+  times = {}
 
   # 1-2. prompts and their bins (bins from past visits only).
   t = _timer()
-  if algo == "prompt_gdro" and cfg.gdro.apply == "resample" and int(state.step) > 0:
+  if algo == "prompt_gdro" and cfg.gdro.apply == "resample" and step > 0:
     all_bins = np.asarray(gdro.classify(exp.classifier_cfg, ctrl.classifier, exp.all_prompt_ids))
     q = np.asarray(gdro.prompt_gdro_q(exp.prompt_gdro_cfg, ctrl.prompt_gdro, all_bins))
     prompts = source.next_by_bin(q, all_bins)
@@ -276,13 +375,15 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   rows = ids[segment_ids]
   times["prepare"] = t()
 
-  # 4. generate.
+  # 4. generate (generate_batch_size rows per sampler call; one call by default).
   t = _timer()
-  rng, gen_key = jax.random.split(state.rng)
-  prompt_tokens = exp.to_device(exp.prompt_tokens[rows])
+  gbs = exp.generate_batch_size
+  keys = [gen_key] if gbs >= R else list(jax.random.split(gen_key, R // gbs))
+  parts = [fns["generate"](exp.graphdef, params, exp.to_device(exp.prompt_tokens[rows[s:s + gbs]]),
+                           exp.to_device(exp.prompt_mask[rows[s:s + gbs]]), key, exp.train_sampling)
+           for key, s in zip(keys, range(0, R, gbs))]
+  rollouts = parts[0] if len(parts) == 1 else fns["concat"](parts)
   prompt_mask = exp.to_device(exp.prompt_mask[rows])
-  rollouts = fns["generate"](exp.graphdef, state.params, prompt_tokens, prompt_mask, gen_key,
-                             exp.train_sampling)
   completion_tokens = exp.to_host(rollouts.completion_tokens)
   lengths = exp.to_host(rollouts.lengths)
   times["generate"] = t()
@@ -294,7 +395,70 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   rewards, correct, reward_stats = exp.reward_fn(texts, golds)
   rewards = np.asarray(rewards, np.float32)
   correct = np.asarray(correct, bool)
+  seg_max = np.full(P, -np.inf, np.float32)
+  seg_min = np.full(P, np.inf, np.float32)
+  np.maximum.at(seg_max, segment_ids, rewards)
+  np.minimum.at(seg_min, segment_ids, rewards)
   times["reward"] = t()
+  return _Round(ids=ids, bins=bins, success=success, alloc=alloc, segment_ids=segment_ids,
+                rows=rows, rollouts=rollouts, prompt_mask=prompt_mask, rewards=rewards,
+                correct=correct, lengths=lengths, informative=seg_max > seg_min,
+                reward_stats=dict(reward_stats), generated_tokens=int(lengths.sum()), times=times)
+
+
+def _keep_informative_groups(exp: Experiment, rounds: list[_Round], take, concat,
+                             P: int) -> _Round:
+  """DAPO dynamic sampling (Yu et al. 2025, Eq. 11): the batch of P groups of the same size,
+  groups with unequal rewards first (in the order they were sampled); when the rounds ran out
+  before P such groups were found, the rest is filled with all-equal groups (zero advantage,
+  so they add only the KL term), keeping every shape fixed. Needs a fixed group size.
+  """
+  n = exp.config.rollout.rollouts_per_prompt
+  R = P * n
+  order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.informative)]
+  order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.informative)]
+  chosen = order[:P]
+  src = np.concatenate([r * R + g * n + np.arange(n) for r, g in chosen])  # rows of the rounds
+  cat = lambda f: np.concatenate([f(x) for x in rounds])
+  ids = np.asarray([rounds[r].ids[g] for r, g in chosen], np.int32)
+  bins = np.asarray([rounds[r].bins[g] for r, g in chosen], np.int32)
+  alloc = gdro.fixed_allocation(bins, n, exp.num_bins)
+  on_device = take(concat([(x.rollouts, x.prompt_mask) for x in rounds]), jnp.asarray(src))
+  return _Round(ids=ids, bins=bins, success=rounds[0].success, alloc=alloc,
+                segment_ids=np.asarray(alloc.segment_ids, np.int32),
+                rows=cat(lambda x: x.rows)[src], rollouts=on_device[0], prompt_mask=on_device[1],
+                rewards=cat(lambda x: x.rewards)[src], correct=cat(lambda x: x.correct)[src],
+                lengths=cat(lambda x: x.lengths)[src],
+                informative=np.asarray([rounds[r].informative[g] for r, g in chosen]),
+                reward_stats={}, generated_tokens=0, times={})
+
+
+def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, fns: dict):
+  """One RL step (see the module docstring). Returns (state, ctrl, metrics row)."""
+  cfg = exp.config
+  algo = cfg.algorithm.name
+  times = {}
+  P, n_bar = cfg.rollout.prompts_per_step, cfg.rollout.rollouts_per_prompt
+  R = P * n_bar
+
+  # 1-5. prompts -> bins -> allocation -> R rollouts -> rewards (one round; with DAPO dynamic
+  # sampling, more rounds until P groups have unequal rewards, at most 1 + max_rounds rounds).
+  rng, gen_key = jax.random.split(state.rng)
+  rounds = [_sample_round(exp, state.params, ctrl, source, fns, gen_key, int(state.step))]
+  if cfg.algorithm.dynamic_sampling:
+    for r in range(cfg.algorithm.dynamic_sampling_max_rounds):
+      if sum(int(x.informative.sum()) for x in rounds) >= P:
+        break
+      rounds.append(_sample_round(exp, state.params, ctrl, source, fns,
+                                  jax.random.fold_in(gen_key, r + 1), int(state.step)))
+  rd = rounds[0] if len(rounds) == 1 else _keep_informative_groups(exp, rounds, fns["take"],
+                                                                          fns["concat"], P)
+  for k in ("prepare", "generate", "reward"):
+    times[k] = sum(x.times[k] for x in rounds)
+  ids, bins, success, alloc = rd.ids, rd.bins, rd.success, rd.alloc
+  segment_ids, rows, rollouts, prompt_mask = rd.segment_ids, rd.rows, rd.rollouts, rd.prompt_mask
+  rewards, correct, lengths = rd.rewards, rd.correct, rd.lengths
+  reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
 
   # 6. advantages and Prompt-GDRO weights.
   t = _timer()
@@ -346,8 +510,11 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   seg = jnp.asarray(segment_ids)
   visit = gdro.visit_outcome(exp.classifier_cfg, jnp.asarray(correct), seg, P)
   any_correct = np.asarray(visit) > 0
-  ctrl = ctrl.replace(classifier=gdro.classifier_update(exp.classifier_cfg, ctrl.classifier,
-                                                        jnp.asarray(ids), visit))
+  for x in rounds:  # every visited prompt counts, also the groups dynamic sampling dropped
+    x_visit = gdro.visit_outcome(exp.classifier_cfg, jnp.asarray(x.correct),
+                                 jnp.asarray(x.segment_ids), P)
+    ctrl = ctrl.replace(classifier=gdro.classifier_update(exp.classifier_cfg, ctrl.classifier,
+                                                          jnp.asarray(x.ids), x_visit))
   signal_ = gdro.loss_signal(exp.prompt_gdro_cfg, per_rollout_loss=jnp.asarray(per_rollout_loss),
                              correct=jnp.asarray(correct))
   # the same curriculum diagnostics for every algorithm (GRPO is the baseline of the figures)
@@ -367,7 +534,7 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   times["controllers"] = t()
 
   # 10. metrics.
-  completion_tokens_total = int(exp.to_host(rollouts.completion_mask).sum())
+  completion_tokens_total = sum(x.generated_tokens for x in rounds)  # all rounds' compute
   row = {
       "reward_mean": float(rewards.mean()), "pass_rate": float(correct.mean()),
       "any_correct_rate": float(any_correct.mean()),
@@ -388,6 +555,10 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   for lvl in np.unique(levels):
     row[f"pass_rate/level_{int(lvl)}"] = float(correct[levels == lvl].mean())
   row["bin_counts"] = np.bincount(bins, minlength=exp.num_bins).tolist()
+  if cfg.algorithm.dynamic_sampling:
+    row["dynamic_sampling/rounds"] = len(rounds)
+    row["dynamic_sampling/informative_groups"] = int(sum(int(x.informative.sum()) for x in rounds))
+    row["dynamic_sampling/kept_informative"] = int(rd.informative.sum())  # of P in the batch
   row.update(diagnostics)
   row.update({f"time/{k}": v for k, v in times.items()})
   row["time/step"] = sum(times.values())
@@ -425,13 +596,14 @@ def _jit_functions(exp: Experiment) -> dict:
   algo = exp.config.algorithm
   P = exp.config.rollout.prompts_per_step
   fns = {
-      "generate": sampling.generate,
+      "generate": sharding.under_mesh(exp.mesh, sampling.generate),
       "advantages": jax.jit(functools.partial(
           advantages_lib.compute, num_segments=P, estimator=algo.estimator, std=algo.std,
           clip=algo.advantage_clip or None, nonfinite="mask")),
       "logprobs": make_logprobs_fn(exp),
       "update": make_update_fn(exp),
       "take": make_take_fn(exp),
+      "concat": make_concat_fn(exp),
   }
   if algo.name == "ppo":
     fns["ppo_advantages"] = make_ppo_advantages_fn(exp)
@@ -457,7 +629,7 @@ def make_ppo_advantages_fn(exp: Experiment):
     adv = losses.whiten(adv, batch.completion_mask)
     return batch.replace(advantages=adv, returns=returns, old_values=values)
 
-  return jax.jit(fn)
+  return jax.jit(sharding.under_mesh(exp.mesh, fn))
 
 
 def supervised_warmstart(exp: Experiment, params, rng) -> tuple[Any, dict]:

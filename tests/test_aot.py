@@ -29,6 +29,8 @@ def tiny_dapo(arg="8b,rollout_gdro"):
   c.rollout.prompts_per_step, c.rollout.max_new_tokens = 16, 16
   c.data.max_prompt_tokens = 16
   c.algorithm.mini_batch_size = 16      # R = 64: 4 gradient steps, as in the paper (1024 / 256)
+  if c.rollout.generate_batch_size:     # Prompt-GDRO: 2x the prompts in 2 sampler calls, as the paper's
+    c.rollout.prompts_per_step, c.rollout.generate_batch_size = 32, 64
   return c
 
 
@@ -75,7 +77,8 @@ def test_sampler_and_logprob_pass_compile_with_sharded_parameters(fsdp_result):
   # while sampling, the optimizer moments and the reference stay resident
   assert sampler["resident_extra"] == (r["state_bytes"] - params) + r["ref_bytes"]
   assert r["peak"] == max(s["peak"] for s in r["steps"].values())
-  assert r["batch"] == {"R": 64, "mini_batch": 16, "prompt_tokens": 16, "new_tokens": 16}
+  assert r["batch"] == {"R": 64, "mini_batch": 16, "micro_batch": 16, "generate_batch": 64,
+                        "prompt_tokens": 16, "new_tokens": 16}
 
 
 def test_tensor_parallel_mesh_and_decode_only_sampler():
@@ -86,10 +89,11 @@ def test_tensor_parallel_mesh_and_decode_only_sampler():
   exp = build_experiment(c, with_data=False)
   full = _full_bytes(exp.abstract_state(train.TrainState).params)
   assert r["params_bytes"] < full / 6                          # 8-way: fsdp x tensor on the matrices
-  # the decode call's arguments hold the whole KV cache shard: 2 layers x R/4 rows x 32 slots
-  R = 16 * 4
-  assert r["batch"]["R"] == R
-  cache = 2 * 2 * (R // 4) * 32 * 2 * 16 * 2                     # k+v, L, rows/shard, slots, kvh, hd, bf16
+  # the decode call's arguments hold the whole KV cache shard: 2 layers x G/4 rows x 32 slots,
+  # G = 64 rows per sampler call (Prompt-GDRO's R = 128 in 2 calls)
+  G = 16 * 4
+  assert r["batch"]["R"] == 2 * G and r["batch"]["generate_batch"] == G
+  cache = 2 * 2 * (G // 4) * 32 * 2 * 16 * 2                     # k+v, L, rows/shard, slots, kvh, hd, bf16
   assert r["steps"]["decode"]["argument"] >= cache
 
 
@@ -114,7 +118,9 @@ def test_verdict_and_advice():
   assert aot.verdict(int(15 * aot.GiB), chip, 0.95) == "fits"
   assert aot.verdict(int(15.5 * aot.GiB), chip, 0.95) == "does not fit"
   result = {"steps": {"update": {"peak": 1, "what": "u"}, "logprobs": {"peak": 9, "what": "l"}}}
-  assert "mini-batches" in aot.advice(result)
+  assert "mini_batch_size" in aot.advice(result)
+  result["steps"]["update"]["peak"] = 99
+  assert "micro_batch" in aot.advice(result)
 
 
 def test_cli_exits_non_zero_with_a_message_when_it_does_not_fit():
@@ -129,11 +135,3 @@ def test_cli_exits_non_zero_with_a_message_when_it_does_not_fit():
   np.testing.assert_equal("Traceback" in out.stderr, False)
 
 
-def test_pinned_activations_what_if_patches_only_inside_its_block():
-  from grpo_jax import sharding
-  from grpo_jax.models import transformer
-  original = transformer.Block.__call__
-  mesh = sharding.make_mesh({"fsdp": 8}, jax.devices()[:8])
-  with aot.pinned_activations(mesh):
-    assert transformer.Block.__call__ is not original
-  assert transformer.Block.__call__ is original

@@ -8,6 +8,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -161,3 +162,122 @@ def test_mesh_that_does_not_match_the_devices_is_a_config_error(tmp_path):
   cfg.mesh.num_devices, cfg.mesh.data = 1, 2
   with pytest.raises(config_utils.ConfigError, match="needs 2 devices"):
     build_experiment(cfg)
+
+
+def _fake_round(rewards_by_group, ids, n=2, Lp=3, Lc=2, offset=0):
+  """A sampling round whose rollout tokens encode (round offset + row) for checking the gather."""
+  from grpo_jax import gdro
+  from grpo_jax.sampling import Rollouts
+  P = len(ids)
+  rewards = np.asarray(rewards_by_group, np.float32).reshape(-1)
+  rows_tag = offset + np.arange(P * n)
+  informative = np.asarray([max(g) > min(g) for g in rewards_by_group])
+  alloc = gdro.fixed_allocation(np.zeros(P, np.int32), n, 2)
+  rollouts = Rollouts(tokens=jnp.asarray(np.repeat(rows_tag[:, None], Lp + Lc, 1), jnp.int32),
+                      completion_tokens=jnp.zeros((P * n, Lc), jnp.int32),
+                      completion_mask=jnp.ones((P * n, Lc)), logprobs=jnp.zeros((P * n, Lc)),
+                      lengths=jnp.full((P * n,), Lc, jnp.int32),
+                      truncated=jnp.zeros((P * n,), bool))
+  return train._Round(ids=np.asarray(ids, np.int32), bins=np.zeros(P, np.int32), success=None,
+                      alloc=alloc, segment_ids=np.asarray(alloc.segment_ids),
+                      rows=np.repeat(np.asarray(ids), n), rollouts=rollouts,
+                      prompt_mask=jnp.ones((P * n, Lp), bool), rewards=rewards,
+                      correct=rewards > 0, lengths=np.full(P * n, Lc), informative=informative,
+                      reward_stats={}, generated_tokens=P * n * Lc, times={})
+
+
+def test_dynamic_sampling_keeps_informative_groups_first_then_fills():
+  import types
+  exp = types.SimpleNamespace(config=smoke_config("grpo"), num_bins=2)
+  exp.config.rollout.rollouts_per_prompt = 2
+  take = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x[idx], tree))
+  concat = lambda parts: jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+  # round 0: groups (prompt 10: all wrong, 11: mixed, 12: all right); round 1: 20 mixed, 21 equal
+  r0 = _fake_round([[-1, -1], [1, -1], [1, 1]], [10, 11, 12], offset=0)
+  r1 = _fake_round([[-1, 1], [-1, -1], [-1, -1]], [20, 21, 22], offset=100)
+  out = train._keep_informative_groups(exp, [r0, r1], take, concat, 3)
+  np.testing.assert_array_equal(out.ids, [11, 20, 10])          # informative first, then fill
+  np.testing.assert_array_equal(out.informative, [True, True, False])
+  np.testing.assert_array_equal(out.rewards, [1, -1, -1, 1, -1, -1])
+  np.testing.assert_array_equal(out.rows, [11, 11, 20, 20, 10, 10])
+  np.testing.assert_array_equal(np.asarray(out.rollouts.tokens)[:, 0], [2, 3, 100, 101, 0, 1])
+  np.testing.assert_array_equal(out.segment_ids, [0, 0, 1, 1, 2, 2])
+
+
+def test_dynamic_sampling_with_rollout_gdro_is_a_config_error():
+  cfg = smoke_config("rollout_gdro", **{"algorithm.dynamic_sampling": True})
+  with pytest.raises(config_utils.ConfigError, match="dynamic_sampling"):
+    config_utils.validate(cfg)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_run_samples_extra_rounds_and_keeps_shapes(tmp_path):
+  cfg = smoke_config("grpo", steps=2, **{"algorithm.dynamic_sampling": True,
+                                          "algorithm.dynamic_sampling_max_rounds": 2})
+  train.train_and_evaluate(cfg, str(tmp_path))
+  rows = [r for r in writers.read_jsonl(str(tmp_path / "metrics.jsonl")) if "reward_mean" in r]
+  assert len(rows) == 2
+  P = cfg.rollout.prompts_per_step
+  for r in rows:
+    assert 1 <= r["dynamic_sampling/rounds"] <= 3
+    assert r["dynamic_sampling/kept_informative"] == min(P, r["dynamic_sampling/informative_groups"])
+    if r["dynamic_sampling/informative_groups"] < P:   # too few found: every round was used
+      assert r["dynamic_sampling/rounds"] == 3
+    assert np.isfinite(r["loss"])
+
+
+@pytest.mark.slow
+def test_generation_in_several_sampler_calls_trains_with_the_same_shapes(tmp_path):
+  cfg = smoke_config("grpo", steps=1, **{"rollout.generate_batch_size": 8})
+  R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
+  assert R > 8 and R % 8 == 0
+  train.train_and_evaluate(cfg, str(tmp_path))
+  row = [r for r in writers.read_jsonl(str(tmp_path / "metrics.jsonl")) if "reward_mean" in r][0]
+  assert np.isfinite(row["loss"]) and row["skipped_updates"] == 0
+
+
+def test_generate_batch_size_must_divide_the_rollouts():
+  from grpo_jax.experiment import build_experiment
+  cfg = smoke_config("grpo", **{"rollout.generate_batch_size": 7})
+  with pytest.raises(config_utils.ConfigError, match="generate_batch_size"):
+    build_experiment(cfg, with_data=False)
+
+
+@pytest.mark.parametrize("algorithm,agg", [("grpo", "seq-mean-token-mean"), ("ppo", "token-mean")])
+def test_gradient_accumulation_equals_one_pass(algorithm, agg):
+  from grpo_jax.experiment import build_experiment
+  rng = np.random.default_rng(0)
+
+  def run(micro):
+    cfg = smoke_config(algorithm, **{"algorithm.micro_batch_size": micro,
+                                     "algorithm.loss_agg_mode": agg, "algorithm.kl_coef": 0.01})
+    exp = build_experiment(cfg, with_data=False)
+    state = exp.init_state(make_state=train.TrainState)
+    R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
+    L, Lc = exp.prompt_len + exp.max_new_tokens, exp.max_new_tokens
+    g = np.random.default_rng(1)
+    cmask = (np.arange(Lc)[None] < g.integers(1, Lc + 1, (R, 1))).astype(np.float32)
+    adv = g.normal(size=(R, Lc) if algorithm == "ppo" else (R,)).astype(np.float32)
+    batch = train.Batch(
+        tokens=jnp.asarray(g.integers(1, 10, (R, L)), jnp.int32), attention_mask=jnp.ones((R, L), bool),
+        completion_mask=jnp.asarray(cmask), advantages=jnp.asarray(adv),
+        sample_weights=jnp.asarray(g.uniform(0.5, 2, R), jnp.float32),
+        old_logprobs=jnp.asarray(g.normal(-2, 0.1, (R, Lc)), jnp.float32),
+        ref_logprobs=jnp.asarray(g.normal(-2, 0.1, (R, Lc)), jnp.float32),
+        returns=jnp.asarray(g.normal(size=(R, Lc)), jnp.float32),
+        old_values=jnp.asarray(g.normal(size=(R, Lc)), jnp.float32))
+    new, m = train.make_update_fn(exp)(state, batch)
+    return jax.device_get((new.params, m))
+
+  (p_one, m_one), (p_acc, m_acc) = run(0), run(8)   # 32 rollouts: one pass vs 4 x 8
+  for k in ("loss", "grad_norm") + (("value_loss",) if algorithm == "ppo" else ()):
+    np.testing.assert_allclose(m_acc[k], m_one[k], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m_acc["per_rollout_loss"], m_one["per_rollout_loss"], rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p_acc, p_one)
+
+
+def test_micro_batch_size_must_divide_the_mini_batch():
+  from grpo_jax.experiment import build_experiment
+  cfg = smoke_config("grpo", **{"algorithm.micro_batch_size": 5})
+  with pytest.raises(config_utils.ConfigError, match="micro_batch_size"):
+    build_experiment(cfg, with_data=False)

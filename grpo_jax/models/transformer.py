@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax import sharding
 from grpo_jax.models.config import ModelConfig
 
 _NEG_INF = -1e30  # finite "minus infinity": fully masked rows give a uniform softmax, not NaN
@@ -255,6 +256,7 @@ class Decoder(nnx.Module):
                 def kv_read():
                     return (jax.lax.dynamic_index_in_dim(fresh["k"], l, 0, keepdims=False),
                             jax.lax.dynamic_index_in_dim(fresh["v"], l, 0, keepdims=False))
+            h = sharding.constrain_batch(h)  # rows over data x fsdp (a no-op without a mesh)
             h = block(h, positions, mask, kv_write, kv_read)
             if cache is not None:
                 ck, cv = fresh["k"], fresh["v"]
