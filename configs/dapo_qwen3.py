@@ -57,6 +57,8 @@ def get_config(arg: str = "8b,grpo"):
     c.steps = 500
   if mesh == "gpu8":
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 4, 2
+    c.algorithm.micro_batch_size = 8         # gradient accumulation: 2 sequences per fsdp shard per pass
+    c.rollout.generate_batch_size = 64       # sampler calls of 64 rows (KV cache of 16 rows per shard)
   else:
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
   common.apply_algorithm(c, algorithm)

@@ -242,7 +242,7 @@ def compile_steps(config, *, sampler: str = "full", update: bool = True,
     steps["logprobs"] = {**_memory(compiled), **times,
                          "resident_extra": state_bytes + ref_bytes - params_bytes, "rows": rows,
                          "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
-                                 f"{mb} rows at a time"}
+                                 f"{exp.micro_batch_size} rows at a time"}
   for s in steps.values():
     s["peak"] = s["total"] + s["resident_extra"]
   return {"mesh": dict(mesh.shape), "devices": mesh.size, "batch": {"R": R, "mini_batch": mb,

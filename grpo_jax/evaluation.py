@@ -57,7 +57,9 @@ def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward
   """
   from grpo_jax.experiment import encode_prompts  # local: experiment imports this module
   texts = [render(ex["problem"]) for ex in examples]
-  tokens, mask, kept = encode_prompts(tokenizer, texts, prompt_len, "truncate")
+  # overlong prompts are cut from the left (the question's end and the template stay) and counted
+  tokens, mask, _, overlong = encode_prompts(tokenizer, texts, prompt_len, "truncate",
+                                             return_overlong=True)
   per_call = max(batch_size // k, 1)
   num = len(examples)
   correct = np.zeros((num, k), bool)
@@ -87,7 +89,7 @@ def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward
       if extract is not None:
         answers[r] = [extract(completions[j * k + s]) for s in range(k)]
   result = _summarise(correct, answers if extract is not None else None, k)
-  result["num_overlong_prompts"] = int((~kept).sum())
+  result["num_overlong_prompts"] = int(overlong.sum())
   by_level = collections.defaultdict(list)
   for i, ex in enumerate(examples):
     by_level[int(ex.get("level", -1))].append(i)

@@ -285,12 +285,13 @@ def make_concat_fn(exp: Experiment):
 def make_logprobs_fn(exp: Experiment):
   """Jitted ``logprobs(params, tokens, attention_mask) -> [R, Lc]`` (reference / old).
 
-  Computed one mini-batch of rows at a time (``chunked_completion_logprobs``), so the pass
-  never needs more activation memory than an update does.
+  Computed one micro-batch of rows at a time (``chunked_completion_logprobs``; the micro-batch
+  is the mini-batch unless gradients are accumulated), so the pass never needs more activation
+  memory than one forward/backward of the update.
   """
   return jax.jit(sharding.under_mesh(exp.mesh, functools.partial(
       chunked_completion_logprobs, exp.graphdef, prompt_len=exp.prompt_len,
-      temperature=float(exp.config.rollout.temperature), rows_per_chunk=exp.mini_batch_size)))
+      temperature=float(exp.config.rollout.temperature), rows_per_chunk=exp.micro_batch_size)))
 
 
 # ----------------------------------------------------------------------------- controllers

@@ -381,7 +381,8 @@ def test_overlong_prompts_are_skipped_or_truncated_and_counted(mode):
   assert 0 < over < len(train_set)
   skipped = over if mode == "skip" else 0
   assert exp.data_stats == {"train_examples": len(train_set), "overlong_prompts": over,
-                            "overlong_prompts_skipped": skipped, "bad_rows_skipped": 0}
+                            "overlong_prompts_skipped": skipped, "bad_rows_skipped": 0,
+                            "prompt_tokens_padded_to": budget}
   assert exp.num_prompt_ids == len(train_set) - skipped
   assert exp.prompt_tokens.shape == (len(train_set) - skipped, budget)
 

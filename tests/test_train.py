@@ -281,3 +281,14 @@ def test_micro_batch_size_must_divide_the_mini_batch():
   cfg = smoke_config("grpo", **{"algorithm.micro_batch_size": 5})
   with pytest.raises(config_utils.ConfigError, match="micro_batch_size"):
     build_experiment(cfg, with_data=False)
+
+
+def test_prompts_are_padded_to_the_longest_prompt_not_the_budget():
+  from grpo_jax.experiment import build_experiment
+  cfg = smoke_config("grpo", **{"data.max_prompt_tokens": 64})
+  exp = build_experiment(cfg)
+  exp.close()
+  longest = int(exp.prompt_mask.sum(axis=1).max())
+  assert exp.prompt_len == -(-longest // 8) * 8 < 64       # rounded up to 8, below the budget
+  assert exp.data_stats["prompt_tokens_padded_to"] == exp.prompt_len
+  assert exp.prompt_mask[:, -1].all()                       # still left-padded: every row ends real
