@@ -243,6 +243,7 @@ def test_generate_batch_size_must_divide_the_rollouts():
     build_experiment(cfg, with_data=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm,agg", [("grpo", "seq-mean-token-mean"), ("ppo", "token-mean")])
 def test_gradient_accumulation_equals_one_pass(algorithm, agg):
   from grpo_jax.experiment import build_experiment
