@@ -112,21 +112,6 @@ def completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len: in
   return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
 
 
-def split_rows(x: jax.Array, rows_per_chunk: int) -> jax.Array:
-  """[R, ...] -> [R / rows_per_chunk, rows_per_chunk, ...]; chunk j holds rows j, j + C, ...
-
-  (C = R / rows_per_chunk chunks): a batch sharded in contiguous row blocks over ``data`` x
-  ``fsdp`` is split without moving a row between devices. ``merge_rows`` inverts it.
-  """
-  return jnp.swapaxes(x.reshape(rows_per_chunk, x.shape[0] // rows_per_chunk, *x.shape[1:]), 0, 1)
-
-
-def merge_rows(x: jax.Array) -> jax.Array:
-  """Inverse of ``split_rows``: [C, rows_per_chunk, ...] -> [R, ...] in the original row order."""
-  x = jnp.swapaxes(x, 0, 1)
-  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
 def make_optimizer(opt_cfg, total_updates: int, learning_rate: float | None = None):
   """AdamW with global-norm clipping and a (warm-up +) constant or cosine schedule."""
   lr = opt_cfg.learning_rate if learning_rate is None else learning_rate
@@ -197,19 +182,22 @@ def make_update_fn(exp: Experiment):
 
     The loss denominator of the whole mini-batch is passed to every micro-batch, so the summed
     losses and gradients equal the one-pass ones (``losses.policy_loss``, "Micro-batching").
-    Micro-batches are ``split_rows`` of the batch: no row changes device.
+    Micro-batch j holds rows {i * n + j} (n micro-batches): no row changes device.
     """
     rows = batch.tokens.shape[0]
     if micro >= rows:
       (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
       return loss, aux, grads
+    n = rows // micro
+    split = lambda x: jnp.swapaxes(x.reshape(micro, n, *x.shape[1:]), 0, 1)
+
     def body(acc, micro_batch):
       (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(params, micro_batch, denominator)
       return jax.tree.map(jnp.add, acc, g), (loss, aux)
 
     grads, (loss, aux) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
-                                      jax.tree.map(lambda x: split_rows(x, micro), batch))
-    aux = {k: merge_rows(v) if k == "per_rollout_loss" else jnp.mean(v)
+                                      jax.tree.map(split, batch))
+    aux = {k: jnp.swapaxes(v, 0, 1).reshape(rows) if k == "per_rollout_loss" else jnp.mean(v)
            for k, v in aux.items()}  # clip fraction, KL, ratio: the mean over micro-batches
     return jnp.sum(loss), aux, grads
 
@@ -263,8 +251,9 @@ def chunked_completion_logprobs(graphdef, params, tokens, attention_mask, prompt
 
   Peak memory is one chunk's activations and logits instead of the whole batch's (at Qwen3-8B
   x 1024 rollouts x 5,120 tokens: 43 GiB instead of 156 GiB per device on 64 chips,
-  ``reports/aot.md``). Chunks are ``split_rows`` of the batch (no row changes device). Rows
-  are independent, so the values equal the unchunked ones up to
+  ``reports/aot.md``). Chunk ``j`` holds rows ``{i * C + j}`` (C = R / rows_per_chunk chunks),
+  so a batch sharded in contiguous row blocks over ``data`` x ``fsdp`` is split without moving
+  a row between devices. Rows are independent, so the values equal the unchunked ones up to
   float rounding. Falls back to one pass when ``rows_per_chunk`` does not divide R.
 
   Args: as ``completion_logprobs``; tokens [R, Lp + Lc] int32, attention_mask [R, Lp + Lc] bool.
@@ -273,10 +262,15 @@ def chunked_completion_logprobs(graphdef, params, tokens, attention_mask, prompt
   R = tokens.shape[0]
   if rows_per_chunk <= 0 or rows_per_chunk >= R or R % rows_per_chunk:
     return completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len, temperature)
+  chunks = R // rows_per_chunk
+
+  def split(x):  # [R, ...] -> [chunks, rows_per_chunk, ...]; chunk j = rows j, j + C, ...
+    return jnp.swapaxes(x.reshape(rows_per_chunk, chunks, *x.shape[1:]), 0, 1)
+
   out = jax.lax.map(lambda a: completion_logprobs(graphdef, params, a[0], a[1], prompt_len,
                                                   temperature),
-                    (split_rows(tokens, rows_per_chunk), split_rows(attention_mask, rows_per_chunk)))
-  return merge_rows(out)
+                    (split(tokens), split(attention_mask)))
+  return jnp.swapaxes(out, 0, 1).reshape(R, -1)
 
 
 def make_concat_fn(exp: Experiment):
@@ -386,12 +380,11 @@ def _sample_round(exp: Experiment, params, ctrl, source, fns: dict, gen_key, ste
   t = _timer()
   gbs = exp.generate_batch_size
   keys = [gen_key] if gbs >= R else list(jax.random.split(gen_key, R // gbs))
-  parts = []
-  for key, s in zip(keys, range(0, R, gbs)):
-    mask = exp.to_device(exp.prompt_mask[rows[s:s + gbs]])
-    parts.append((fns["generate"](exp.graphdef, params, exp.to_device(exp.prompt_tokens[rows[s:s + gbs]]),
-                                  mask, key, exp.train_sampling), mask))
-  rollouts, prompt_mask = parts[0] if len(parts) == 1 else fns["concat"](parts)
+  parts = [fns["generate"](exp.graphdef, params, exp.to_device(exp.prompt_tokens[rows[s:s + gbs]]),
+                           exp.to_device(exp.prompt_mask[rows[s:s + gbs]]), key, exp.train_sampling)
+           for key, s in zip(keys, range(0, R, gbs))]
+  rollouts = parts[0] if len(parts) == 1 else fns["concat"](parts)
+  prompt_mask = exp.to_device(exp.prompt_mask[rows])
   completion_tokens = exp.to_host(rollouts.completion_tokens)
   lengths = exp.to_host(rollouts.lengths)
   times["generate"] = t()
