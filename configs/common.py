@@ -57,6 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.algorithm.num_iterations = 1             # passes over each batch of rollouts (mu in GRPO)
   c.algorithm.mini_batch_size = 0            # rollouts per gradient step (0 = the whole batch R)
   c.algorithm.micro_batch_size = 0           # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
+  c.algorithm.shared_prompt_forward = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
   c.algorithm.reward_scale = "pm1"           # pm1 (+1/-1, paper) | 01
   c.algorithm.dynamic_sampling = False       # DAPO: drop all-equal groups and re-sample
   c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling

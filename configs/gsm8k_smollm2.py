@@ -41,6 +41,9 @@ def get_config(arg: str = "grpo"):
   c.eval.batch_size = 64
   c.reward.num_workers = 2                   # math-verify worker processes
   common.apply_algorithm(c, algorithm)
+  # each group's prompt runs once (prefill, reference pass, update): the same values for ~half
+  # the compute at 8 rollouts x (~160 prompt + 128 completion) tokens; needs equal group sizes
+  c.algorithm.shared_prompt_forward = algorithm != "rollout_gdro"
   if "smoke" in parts:                       # minutes on a 2-core CPU
     c.steps = 2
     c.rollout.prompts_per_step = 2

@@ -60,6 +60,7 @@ class Experiment:
   rollout_gdro_cfg: Any
   num_bins: int
   data_stats: dict
+  prompt_group_size: int = 1   # G when config.algorithm.shared_prompt_forward, else 1
   critic_graphdef: Any = None
   critic_init_fn: Callable[[], Any] | None = None
   critic_tx: Any = None
@@ -373,6 +374,17 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   if gbs < 0 or R % gbs or gbs % div:
     raise ConfigError(f"config.rollout.generate_batch_size={gbs} must divide R={R} and be a multiple "
                       f"of the mesh's data x fsdp = {div} (0 = all R rollouts in one sampler call)")
+  group = 1
+  if config.algorithm.get("shared_prompt_forward", False):
+    group = n_bar
+    if config.algorithm.name == "rollout_gdro":
+      raise ConfigError("config.algorithm.shared_prompt_forward needs groups of equal size; "
+                        "rollout_gdro allocates a varying number of rollouts per prompt")
+    for name, v in (("algorithm.mini_batch_size", mb), ("algorithm.micro_batch_size", micro),
+                    ("rollout.generate_batch_size", gbs)):
+      if v % group:
+        raise ConfigError(f"config.{name}={v} must be a multiple of rollouts_per_prompt={group} "
+                          "with config.algorithm.shared_prompt_forward (whole groups per pass)")
   load_stats = {}  # the training rows are read first: missing or bad data fails before the weights load
   raw = _load_examples(config, config.data.name, config.data.split, load_stats) if with_data else []
   tokenizer = _load_tokenizer(config) if with_data or config.data.name == "arithmetic" else None
@@ -426,7 +438,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
   pad_id = tokenizer.pad_id if tokenizer is not None else 0
   train_sampling = sampling.SamplingConfig(max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
                                            top_k=sc.top_k, top_p=sc.top_p, eos_ids=eos,
-                                           pad_id=pad_id)
+                                           pad_id=pad_id, prompt_group_size=group)
   ec = config.eval
   eval_sampling = sampling.SamplingConfig(max_new_tokens=ec.max_new_tokens or sc.max_new_tokens,
                                           temperature=ec.temperature, top_k=ec.top_k, top_p=ec.top_p,
@@ -439,6 +451,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
       levels=levels, examples=examples, num_prompt_ids=num_ids,
       eval_sets=eval_sets, reward_fn=make_reward_fn(config) if with_data else None,
       train_sampling=train_sampling, eval_sampling=eval_sampling, tx=tx, mini_batch_size=mb, generate_batch_size=gbs, micro_batch_size=micro,
+      prompt_group_size=group,
       on_policy=(config.algorithm.num_iterations == 1 and mb == R),
       classifier_cfg=cls_cfg, prompt_gdro_cfg=pg_cfg, rollout_gdro_cfg=rg_cfg,
       num_bins=len(config.gdro.edges) + 1, data_stats=data_stats)

@@ -35,7 +35,9 @@ class SamplingConfig:
     top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in [0, 1] (1 = off;
     the token that crosses the threshold is kept, so top_p = 0 keeps the argmax).
     eos_ids: token ids that end a completion (kept in it, masked after). pad_id: fill value
-    after EOS and for unused slots.
+    after EOS and for unused slots. prompt_group_size: G > 1 when the rows come in consecutive
+    groups of G identical prompts (a GRPO group): the prompt is prefilled once per group and
+    its KV cache copied to the G rows (same samples up to float rounding, 1/G of the prefill).
     """
     max_new_tokens: int
     temperature: float = 1.0
@@ -43,6 +45,7 @@ class SamplingConfig:
     top_p: float = 1.0
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    prompt_group_size: int = 1
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -53,6 +56,9 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
         if not 0.0 <= self.top_p <= 1.0:
             raise ValueError(f"SamplingConfig.top_p must be in [0, 1], got {self.top_p}")
+        if not isinstance(self.prompt_group_size, int) or self.prompt_group_size < 1:
+            raise ValueError(f"SamplingConfig.prompt_group_size must be an int >= 1, got "
+                             f"{self.prompt_group_size!r}")
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
 
@@ -120,9 +126,19 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [R]
     eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
 
-    cache = init_cache(model.config, R, Lp + Lc)
-    hidden, cache = model(prompt_tokens, positions, prompt_mask, cache=cache, return_hidden=True)
-    logits = model.logits(hidden[:, -1])  # [R, V]
+    G = config.prompt_group_size
+    if G > 1:
+        # prefill one row per group, then copy its cache and last logits to the group's rows
+        cache = init_cache(model.config, R // G, Lp + Lc)
+        hidden, cache = model(prompt_tokens[::G], positions[::G], prompt_mask[::G], cache=cache,
+                              return_hidden=True)
+        logits = jnp.repeat(model.logits(hidden[:, -1]), G, axis=0)  # [R, V]
+        cache = cache.replace(k=jnp.repeat(cache.k, G, axis=1), v=jnp.repeat(cache.v, G, axis=1),
+                              key_mask=jnp.repeat(cache.key_mask, G, axis=0))
+    else:
+        cache = init_cache(model.config, R, Lp + Lc)
+        hidden, cache = model(prompt_tokens, positions, prompt_mask, cache=cache, return_hidden=True)
+        logits = model.logits(hidden[:, -1])  # [R, V]
 
     rng, key = jax.random.split(rng)
     tok, lp = sample_logits(logits, key, config)
@@ -184,4 +200,7 @@ def generate(graphdef, params, prompt_tokens, prompt_mask, rng, config: Sampling
     if prompt_tokens.ndim != 2 or prompt_tokens.shape != prompt_mask.shape:
         raise ValueError(f"prompt_tokens {prompt_tokens.shape} and prompt_mask {prompt_mask.shape} "
                          f"must both be [R, Lp]")
+    if prompt_tokens.shape[0] % config.prompt_group_size:
+        raise ValueError(f"{prompt_tokens.shape[0]} rows are not a multiple of "
+                         f"prompt_group_size {config.prompt_group_size}")
     return _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, config)

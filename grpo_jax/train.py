@@ -97,14 +97,34 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len: int,
-                        temperature: float):
+                        temperature: float, group_size: int = 1):
   """Log-probs of the completion tokens under the policy, float32 [R, Lc].
 
   The logits at position t score token t+1 (one-position shift); only the Lc completion
   positions are scored. Temperature as when sampling (grpo.md, "Log-probs from logits").
+
+  Args:
+    tokens [R, Lp + Lc] int32 (prompt left-padded to Lp = prompt_len, then the completion),
+    attention_mask [R, Lp + Lc] bool, temperature: float (> 0).
+    group_size: G > 1 when rows come in consecutive groups of G with identical prompt tokens and
+      mask (a GRPO group): the prompt is then run once per group (`Decoder.shared_prefix`), the
+      same values up to float rounding for less compute. 1 = every row on its own.
+  Raises:
+    ValueError: R is not a multiple of group_size.
   """
   model = nnx.merge(graphdef, params)
   positions = positions_from_mask(attention_mask)
+  R, L = tokens.shape
+  if group_size > 1 and L - prompt_len > 1:
+    if R % group_size:
+      raise ValueError(f"{R} rows are not a multiple of group_size {group_size}")
+    G, lp = group_size, prompt_len
+    hp, hc = model.model.shared_prefix(tokens[::G, :lp], positions[::G, :lp],
+                                       attention_mask[::G, :lp], tokens[:, lp:-1],
+                                       positions[:, lp:-1], attention_mask[:, lp:-1])
+    # position Lp - 1 (the prompt's last token) scores the first completion token
+    hidden = jnp.concatenate([jnp.repeat(hp[:, -1:], G, axis=0), hc], axis=1)
+    return losses.logprobs_from_logits(model.logits(hidden), tokens[:, lp:], temperature)
   hidden, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1], return_hidden=True)
   # project only the Lc completion positions to the vocabulary (the prompt's logits are never
   # used: at Lp = 256, Lc = 64 that is 5x less logits memory and LM-head compute)
@@ -154,7 +174,7 @@ def make_update_fn(exp: Experiment):
 
   def loss_fn(params, batch: Batch, denominator=None):
     logprobs = completion_logprobs(graphdef, params, batch.tokens, batch.attention_mask, lp,
-                                   temperature)
+                                   temperature, group)
     old = jax.lax.stop_gradient(logprobs) if on_policy else batch.old_logprobs
     loss, aux = losses.policy_loss(
         logprobs, old, batch.advantages, batch.completion_mask,
@@ -176,20 +196,22 @@ def make_update_fn(exp: Experiment):
     return cfg.ppo_vf_coef * loss, aux
 
   micro = exp.micro_batch_size
+  group = exp.prompt_group_size
 
   def accumulate(fn, params, batch: Batch, denominator):
     """(loss, aux, grads) of ``fn`` over the batch's rows, ``micro`` rows per forward/backward.
 
     The loss denominator of the whole mini-batch is passed to every micro-batch, so the summed
     losses and gradients equal the one-pass ones (``losses.policy_loss``, "Micro-batching").
-    Micro-batch j holds rows {i * n + j} (n micro-batches): no row changes device.
+    Micro-batch j holds rows {i * n + j} (n micro-batches; ``split_rows``, whole groups with
+    a shared prompt): no row changes device.
     """
     rows = batch.tokens.shape[0]
     if micro >= rows:
       (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
       return loss, aux, grads
     n = rows // micro
-    split = lambda x: jnp.swapaxes(x.reshape(micro, n, *x.shape[1:]), 0, 1)
+    split = lambda x: split_rows(x, n, group)
 
     def body(acc, micro_batch):
       (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(params, micro_batch, denominator)
@@ -197,7 +219,7 @@ def make_update_fn(exp: Experiment):
 
     grads, (loss, aux) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
                                       jax.tree.map(split, batch))
-    aux = {k: jnp.swapaxes(v, 0, 1).reshape(rows) if k == "per_rollout_loss" else jnp.mean(v)
+    aux = {k: merge_rows(v, group) if k == "per_rollout_loss" else jnp.mean(v)
            for k, v in aux.items()}  # clip fraction, KL, ratio: the mean over micro-batches
     return jnp.sum(loss), aux, grads
 
@@ -245,8 +267,25 @@ def make_take_fn(exp: Experiment):
   return jax.jit(take)
 
 
+def split_rows(x, chunks: int, group: int = 1):
+  """[R, ...] -> [chunks, R / chunks, ...]: chunk j holds the groups {i * chunks + j} of
+  ``group`` consecutive rows (group 1: rows {i * chunks + j}). A batch sharded in contiguous row
+  blocks over ``data`` x ``fsdp`` is split without moving a row between devices, and a GRPO
+  group stays whole (``group`` = rollouts per prompt). Inverse: ``merge_rows``."""
+  per = x.shape[0] // chunks
+  x = x.reshape(per // group, chunks, group, *x.shape[1:])
+  return jnp.swapaxes(x, 0, 1).reshape(chunks, per, *x.shape[3:])
+
+
+def merge_rows(x, group: int = 1):
+  """Inverse of ``split_rows``: [chunks, R / chunks, ...] -> [R, ...]."""
+  chunks, per = x.shape[:2]
+  x = x.reshape(chunks, per // group, group, *x.shape[2:])
+  return jnp.swapaxes(x, 0, 1).reshape(chunks * per, *x.shape[3:])
+
+
 def chunked_completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len: int,
-                                temperature: float, rows_per_chunk: int):
+                                temperature: float, rows_per_chunk: int, group_size: int = 1):
   """``completion_logprobs`` computed ``rows_per_chunk`` rows at a time (``lax.map``).
 
   Peak memory is one chunk's activations and logits instead of the whole batch's (at Qwen3-8B
@@ -256,21 +295,20 @@ def chunked_completion_logprobs(graphdef, params, tokens, attention_mask, prompt
   a row between devices. Rows are independent, so the values equal the unchunked ones up to
   float rounding. Falls back to one pass when ``rows_per_chunk`` does not divide R.
 
-  Args: as ``completion_logprobs``; tokens [R, Lp + Lc] int32, attention_mask [R, Lp + Lc] bool.
+  Args: as ``completion_logprobs`` (group_size: rows per shared prompt, kept whole in a
+  chunk); tokens [R, Lp + Lc] int32, attention_mask [R, Lp + Lc] bool.
   Returns: [R, Lc] float32.
   """
   R = tokens.shape[0]
   if rows_per_chunk <= 0 or rows_per_chunk >= R or R % rows_per_chunk:
-    return completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len, temperature)
+    return completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len, temperature,
+                               group_size)
   chunks = R // rows_per_chunk
-
-  def split(x):  # [R, ...] -> [chunks, rows_per_chunk, ...]; chunk j = rows j, j + C, ...
-    return jnp.swapaxes(x.reshape(rows_per_chunk, chunks, *x.shape[1:]), 0, 1)
-
   out = jax.lax.map(lambda a: completion_logprobs(graphdef, params, a[0], a[1], prompt_len,
-                                                  temperature),
-                    (split(tokens), split(attention_mask)))
-  return jnp.swapaxes(out, 0, 1).reshape(R, -1)
+                                                  temperature, group_size),
+                    (split_rows(tokens, chunks, group_size),
+                     split_rows(attention_mask, chunks, group_size)))
+  return merge_rows(out, group_size)
 
 
 def make_concat_fn(exp: Experiment):
@@ -291,7 +329,8 @@ def make_logprobs_fn(exp: Experiment):
   """
   return jax.jit(sharding.under_mesh(exp.mesh, functools.partial(
       chunked_completion_logprobs, exp.graphdef, prompt_len=exp.prompt_len,
-      temperature=float(exp.config.rollout.temperature), rows_per_chunk=exp.micro_batch_size)))
+      temperature=float(exp.config.rollout.temperature), rows_per_chunk=exp.micro_batch_size,
+      group_size=exp.prompt_group_size)))
 
 
 # ----------------------------------------------------------------------------- controllers
@@ -495,7 +534,11 @@ def rl_step(exp: Experiment, state: TrainState, ctrl: ControllerState, source, f
   per_rollout_loss = np.zeros((R,), np.float32)
   upd = []
   for it in range(cfg.algorithm.num_iterations):
-    perm = order_rng.permutation(R) if R > mb else np.arange(R)
+    if R <= mb:
+      perm = np.arange(R)
+    else:  # shuffled rows; whole groups when each group's prompt runs once
+      g = exp.prompt_group_size
+      perm = (order_rng.permutation(R // g)[:, None] * g + np.arange(g)).reshape(-1)
     for s in range(0, R, mb):
       state, m = fns["update"](state, fns["take"](batch, perm[s:s + mb]))
       if it == 0:

@@ -9,7 +9,7 @@ from flax import nnx
 
 from grpo_jax.models import (PRESETS, CriticModel, ModelConfig, Transformer, get_preset,
                              init_cache, positions_from_mask)
-from grpo_jax.models.transformer import apply_rope, random_params, rms_norm
+from grpo_jax.models.transformer import apply_rope, random_params, rms_norm, swiglu
 
 LOGICAL = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "norm", None}
 
@@ -106,6 +106,23 @@ def test_rms_norm_and_rope_closed_forms():
     k = jax.random.normal(jax.random.key(1), (1, 1, 1, 8))
     dot = lambda m, n: jnp.sum(apply_rope(q, jnp.array([[m]]), 100.0) * apply_rope(k, jnp.array([[n]]), 100.0))
     np.testing.assert_allclose(dot(5, 3), dot(9, 7), rtol=1e-5)
+
+
+def test_swiglu_value_and_custom_vjp_match_autodiff():
+    # closed form: silu(g) u = g sigmoid(g) u; its gradient by autodiff of the plain expression
+    # (what the custom VJP replaces), including large |g| where sigmoid saturates
+    rng = np.random.default_rng(0)
+    g = jnp.asarray(np.concatenate([rng.normal(size=60) * 3, [-40.0, -12.0, 0.0, 12.0, 40.0]]),
+                    jnp.float32)
+    u = jnp.asarray(rng.normal(size=g.shape), jnp.float32)
+    w = jnp.asarray(rng.normal(size=g.shape), jnp.float32)
+    np.testing.assert_allclose(swiglu(g, u), np.asarray(g) / (1 + np.exp(-np.asarray(g))) * u,
+                               rtol=1e-6, atol=1e-7)
+    ref = jax.grad(lambda g, u: jnp.sum(w * jax.nn.silu(g) * u), argnums=(0, 1))(g, u)
+    got = jax.grad(lambda g, u: jnp.sum(w * swiglu(g, u)), argnums=(0, 1))(g, u)
+    for a, b in zip(got, ref):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_positions_from_mask():

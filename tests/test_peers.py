@@ -68,6 +68,35 @@ def test_report_table_ratios_targets_and_notes():
   assert "PROFILE" in text and "cmd --one" in text
 
 
+def test_report_update_flops_line_and_decode_table():
+  g = _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3)
+  g.update(update_flops=400e9, matmul_peak_flops=150e9)   # 400 GFLOP in 4 s = 100 GFLOP/s
+  decode = {"read_bandwidth_Bps": {"best": 10e9, "jax_sum": 10e9, "numpy_sum": 8e9},
+            "matmul_peak_flops": 150e9, "weight_bytes": 4 * 2 ** 20,
+            "kv_bytes_per_position": 1024, "new_tokens": 34,
+            "results": [{"rows": 1, "prompt_len": 159, "decode_step_s": 0.02, "decode_tok_s": 50.0,
+                         "bandwidth_bound_tok_s": 200.0, "fraction_of_bandwidth_bound": 0.25,
+                         "compute_bound_tok_s": 500.0, "fraction_of_compute_bound": 0.1}]}
+  text = run_all.render_report([("full", {"grpo_jax": run_all.merge([g])})], commands=[],
+                               decode=decode)
+  assert "in 4.0 s = 100.0 GFLOP/s = 66.7% of the float32 matmul peak" in text
+  assert "(150.0 GFLOP/s; target >= 50%): **met**" in text
+  assert "| 1 | 20.0 | 50.0 | 200.0 | 25.0% | 500.0 | 10.0% |" in text
+  assert "10.0 GB/s (jitted sum 10.0, numpy 8.0)" in text
+
+
+def test_micro_batch_rows_must_split_into_whole_prompt_groups():
+  import argparse
+  args = argparse.Namespace(prompts=16, samples=8, micro_batch=0)
+  assert common.micro_batch_rows(args) == 128
+  args.micro_batch = 16
+  assert common.micro_batch_rows(args) == 16
+  for bad in (12, 4, 256):    # not a multiple of samples / does not divide 128
+    args.micro_batch = bad
+    with pytest.raises(SystemExit, match="--micro_batch"):
+      common.micro_batch_rows(args)
+
+
 def test_report_marks_failed_and_missing_runs():
   ok = _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3)
   bad = {"system": "tunix", "failed": "killed: resident memory above 20 GiB", "steps": [],

@@ -167,6 +167,25 @@ def test_batched_greedy_equals_each_prompt_alone():
     assert len({tuple(r) for r in np.asarray(batched.completion_tokens).tolist()}) == 3
 
 
+def test_prefill_once_per_group_gives_the_same_rollouts():
+    # rows in groups of 4 identical prompts: prefilling one row per group and copying its cache
+    # samples the same tokens (same keys) with the same log-probs as prefilling every row
+    toks, mask = _left_pad(PROMPTS, 7)
+    toks, mask = jnp.repeat(toks, 4, axis=0), jnp.repeat(mask, 4, axis=0)
+    plain = SamplingConfig(max_new_tokens=6, temperature=1.0, eos_ids=(3,))
+    shared = SamplingConfig(max_new_tokens=6, temperature=1.0, eos_ids=(3,), prompt_group_size=4)
+    a = generate(G, P, toks, mask, jax.random.key(7), plain)
+    b = generate(G, P, toks, mask, jax.random.key(7), shared)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.completion_mask, b.completion_mask)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert len({tuple(r) for r in np.asarray(b.completion_tokens).tolist()}) > 3  # rows differ
+    with pytest.raises(ValueError, match="prompt_group_size"):
+        generate(G, P, toks[:10], mask[:10], jax.random.key(7), shared)
+    with pytest.raises(ValueError, match="prompt_group_size"):
+        SamplingConfig(max_new_tokens=6, prompt_group_size=0)
+
+
 def _token_logprobs(logits, tokens, temperature):
     try:
         from grpo_jax.losses import token_logprobs

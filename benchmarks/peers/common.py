@@ -69,6 +69,10 @@ def add_workload_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
   parser.add_argument("--kl_coef", type=float, default=0.001)
   parser.add_argument("--temperature", type=float, default=1.0)
   parser.add_argument("--learning_rate", type=float, default=1e-6)
+  parser.add_argument("--micro_batch", type=int, default=0,
+                      help="rows (completions) per micro-batch of the reference pass and the "
+                      "update, gradients accumulated into one optimizer step (0 = the whole "
+                      "batch at once); generation always takes the whole batch at once")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default="", help="result JSON path (default: print only)")
   return parser
@@ -76,7 +80,19 @@ def add_workload_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def workload(args) -> dict:
   return {k: getattr(args, k) for k in ("prompts", "samples", "max_new_tokens", "steps", "warmup",
-                                        "kl_coef", "temperature", "learning_rate", "seed")}
+                                        "kl_coef", "temperature", "learning_rate", "seed",
+                                        "micro_batch")}
+
+
+def micro_batch_rows(args) -> int:
+  """Rows per micro-batch (``--micro_batch``; 0 = the whole batch), checked to divide the batch
+  into whole prompt groups (Tunix micro-batches whole prompts)."""
+  batch = args.prompts * args.samples
+  mb = args.micro_batch or batch
+  if batch % mb or mb % args.samples:
+    raise SystemExit(f"--micro_batch={args.micro_batch} must divide prompts x samples = {batch} "
+                     f"and be a multiple of --samples={args.samples}")
+  return mb
 
 
 def load_prompts(n: int) -> list[dict]:

@@ -67,7 +67,8 @@ def run_one(system: str, args, out_json: str, log_path: str) -> dict:
   cmd = [python_for(system), os.path.join(HERE, f"run_{system}.py"),
          f"--prompts={args.prompts}", f"--samples={args.samples}",
          f"--max_new_tokens={args.max_new_tokens}", f"--steps={args.steps}",
-         f"--warmup={args.warmup}", f"--seed={args.seed}", f"--out={out_json}"]
+         f"--warmup={args.warmup}", f"--seed={args.seed}", f"--micro_batch={args.micro_batch}",
+         f"--out={out_json}"]
   cmd += shlex.split(getattr(args, f"{system}_args", "") or "")
   print(f"[run_all] {system}: {shlex.join(cmd)}  (log {log_path})", flush=True)
   peak = {"bytes": 0, "killed": False}
@@ -160,6 +161,16 @@ def _table(merged: dict[str, dict], label: str) -> list[str]:
                    f"**{'met' if ratio <= target else 'not met'}**")
     else:
       lines.append(f"- vs {peer}: no measurement (target <= {target}x)")
+  g = merged.get("grpo_jax", {})
+  if ours and ours["n"] and g.get("update_flops") and g.get("matmul_peak_flops"):
+    achieved = g["update_flops"] / ours["update_s"]
+    frac = achieved / g["matmul_peak_flops"]
+    lines.append(f"- grpo_jax update: {g['update_flops'] / 1e12:.2f} TFLOP of model FLOPs per step "
+                 f"(6 x layer parameters x positions + LM head on completion positions + "
+                 f"attention) in {ours['update_s']:.1f} s = {achieved / 1e9:.1f} GFLOP/s = "
+                 f"{100 * frac:.1f}% of the float32 matmul peak measured in the same run "
+                 f"({g['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; target >= 50%): "
+                 f"**{'met' if frac >= 0.5 else 'not met'}**")
   lines += ["", "Median phase times (s):", "",
             "| system | generate | reward | reference | update | other | prompt-0 NLL (nats) |",
             "|---|---|---|---|---|---|---|"]
@@ -177,8 +188,33 @@ def _table(merged: dict[str, dict], label: str) -> list[str]:
   return lines + [""]
 
 
+def _decode_section(d: dict) -> list[str]:
+  """Markdown for benchmarks/bench_decode.py's JSON: decode tok/s vs the bandwidth bound."""
+  bw = d["read_bandwidth_Bps"]
+  lines = ["### Decode vs the memory-bandwidth bound (grpo_jax sampler)", "",
+           f"`benchmarks/bench_decode.py`: SmolLM2-135M float32 ({d['weight_bytes'] / 2 ** 20:.0f} "
+           f"MiB of weights, KV {d['kv_bytes_per_position'] / 1024:.1f} KiB per position per row), "
+           f"prompt {d['results'][0]['prompt_len']} tokens, decode step time = (t(N) - t(2)) / "
+           f"(N - 2) with N = {d['new_tokens']}, EOS off. Read bandwidth measured in the same "
+           f"process: {bw['best'] / 1e9:.1f} GB/s (jitted sum {bw['jax_sum'] / 1e9:.1f}, numpy "
+           f"{bw['numpy_sum'] / 1e9:.1f}); float32 matmul peak "
+           f"{d['matmul_peak_flops'] / 1e9:.1f} GFLOP/s.", "",
+           "| rows | decode step ms | decode tok/s | bandwidth-bound tok/s | % of bandwidth bound "
+           "| compute-bound tok/s | % of compute bound |", "|---|---|---|---|---|---|---|"]
+  for r in d["results"]:
+    lines.append(f"| {r['rows']} | {1e3 * r['decode_step_s']:.1f} | {r['decode_tok_s']:.1f} | "
+                 f"{r['bandwidth_bound_tok_s']:.1f} | "
+                 f"{100 * r['fraction_of_bandwidth_bound']:.1f}% | "
+                 f"{r['compute_bound_tok_s']:.1f} | {100 * r['fraction_of_compute_bound']:.1f}% |")
+  lines += ["", "Bandwidth bound = rows x BW / (weights + KV read at the mean position); compute "
+            "bound = matmul peak / (2 x matmul parameters) tokens/s at any batch. The machine's decode "
+            "bound is the smaller of the two; target: decode tok/s >= 50% of the bandwidth "
+            "bound.", ""]
+  return lines
+
+
 def render_report(sections, *, commands: list[str], machine: str = "", profile_notes: str = "",
-                  intro: str = "", extra_notes=()) -> str:
+                  intro: str = "", extra_notes=(), decode: dict | None = None) -> str:
   """The markdown of reports/performance.md.
 
   Args:
@@ -194,6 +230,8 @@ def render_report(sections, *, commands: list[str], machine: str = "", profile_n
     lines += [machine, ""]
   for label, merged in sections:
     lines += _table(merged, label)
+  if decode:
+    lines += _decode_section(decode)
   lines += ["Definitions: step = wall time of one RL step (generate + reward + reference + "
             "update); generate tok/s = completion tokens actually generated (up to EOS) / "
             "generation time; update tok/s = non-padding tokens of the batch (prompt + "
@@ -229,6 +267,8 @@ def main(argv=None):
   parser.add_argument("--report_only", action="store_true")
   for s in SYSTEMS:
     parser.add_argument(f"--{s}_args", default="", help=f"extra arguments for run_{s}.py")
+  parser.add_argument("--decode_json", default="", help="benchmarks/bench_decode.py --out JSON "
+                      "to add its decode-vs-bandwidth table")
   parser.add_argument("--include", default="", help="more result sets for the report, by tag "
                       "(e.g. tiny_p2x2_t16), comma-separated")
   args = parser.parse_args(argv)
@@ -252,7 +292,8 @@ def main(argv=None):
     if merged:
       sections.append((t.split("_p")[0], merged))
   size = (f"--prompts={args.prompts} --samples={args.samples} "
-          f"--max_new_tokens={args.max_new_tokens} --steps={args.steps} --warmup={args.warmup}")
+          f"--max_new_tokens={args.max_new_tokens} --steps={args.steps} --warmup={args.warmup}"
+          + (f" --micro_batch={args.micro_batch}" if args.micro_batch else ""))
   commands = ["bash benchmarks/peers/setup_envs.sh   # venvs under "
               "${GRPO_JAX_PEERS_CACHE:-~/.cache/grpo_jax/peers}",
               f"/work/venv/bin/python benchmarks/peers/run_all.py {size} --rounds={args.rounds} "
@@ -268,13 +309,18 @@ def main(argv=None):
   if os.path.isfile(PROFILE_NOTES_FILE):
     with open(PROFILE_NOTES_FILE, encoding="utf-8") as f:
       profile = f.read().strip()
-  machine = (f"Machine: {os.cpu_count()} CPU cores, shared with other jobs while measured "
-             "(load from other processes makes every figure noisy; the systems alternate so "
-             "that each sees similar conditions).")
+  machine = (f"Machine: {os.cpu_count()} CPU cores, one system at a time (what else ran during "
+             "each measurement is under 'Conditions' above).")
   notes_file = os.path.join(HERE, "report_notes.md")
   intro = open(notes_file, encoding="utf-8").read().strip() if os.path.isfile(notes_file) else ""
+  decode = None
+  if args.decode_json:
+    with open(args.decode_json, encoding="utf-8") as f:
+      decode = json.load(f)
+    commands += ["# decode vs the memory-bandwidth bound:",
+                 "/work/venv/bin/python benchmarks/bench_decode.py --out=/tmp/decode.json"]
   text = render_report(sections, commands=commands, machine=machine, profile_notes=profile,
-                       intro=intro)
+                       intro=intro, decode=decode)
   os.makedirs(os.path.dirname(args.report), exist_ok=True)
   with open(args.report, "w", encoding="utf-8") as f:
     f.write(text)

@@ -43,6 +43,12 @@ def make_config(args, prompt_len: int):
   c.algorithm.kl_coef = args.kl_coef
   c.algorithm.num_iterations = 1
   c.algorithm.mini_batch_size = 0                  # one gradient step on the whole batch
+  mb = common.micro_batch_rows(args)
+  # gradient accumulation over micro-batches of rows (also the reference pass's chunk)
+  c.algorithm.micro_batch_size = 0 if mb == args.prompts * args.samples else mb
+  c.rollout.generate_batch_size = 0                # generation: the whole batch at once
+  # each group's prompt runs once in the prefill, the reference pass and the update (same values)
+  c.algorithm.shared_prompt_forward = not getattr(args, "no_shared_prompt", False)
   c.optimizer.learning_rate = args.learning_rate
   c.eval.datasets = ()
   c.logging.progress_bar = False
@@ -53,6 +59,8 @@ def make_config(args, prompt_len: int):
 def main(argv=None):
   parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
   parser.add_argument("--profile_dir", default="", help="jax.profiler trace of the last timed step")
+  parser.add_argument("--no_shared_prompt", action="store_true",
+                      help="run every row's prompt (algorithm.shared_prompt_forward=False)")
   parser.add_argument("--remat", action="store_true",
                       help="rematerialise activations per layer in the update (less memory)")
   args = parser.parse_args(argv)
@@ -112,13 +120,49 @@ def main(argv=None):
           + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in step.items()), flush=True)
   exp.close()
-  notes = (["update with per-layer rematerialisation (--remat)"] if args.remat else []) + [
+  # the update's model FLOPs (matmuls actually run: 6 x params x positions for the layers, the LM
+  # head on the completion positions only, attention scores/values; Kaplan et al. 2020 eq. 2.1
+  # plus the attention term) and the float32 matmul peak measured in this process
+  sys.path.insert(0, os.path.join(common.REPO, "benchmarks"))
+  from bench_step import matmul_peak
+  peak = matmul_peak()
+  mc = exp.model_config
+  n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
+  n_head = mc.vocab_size * mc.hidden_size
+  n_body = n_params - n_head if mc.tie_word_embeddings else n_params - 2 * n_head
+  R, Lc, Lp = args.prompts * args.samples, exp.max_new_tokens, exp.prompt_len
+  # positions the update runs (padded shapes) and attention query-key pairs; with the shared
+  # prompt forward each group's prompt runs once
+  if exp.prompt_group_size > 1:
+    positions = args.prompts * Lp + R * (Lc - 1)
+    pairs = args.prompts * Lp * Lp + R * (Lc - 1) * (Lp + Lc - 1)
+  else:
+    positions, pairs = R * (Lp + Lc - 1), R * (Lp + Lc - 1) ** 2
+  update_flops = (6 * n_body * positions + 6 * n_head * R * Lc
+                  + 12 * mc.num_layers * mc.num_heads * mc.head_dim * pairs)
+  upd = sorted(s["update_s"] for s in steps[args.warmup:])
+  med_update = upd[len(upd) // 2] if upd else float("nan")
+  print(f"[grpo_jax] update {update_flops / 1e12:.2f} TFLOP per step, "
+        f"{update_flops / med_update / 1e9:.1f} GFLOP/s = "
+        f"{100 * update_flops / med_update / peak:.1f}% of the float32 matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s (same run)", flush=True)
+  mb = common.micro_batch_rows(args)
+  notes = (["update with per-layer rematerialisation (--remat)"] if args.remat else []) + (
+      ["shared prompt forward OFF (--no_shared_prompt): every row runs its prompt"]
+      if args.no_shared_prompt else
+      ["algorithm.shared_prompt_forward: each group's prompt runs once in the prefill, the "
+       "reference pass and the update (values equal the per-row computation up to float "
+       "rounding; TRL and Tunix run the prompt for each of the 8 rows)"]) + [
+           f"reference pass and update in micro-batches of {mb} rows (gradients summed, one "
+           "optimizer step; `algorithm.micro_batch_size`)",
            f"prompts left-padded to {prompt_len} tokens (the longest of the {args.prompts})",
            "generation runs max_new_tokens decode steps for the whole batch (static shapes); "
            "finished rows are masked"]
   common.write_result(args, "grpo_jax", f"grpo_jax (jax {jax.__version__})", steps, notes,
                       extra={"devices": [str(d) for d in jax.devices()],
-                             "prompt_len": prompt_len, "prompt0_nll": nll0})
+                             "prompt_len": prompt_len, "prompt0_nll": nll0,
+                             "update_flops": update_flops, "matmul_peak_flops": peak,
+                             "n_params": n_params})
 
 
 if __name__ == "__main__":

@@ -59,11 +59,14 @@ def main(argv=None):
 
   dataset = Dataset.from_list([{"prompt": p["text"], "answer": p["answer"]} for p in prompts])
   batch = args.prompts * args.samples
+  mb = common.micro_batch_rows(args)
+  accum = batch // mb   # TRL: generation batch = per_device x steps_per_generation = the batch
   outdir = tempfile.mkdtemp(prefix="trl_peers_")
   config = trl.GRPOConfig(
       output_dir=outdir, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
       seed=args.seed, max_steps=args.warmup + args.steps,
-      per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1,
+      per_device_train_batch_size=mb, gradient_accumulation_steps=accum,
+      steps_per_generation=accum,
       num_generations=args.samples, max_completion_length=args.max_new_tokens,
       temperature=args.temperature, top_p=1.0, top_k=0,
       beta=args.kl_coef, num_iterations=1, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
@@ -134,7 +137,10 @@ def main(argv=None):
            "epsilon_high None -> 0.28",
            "generation: transformers generate (no vLLM), stops when every row has hit EOS; "
            "prompts left-padded to the longest in the batch",
-           f"torch threads {torch.get_num_threads()}"]
+           f"torch threads {torch.get_num_threads()}",
+           f"reference pass and update in micro-batches of {mb} rows (per_device_train_batch_size "
+           f"{mb}, gradient_accumulation_steps = steps_per_generation = {accum}: one generation "
+           "of the whole batch and one optimizer step per step)"]
   common.write_result(args, "trl", f"trl {trl.__version__} (torch {torch.__version__}, "
                       f"transformers {transformers.__version__})", steps, notes,
                       extra={"prompt0_nll": nll0})

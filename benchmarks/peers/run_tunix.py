@@ -119,12 +119,16 @@ def main(argv=None):
   prompt_len = max(len(p["ids"]) for p in prompts)
   prompt_tokens_per_step = args.samples * sum(len(p["ids"]) for p in prompts)
   total = args.warmup + args.steps
+  mb_prompts = common.micro_batch_rows(args) // args.samples
   logdir = tempfile.mkdtemp(prefix="tunix_peers_")
   tx = optax.chain(optax.clip_by_global_norm(1.0),
                    optax.adamw(args.learning_rate, b1=0.9, b2=0.999, weight_decay=0.0))
   training_config = rl_cluster_lib.RLTrainingConfig(
       actor_optimizer=tx, eval_every_n_steps=10 ** 9, max_steps=total,
-      mini_batch_size=args.prompts, train_micro_batch_size=args.prompts,
+      # batch sizes in prompts (x num_generations rows): one optimizer step per batch, the
+      # update and the reference pass in micro-batches of --micro_batch rows, generation whole
+      mini_batch_size=args.prompts, train_micro_batch_size=mb_prompts,
+      rollout_micro_batch_size=args.prompts, compute_logps_micro_batch_size=mb_prompts,
       metrics_logging_options=metrics_logger.MetricsLoggerOptions(log_dir=logdir,
                                                                   flush_every_n_steps=1),
       checkpoint_root_directory=None)
@@ -213,6 +217,10 @@ def main(argv=None):
             f"rollout: Tunix vanilla sampler, prompts left-padded to {prompt_len}, KV cache "
             f"{rollout_config.kv_cache_size}; actor and rollout share weights, reference is a "
             "second copy",
+            f"reference pass and update in micro-batches of {mb_prompts} prompts x {args.samples} "
+            "(train_micro_batch_size = compute_logps_micro_batch_size; gradients accumulated "
+            "into one optimizer step per mini-batch of all prompts); rollout_micro_batch_size = "
+            "all prompts",
             "SmolLM2's pad id = eos id = 2 (<|im_end|>); Tunix builds attention masks and positions "
             "as tokens != pad, which would mask the <|im_end|> tokens inside the chat-template "
             "prompts: Tunix gets pad = <|endoftext|> (id 0, in no prompt) instead"]

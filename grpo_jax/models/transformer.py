@@ -63,6 +63,32 @@ def _stack(num_layers: Optional[int], shape, axes):
     return (num_layers, *shape), (None, *axes)
 
 
+@jax.custom_vjp
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """silu(gate) * up (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6), any shape.
+
+    Same values as `jax.nn.silu(gate) * up`; the custom VJP keeps only `gate` and `up` for the
+    backward pass and recomputes sigmoid(gate) there. Autodiff of the plain expression keeps
+    four [tokens, intermediate] residuals per layer (sigmoid, silu, gate, up), which on XLA:CPU
+    turned the MLP's backward into slow transposing copies (benchmarks/bench_swiglu.py).
+    """
+    return gate * jax.nn.sigmoid(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+    return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(res, d):
+    gate, up = res
+    s = jax.nn.sigmoid(gate)
+    # d/dg [g s(g)] = s (1 + g (1 - s)); d/du = silu(g)
+    return d * up * s * (1 + gate * (1 - s)), d * gate * s
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm over the last axis in float32, returned in x.dtype (HF Llama/Qwen convention:
     normalise in float32, cast to the input dtype, then scale)."""
@@ -136,10 +162,48 @@ class Attention(nnx.Module):
             self.q_norm = _param(rngs, o, *_stack(num_layers, (D,), ("norm",)), pd)
             self.k_norm = _param(rngs, o, *_stack(num_layers, (D,), ("norm",)), pd)
 
-    def __call__(self, x, positions, mask, kv_write, kv_read):
-        """x [B, T, E]; positions [B, T]; mask [B, T, S] bool (query may attend key);
-        kv_write(k, v) stores this step's keys/values [B, T, KVH, D] and kv_read() returns the
-        keys/values to attend to [B, S, KVH, D]. Returns [B, T, E]."""
+    def shared_prefix(self, xp, pos_p, mask_pp, xc, pos_c, mask_cp, mask_cc):
+        """Attention of a shared-prompt batch (see `Decoder.shared_prefix`).
+
+        xp [P, Lp, E] prompt stream, xc [P * G, Lc, E] completion stream (rows g*G..g*G+G-1
+        continue prompt g); pos_* their rotary positions; mask_pp [P, Lp, Lp], mask_cp
+        [P, Lp] (prompt key padding, seen by every completion query of the group), mask_cc
+        [P * G, Lc, Lc] bool. Returns (out_p [P, Lp, E], out_c [P * G, Lc, E]); equal to
+        `__call__` on the concatenated rows up to float rounding, with the prompt's
+        projections and keys/values computed once per group instead of G times.
+        """
+        c = self.config
+        dt = xp.dtype
+        P, Lp, E = xp.shape
+        R, Lc, _ = xc.shape
+        G = R // P
+        K, H, D = c.num_kv_heads, c.num_heads, c.head_dim
+        # one projection matmul over the prompt and completion tokens together
+        x = jnp.concatenate([xp.reshape(P * Lp, E), xc.reshape(R * Lc, E)])[None]
+        pos = jnp.concatenate([pos_p.reshape(-1), pos_c.reshape(-1)])[None]
+        q, k, v = self._qkv(x, pos)
+        split = lambda a: (a[0, :P * Lp].reshape(P, Lp, *a.shape[2:]),
+                           a[0, P * Lp:].reshape(R, Lc, *a.shape[2:]))
+        (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
+        scale = D ** -0.5
+        # prompt queries: causal self-attention within the prompt
+        out_p = self._attend(qp, kp, vp, mask_pp)
+        # completion queries: the group's prompt keys (read once per group) + own completion
+        qg = qc.reshape(P, G, Lc, K, H // K, D)
+        s_cp = jnp.einsum("pntkgd,pskd->pnkgts", qg, kp, preferred_element_type=jnp.float32)
+        s_cp = jnp.where(mask_cp[:, None, None, None, None, :], s_cp * scale, _NEG_INF)
+        s_cc = jnp.einsum("pntkgd,pnskd->pnkgts", qg, kc.reshape(P, G, Lc, K, D),
+                          preferred_element_type=jnp.float32)
+        s_cc = jnp.where(mask_cc.reshape(P, G, 1, 1, Lc, Lc), s_cc * scale, _NEG_INF)
+        probs = jax.nn.softmax(jnp.concatenate([s_cp, s_cc], axis=-1), axis=-1).astype(dt)
+        out_c = (jnp.einsum("pnkgts,pskd->pntkgd", probs[..., :Lp], vp)
+                 + jnp.einsum("pnkgts,pnskd->pntkgd", probs[..., Lp:], vc.reshape(P, G, Lc, K, D)))
+        out = jnp.concatenate([out_p.reshape(P * Lp, H, D), out_c.reshape(R * Lc, H, D)])
+        out = jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt))
+        return out[:P * Lp].reshape(P, Lp, E), out[P * Lp:].reshape(R, Lc, E)
+
+    def _qkv(self, x, positions):
+        """x [B, T, E] -> rotated q [B, T, H, D], k, v [B, T, KVH, D]."""
         c = self.config
         dt = x.dtype
         q = jnp.einsum("bte,ehd->bthd", x, self.q_proj[...].astype(dt))
@@ -152,19 +216,29 @@ class Attention(nnx.Module):
         if c.qk_norm:
             q = rms_norm(q, self.q_norm[...], c.rms_norm_eps)
             k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
-        q = apply_rope(q, positions, c.rope_theta)
-        k = apply_rope(k, positions, c.rope_theta)
-        kv_write(k, v)
-        keys, values = kv_read()
+        return apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta), v
+
+    def _attend(self, q, keys, values, mask):
+        """q [B, T, H, D], keys/values [B, S, KVH, D], mask [B, T, S] -> [B, T, H, D]."""
+        dt = q.dtype
         B, T, H, D = q.shape
-        K = c.num_kv_heads
+        K = self.config.num_kv_heads
         qg = q.reshape(B, T, K, H // K, D)
         scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(dt),
                             preferred_element_type=jnp.float32) * (D ** -0.5)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt)).reshape(B, T, H, D)
-        return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt))
+        return jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt)).reshape(B, T, H, D)
+
+    def __call__(self, x, positions, mask, kv_write, kv_read):
+        """x [B, T, E]; positions [B, T]; mask [B, T, S] bool (query may attend key);
+        kv_write(k, v) stores this step's keys/values [B, T, KVH, D] and kv_read() returns the
+        keys/values to attend to [B, S, KVH, D]. Returns [B, T, E]."""
+        q, k, v = self._qkv(x, positions)
+        kv_write(k, v)
+        keys, values = kv_read()
+        out = self._attend(q, keys, values, mask)
+        return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(x.dtype))
 
 
 class MLP(nnx.Module):
@@ -182,7 +256,7 @@ class MLP(nnx.Module):
         dt = x.dtype
         g = x @ self.gate_proj[...].astype(dt)
         u = x @ self.up_proj[...].astype(dt)
-        return (jax.nn.silu(g) * u) @ self.down_proj[...].astype(dt)
+        return swiglu(g, u) @ self.down_proj[...].astype(dt)
 
 
 class Block(nnx.Module):
@@ -201,6 +275,19 @@ class Block(nnx.Module):
         eps = self.config.rms_norm_eps
         x = x + self.attn(rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_write, kv_read)
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
+
+    def shared_prefix(self, xp, pos_p, mask_pp, xc, pos_c, mask_cp, mask_cc):
+        """`__call__` for a shared-prompt batch: (xp [P, Lp, E], xc [P * G, Lc, E]) -> same."""
+        eps = self.config.rms_norm_eps
+        ap, ac = self.attn.shared_prefix(rms_norm(xp, self.attn_norm[...], eps), pos_p, mask_pp,
+                                         rms_norm(xc, self.attn_norm[...], eps), pos_c, mask_cp,
+                                         mask_cc)
+        xp, xc = xp + ap, xc + ac
+        # one MLP matmul chain over all tokens of both streams
+        P, Lp, E = xp.shape
+        x = jnp.concatenate([xp.reshape(-1, E), xc.reshape(-1, E)])
+        x = x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
+        return x[:P * Lp].reshape(xp.shape), x[P * Lp:].reshape(xc.shape)
 
 
 class Decoder(nnx.Module):
@@ -273,6 +360,62 @@ class Decoder(nnx.Module):
         if cache is not None:
             new_cache = KVCache(k=ck, v=cv, key_mask=key_mask, index=cache.index + T)
         return x, new_cache
+
+
+    def shared_prefix(self, prompt_tokens, prompt_positions, prompt_mask, tokens, positions,
+                      attention_mask):
+        """The forward pass of G completions per prompt with the prompt computed once per group.
+
+        A GRPO group's G rows share their prompt: every layer's prompt activations, keys and
+        values are identical across the group. This pass runs the prompt stream on P rows and
+        the completion stream on P * G rows, whose queries attend to their group's prompt keys
+        and to their own earlier completion keys ("shared-prefix" / Prefix Grouper forward,
+        Liu et al. 2025). Gradients w.r.t. the prompt stream are summed over the group by
+        autodiff, so values and gradients equal `__call__` on the concatenated rows (up to float
+        rounding) for about (P * Lp + R * Lc) / (R * (Lp + Lc)) of the layer FLOPs.
+
+        Args:
+          prompt_tokens [P, Lp] int32 (left-padded), prompt_positions [P, Lp] int32,
+          prompt_mask [P, Lp] bool: one row per group.
+          tokens [R, Lc] int32, positions [R, Lc] int32, attention_mask [R, Lc] bool: the
+          completion positions of R = P * G rows; row r continues prompt r // G.
+        Returns:
+          (hidden_prompt [P, Lp, E], hidden [R, Lc, E]) after the final norm.
+        Raises:
+          ValueError: R is not a multiple of P.
+        """
+        c = self.config
+        dt = jnp.dtype(c.dtype)
+        P, Lp = prompt_tokens.shape
+        R, Lc = tokens.shape
+        if R % P:
+            raise ValueError(f"{R} completion rows are not a multiple of {P} prompts")
+        G = R // P
+        prompt_mask = prompt_mask.astype(bool)
+        attention_mask = attention_mask.astype(bool)
+        embed = self.embed[...]
+        xp = jnp.take(embed, prompt_tokens, axis=0).astype(dt)
+        xc = jnp.take(embed, tokens, axis=0).astype(dt)
+        causal_p = jnp.arange(Lp)[None, :] <= jnp.arange(Lp)[:, None]
+        causal_c = jnp.arange(Lc)[None, :] <= jnp.arange(Lc)[:, None]
+        mask_pp = prompt_mask[:, None, :] & causal_p[None]
+        mask_cc = attention_mask[:, None, :] & causal_c[None]
+        del G
+        graphdef, layer_state = nnx.split(self.layers)
+
+        def body(carry, state_l):
+            hp, hc = carry
+            block = nnx.merge(graphdef, state_l)
+            hp = sharding.constrain_batch(hp)
+            hc = sharding.constrain_batch(hc)
+            return block.shared_prefix(hp, prompt_positions, mask_pp, hc, positions, prompt_mask,
+                                       mask_cc), None
+
+        if c.remat:
+            body = jax.checkpoint(body)
+        (hp, hc), _ = jax.lax.scan(body, (xp, xc), layer_state)
+        return (rms_norm(hp, self.final_norm[...], c.rms_norm_eps),
+                rms_norm(hc, self.final_norm[...], c.rms_norm_eps))
 
 
 class Transformer(nnx.Module):
