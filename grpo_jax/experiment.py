@@ -375,7 +375,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
     raise ConfigError(f"config.rollout.generate_batch_size={gbs} must divide R={R} and be a multiple "
                       f"of the mesh's data x fsdp = {div} (0 = all R rollouts in one sampler call)")
   group = 1
-  if config.algorithm.get("shared_prompt_forward", False):
+  if config.algorithm.shared_prompt_forward:
     group = n_bar
     if config.algorithm.name == "rollout_gdro":
       raise ConfigError("config.algorithm.shared_prompt_forward needs groups of equal size; "

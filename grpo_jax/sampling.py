@@ -126,19 +126,17 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [R]
     eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
 
+    # prefill one row per group of G identical prompts (G = 1: every row), then copy its cache
+    # and last logits to the group's rows
     G = config.prompt_group_size
+    cache = init_cache(model.config, R // G, Lp + Lc)
+    hidden, cache = model(prompt_tokens[::G], positions[::G], prompt_mask[::G], cache=cache,
+                          return_hidden=True)
+    logits = model.logits(hidden[:, -1])  # [R / G, V]
     if G > 1:
-        # prefill one row per group, then copy its cache and last logits to the group's rows
-        cache = init_cache(model.config, R // G, Lp + Lc)
-        hidden, cache = model(prompt_tokens[::G], positions[::G], prompt_mask[::G], cache=cache,
-                              return_hidden=True)
-        logits = jnp.repeat(model.logits(hidden[:, -1]), G, axis=0)  # [R, V]
+        logits = jnp.repeat(logits, G, axis=0)
         cache = cache.replace(k=jnp.repeat(cache.k, G, axis=1), v=jnp.repeat(cache.v, G, axis=1),
                               key_mask=jnp.repeat(cache.key_mask, G, axis=0))
-    else:
-        cache = init_cache(model.config, R, Lp + Lc)
-        hidden, cache = model(prompt_tokens, positions, prompt_mask, cache=cache, return_hidden=True)
-        logits = model.logits(hidden[:, -1])  # [R, V]
 
     rng, key = jax.random.split(rng)
     tok, lp = sample_logits(logits, key, config)

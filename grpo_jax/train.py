@@ -124,12 +124,13 @@ def completion_logprobs(graphdef, params, tokens, attention_mask, prompt_len: in
                                        positions[:, lp:-1], attention_mask[:, lp:-1])
     # position Lp - 1 (the prompt's last token) scores the first completion token
     hidden = jnp.concatenate([jnp.repeat(hp[:, -1:], G, axis=0), hc], axis=1)
-    return losses.logprobs_from_logits(model.logits(hidden), tokens[:, lp:], temperature)
-  hidden, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1], return_hidden=True)
+  else:
+    hidden, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1],
+                      return_hidden=True)
+    hidden = hidden[:, prompt_len - 1:]
   # project only the Lc completion positions to the vocabulary (the prompt's logits are never
   # used: at Lp = 256, Lc = 64 that is 5x less logits memory and LM-head compute)
-  logits = model.logits(hidden[:, prompt_len - 1:])
-  return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
+  return losses.logprobs_from_logits(model.logits(hidden), tokens[:, prompt_len:], temperature)
 
 
 def make_optimizer(opt_cfg, total_updates: int, learning_rate: float | None = None):
@@ -290,7 +291,8 @@ def chunked_completion_logprobs(graphdef, params, tokens, attention_mask, prompt
 
   Peak memory is one chunk's activations and logits instead of the whole batch's (at Qwen3-8B
   x 1024 rollouts x 5,120 tokens: 43 GiB instead of 156 GiB per device on 64 chips,
-  ``reports/aot.md``). Chunk ``j`` holds rows ``{i * C + j}`` (C = R / rows_per_chunk chunks),
+  ``reports/aot.md``). Chunk ``j`` holds rows ``{i * C + j}`` (C = R / rows_per_chunk chunks;
+  whole groups of ``group_size`` rows, ``split_rows``),
   so a batch sharded in contiguous row blocks over ``data`` x ``fsdp`` is split without moving
   a row between devices. Rows are independent, so the values equal the unchunked ones up to
   float rounding. Falls back to one pass when ``rows_per_chunk`` does not divide R.

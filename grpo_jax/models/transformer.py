@@ -361,7 +361,6 @@ class Decoder(nnx.Module):
             new_cache = KVCache(k=ck, v=cv, key_mask=key_mask, index=cache.index + T)
         return x, new_cache
 
-
     def shared_prefix(self, prompt_tokens, prompt_positions, prompt_mask, tokens, positions,
                       attention_mask):
         """The forward pass of G completions per prompt with the prompt computed once per group.
@@ -390,7 +389,6 @@ class Decoder(nnx.Module):
         R, Lc = tokens.shape
         if R % P:
             raise ValueError(f"{R} completion rows are not a multiple of {P} prompts")
-        G = R // P
         prompt_mask = prompt_mask.astype(bool)
         attention_mask = attention_mask.astype(bool)
         embed = self.embed[...]
@@ -400,7 +398,6 @@ class Decoder(nnx.Module):
         causal_c = jnp.arange(Lc)[None, :] <= jnp.arange(Lc)[:, None]
         mask_pp = prompt_mask[:, None, :] & causal_p[None]
         mask_cc = attention_mask[:, None, :] & causal_c[None]
-        del G
         graphdef, layer_state = nnx.split(self.layers)
 
         def body(carry, state_l):
