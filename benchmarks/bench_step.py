@@ -8,6 +8,7 @@ process (a jitted 2048x2048 matmul, best of several), so the ratio is hardware-i
 Model FLOPs of the update: 6 x parameters x tokens (forward + backward, Kaplan et al. 2020)
 plus attention (12 x layers x heads x head_dim x T^2 per row, fwd + bwd), per gradient step.
 """
+
 import argparse
 import os
 import statistics
@@ -18,79 +19,85 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
-  """Best-of float32 matmul FLOP/s on the default device."""
-  import jax
-  import jax.numpy as jnp
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
+    """Best-of float32 matmul FLOP/s on the default device."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
 
 
 def load_config(spec: str):
-  import importlib.util
-  path, _, arg = spec.partition(":")
-  mod_spec = importlib.util.spec_from_file_location("bench_config", path)
-  mod = importlib.util.module_from_spec(mod_spec)
-  mod_spec.loader.exec_module(mod)
-  return mod.get_config(arg) if arg else mod.get_config()
+    import importlib.util
+
+    path, _, arg = spec.partition(":")
+    mod_spec = importlib.util.spec_from_file_location("bench_config", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod.get_config(arg) if arg else mod.get_config()
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="configs/arithmetic.py:grpo")
-  parser.add_argument("--steps", type=int, default=10, help="timed steps")
-  parser.add_argument("--warmup", type=int, default=2, help="untimed steps (compilation)")
-  args = parser.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/arithmetic.py:grpo")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps (compilation)")
+    args = parser.parse_args()
 
-  import jax
-  import numpy as np
-  from grpo_jax import train
-  from grpo_jax.experiment import build_experiment
+    import jax
 
-  config = load_config(args.config)
-  config.logging.progress_bar = False
-  exp = build_experiment(config)
-  state = exp.init_state(make_state=train.TrainState)
-  exp.set_ref_params(None, state)
-  fns = train._jit_functions(exp)  # noqa: SLF001 -- the benchmark drives the loop's own pieces
-  ctrl = train.init_controllers(exp)
-  source = exp.make_source()
-  rows = []
-  for i in range(args.warmup + args.steps):
-    state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-    if i >= args.warmup:
-      rows.append(row)
-  peak = matmul_peak()
+    from grpo_jax import train
+    from grpo_jax.experiment import build_experiment
 
-  mc = exp.model_config
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
-  R = config.rollout.prompts_per_step * config.rollout.rollouts_per_prompt
-  T = exp.prompt_len + exp.max_new_tokens - 1
-  updates_per_step = config.algorithm.num_iterations * (R // exp.mini_batch_size)
-  flops_per_row = 6 * n_params * T + 12 * mc.num_layers * mc.num_heads * mc.head_dim * T * T
-  update_flops = flops_per_row * R * config.algorithm.num_iterations
-  phases = sorted(k for k in rows[0] if k.startswith("time/"))
-  med = {k: statistics.median(r[k] for r in rows) for k in phases}
-  gen_tokens = statistics.median(r["generated_tokens"] for r in rows)
-  print(f"config {args.config}: {n_params / 1e6:.2f}M parameters, R={R} rollouts, "
-        f"T={T} positions, {updates_per_step} gradient step(s) per RL step, {args.steps} timed steps")
-  print(f"{'phase':<22}{'median s':>10}")
-  for k in phases:
-    print(f"{k:<22}{med[k]:>10.4f}")
-  print(f"generate tokens/s (completion tokens)   {gen_tokens / med['time/generate']:.0f}")
-  print(f"update tokens/s (prompt+completion)     {R * T * config.algorithm.num_iterations / med['time/update']:.0f}")
-  achieved = update_flops / med["time/update"]
-  print(f"update achieved model FLOP/s            {achieved / 1e9:.2f} GFLOP/s")
-  print(f"float32 matmul peak (2048^3, same run)  {peak / 1e9:.2f} GFLOP/s")
-  print(f"update / peak                           {100 * achieved / peak:.1f}%")
-  exp.close()
+    config = load_config(args.config)
+    config.logging.progress_bar = False
+    exp = build_experiment(config)
+    state = exp.init_state(make_state=train.TrainState)
+    exp.set_ref_params(None, state)
+    fns = train._jit_functions(exp)
+    ctrl = train.init_controllers(exp)
+    source = exp.make_source()
+    rows = []
+    for i in range(args.warmup + args.steps):
+        state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
+        if i >= args.warmup:
+            rows.append(row)
+    peak = matmul_peak()
+
+    mc = exp.model_config
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    R = config.rollout.prompts_per_step * config.rollout.rollouts_per_prompt
+    T = exp.prompt_len + exp.max_new_tokens - 1
+    updates_per_step = config.algorithm.num_iterations * (R // exp.mini_batch_size)
+    flops_per_row = 6 * n_params * T + 12 * mc.num_layers * mc.num_heads * mc.head_dim * T * T
+    update_flops = flops_per_row * R * config.algorithm.num_iterations
+    phases = sorted(k for k in rows[0] if k.startswith("time/"))
+    med = {k: statistics.median(r[k] for r in rows) for k in phases}
+    gen_tokens = statistics.median(r["generated_tokens"] for r in rows)
+    print(
+        f"config {args.config}: {n_params / 1e6:.2f}M parameters, R={R} rollouts, "
+        f"T={T} positions, {updates_per_step} gradient step(s) per RL step, {args.steps} timed steps"
+    )
+    print(f"{'phase':<22}{'median s':>10}")
+    for k in phases:
+        print(f"{k:<22}{med[k]:>10.4f}")
+    print(f"generate tokens/s (completion tokens)   {gen_tokens / med['time/generate']:.0f}")
+    print(
+        f"update tokens/s (prompt+completion)     {R * T * config.algorithm.num_iterations / med['time/update']:.0f}"
+    )
+    achieved = update_flops / med["time/update"]
+    print(f"update achieved model FLOP/s            {achieved / 1e9:.2f} GFLOP/s")
+    print(f"float32 matmul peak (2048^3, same run)  {peak / 1e9:.2f} GFLOP/s")
+    print(f"update / peak                           {100 * achieved / peak:.1f}%")
+    exp.close()
 
 
 if __name__ == "__main__":
-  main()
+    main()

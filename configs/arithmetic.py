@@ -5,65 +5,74 @@ Usage: `python -m experiments.run --config=configs/arithmetic.py:grpo --workdir=
 Arguments: grpo (default) | prompt_gdro | rollout_gdro | ppo, optionally followed by
 `,heavy_tailed` (the heterogeneous mix used by experiments/compare.py) or `,smoke` (tiny).
 """
+
 from configs import common
 
 
 def get_config(arg: str = "grpo"):
-  parts = [p for p in (arg or "grpo").split(",") if p]
-  algorithm = parts[0] if parts and parts[0] in common.ALGORITHMS else "grpo"
-  c = common.base_config()
-  c.steps = 100                              # RL steps
-  c.model.preset = "tiny"                    # 2 layers, width 64 (see grpo_jax/models/config.py)
-  c.model.overrides.hidden_size = 128        # width of the tiny transformer
-  c.model.overrides.intermediate_size = 256  # MLP width
-  c.model.overrides.num_layers = 2           # decoder layers
-  c.model.overrides.num_heads = 4            # attention heads
-  c.model.overrides.num_kv_heads = 2         # key/value heads (GQA)
-  c.model.overrides.head_dim = 32            # per-head width
+    parts = [p for p in (arg or "grpo").split(",") if p]
+    algorithm = parts[0] if parts and parts[0] in common.ALGORITHMS else "grpo"
+    c = common.base_config()
+    c.steps = 100  # RL steps
+    c.model.preset = "tiny"  # 2 layers, width 64 (see grpo_jax/models/config.py)
+    c.model.overrides.hidden_size = 128  # width of the tiny transformer
+    c.model.overrides.intermediate_size = 256  # MLP width
+    c.model.overrides.num_layers = 2  # decoder layers
+    c.model.overrides.num_heads = 4  # attention heads
+    c.model.overrides.num_kv_heads = 2  # key/value heads (GQA)
+    c.model.overrides.head_dim = 32  # per-head width
 
-  c.data.name = "arithmetic"                 # procedural task with exact integer answers
-  c.data.template = "arithmetic"             # prompt = "<problem>="
-  c.data.max_prompt_tokens = 16              # longest level-5 prompt is 12 characters
-  c.data.arithmetic.num_train = 20000        # training problems (large: the warm start must not memorise)
-  c.data.arithmetic.levels = (1, 2, 3)       # a+b (1 digit), two-digit a+b, a+b-c (see grpo_jax/data/arithmetic.py)
-  c.data.arithmetic.num_eval = 200           # held-out problems (disjoint from training)
-  c.data.arithmetic.seed = 0                 # task generator seed
+    c.data.name = "arithmetic"  # procedural task with exact integer answers
+    c.data.template = "arithmetic"  # prompt = "<problem>="
+    c.data.max_prompt_tokens = 16  # longest level-5 prompt is 12 characters
+    c.data.arithmetic.num_train = (
+        20000  # training problems (large: the warm start must not memorise)
+    )
+    c.data.arithmetic.levels = (
+        1,
+        2,
+        3,
+    )  # a+b (1 digit), two-digit a+b, a+b-c (see grpo_jax/data/arithmetic.py)
+    c.data.arithmetic.num_eval = 200  # held-out problems (disjoint from training)
+    c.data.arithmetic.seed = 0  # task generator seed
 
-  c.rollout.prompts_per_step = 64            # P (a large batch keeps the tiny model's RL stable)
-  c.rollout.rollouts_per_prompt = 8          # n_bar (group size)
-  c.rollout.max_new_tokens = 6               # answers are at most 5 characters + EOS
-  c.rollout.temperature = 1.0                # sampling temperature
+    c.rollout.prompts_per_step = 64  # P (a large batch keeps the tiny model's RL stable)
+    c.rollout.rollouts_per_prompt = 8  # n_bar (group size)
+    c.rollout.max_new_tokens = 6  # answers are at most 5 characters + EOS
+    c.rollout.temperature = 1.0  # sampling temperature
 
-  c.algorithm.kl_coef = 0.0                  # no reference pass for the tiny default
-  c.optimizer.learning_rate = 1e-4           # tiny models take large steps
-  c.optimizer.grad_clip = 1.0
+    c.algorithm.kl_coef = 0.0  # no reference pass for the tiny default
+    c.optimizer.learning_rate = 1e-4  # tiny models take large steps
+    c.optimizer.grad_clip = 1.0
 
-  c.sft.steps = 300                          # supervised warm start: the format and partial skill (~30% held-out)
-  c.sft.batch_size = 128
-  c.sft.learning_rate = 1e-3
+    c.sft.steps = 300  # supervised warm start: the format and partial skill (~30% held-out)
+    c.sft.batch_size = 128
+    c.sft.learning_rate = 1e-3
 
-  c.checkpoint.every_steps = 25
-  c.eval.datasets = ("arithmetic",)
-  c.eval.max_examples = 200
-  c.eval.num_samples = 8
-  c.eval.temperature = 0.6
-  c.eval.top_p = 0.8
-  c.eval.top_k = 20
-  c.eval.batch_size = 512
-  c.gdro.signal = "failure_rate"             # see README: the surrogate is ~0 at ratio 1 with one update per batch
-  c.reward.num_workers = 1                   # arithmetic is scored in-process (no pool is started)
-  common.apply_algorithm(c, algorithm)
-  if "heavy_tailed" in parts:
-    c.data.arithmetic.levels = (1, 2, 3, 4, 5)
-    c.data.arithmetic.heavy_tailed = True    # most problems easy, a long tail of hard levels
-  if "smoke" in parts:                       # seconds-long run for tests
-    c.steps = 3
-    c.sft.steps = 5
-    c.rollout.prompts_per_step = 8
-    c.rollout.rollouts_per_prompt = 4
-    c.data.arithmetic.num_train = 500
-    c.eval.max_examples = 16
-    c.eval.batch_size = 64
-    c.checkpoint.every_steps = 1
-    c.logging.progress_bar = False
-  return c
+    c.checkpoint.every_steps = 25
+    c.eval.datasets = ("arithmetic",)
+    c.eval.max_examples = 200
+    c.eval.num_samples = 8
+    c.eval.temperature = 0.6
+    c.eval.top_p = 0.8
+    c.eval.top_k = 20
+    c.eval.batch_size = 512
+    c.gdro.signal = (
+        "failure_rate"  # see README: the surrogate is ~0 at ratio 1 with one update per batch
+    )
+    c.reward.num_workers = 1  # arithmetic is scored in-process (no pool is started)
+    common.apply_algorithm(c, algorithm)
+    if "heavy_tailed" in parts:
+        c.data.arithmetic.levels = (1, 2, 3, 4, 5)
+        c.data.arithmetic.heavy_tailed = True  # most problems easy, a long tail of hard levels
+    if "smoke" in parts:  # seconds-long run for tests
+        c.steps = 3
+        c.sft.steps = 5
+        c.rollout.prompts_per_step = 8
+        c.rollout.rollouts_per_prompt = 4
+        c.data.arithmetic.num_train = 500
+        c.eval.max_examples = 16
+        c.eval.batch_size = 64
+        c.checkpoint.every_steps = 1
+        c.logging.progress_bar = False
+    return c

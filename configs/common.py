@@ -3,146 +3,165 @@
 Sections: model, data, rollout, algorithm, gdro, optimizer, sft, mesh, checkpoint, eval, logging.
 Units are in the names (`*_steps`, `*_tokens`, `*_per_step`, `*_s`). Every field is commented.
 """
+
 import ml_collections
 
 ALGORITHMS = ("grpo", "prompt_gdro", "rollout_gdro", "ppo")
 
 
 def base_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0                                 # one seed for init, data order and sampling
-  c.steps = 100                              # RL steps (one step = generate + score + update)
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # one seed for init, data order and sampling
+    c.steps = 100  # RL steps (one step = generate + score + update)
 
-  c.model = ml_collections.ConfigDict()
-  c.model.preset = "tiny"                    # name in grpo_jax.models.PRESETS (ignored if a checkpoint is given)
-  c.model.overrides = ml_collections.ConfigDict()  # ModelConfig fields overriding the preset (e.g. hidden_size)
-  c.model.hf_checkpoint = ""                 # Hugging Face checkpoint dir (config.json + safetensors); "" = none
-  c.model.gguf_path = ""                     # GGUF file to load (dequantised); "" = none
-  c.model.dtype = "float32"                  # compute dtype: float32 | bfloat16
-  c.model.param_dtype = "float32"            # parameter dtype: float32 | bfloat16
-  c.model.remat = False                      # rematerialise activations per layer in the update
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "tiny"  # name in grpo_jax.models.PRESETS (ignored if a checkpoint is given)
+    c.model.overrides = (
+        ml_collections.ConfigDict()
+    )  # ModelConfig fields overriding the preset (e.g. hidden_size)
+    c.model.hf_checkpoint = ""  # Hugging Face checkpoint dir (config.json + safetensors); "" = none
+    c.model.gguf_path = ""  # GGUF file to load (dequantised); "" = none
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.param_dtype = "float32"  # parameter dtype: float32 | bfloat16
+    c.model.remat = False  # rematerialise activations per layer in the update
 
-  c.data = ml_collections.ConfigDict()
-  c.data.name = "arithmetic"                 # training set: arithmetic | gsm8k | dapo_math | math500
-  c.data.config = ""                         # dataset config (dapo_math: full | en_dedup)
-  c.data.split = "train"                     # training split
-  c.data.source_dir = ""                     # raw data dir; "" = $GRPO_JAX_DATA_DIR or ../shared/data
-  c.data.template = "arithmetic"             # prompt template: arithmetic | plain | chat
-  c.data.max_prompt_tokens = 32              # prompt budget in tokens; prompts are left-padded to the longest train/eval prompt (rounded up to 8), at most this
-  c.data.overlong_prompts = "skip"           # prompts over budget: skip | truncate (counted either way)
-  c.data.bad_rows = "error"                  # rows missing fields: error | skip (counted)
-  c.data.max_train_examples = 0              # cap on training examples (0 = all)
-  c.data.arithmetic = ml_collections.ConfigDict()  # grpo_jax.data.arithmetic.ArithmeticConfig fields
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "arithmetic"  # training set: arithmetic | gsm8k | dapo_math | math500
+    c.data.config = ""  # dataset config (dapo_math: full | en_dedup)
+    c.data.split = "train"  # training split
+    c.data.source_dir = ""  # raw data dir; "" = $GRPO_JAX_DATA_DIR or ../shared/data
+    c.data.template = "arithmetic"  # prompt template: arithmetic | plain | chat
+    c.data.max_prompt_tokens = 32  # prompt budget in tokens; prompts are left-padded to the longest train/eval prompt (rounded up to 8), at most this
+    c.data.overlong_prompts = "skip"  # prompts over budget: skip | truncate (counted either way)
+    c.data.bad_rows = "error"  # rows missing fields: error | skip (counted)
+    c.data.max_train_examples = 0  # cap on training examples (0 = all)
+    c.data.arithmetic = (
+        ml_collections.ConfigDict()
+    )  # grpo_jax.data.arithmetic.ArithmeticConfig fields
 
-  c.rollout = ml_collections.ConfigDict()
-  c.rollout.prompts_per_step = 32            # P: prompts drawn per RL step
-  c.rollout.rollouts_per_prompt = 8          # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
-  c.rollout.max_new_tokens = 8               # completion budget in tokens
-  c.rollout.generate_batch_size = 0          # rollouts per sampler call (0 = all R in one call); bounds the KV cache
-  c.rollout.temperature = 1.0                # sampling temperature for training rollouts
-  c.rollout.top_k = 0                        # top-k for training rollouts (0 = off)
-  c.rollout.top_p = 1.0                      # top-p for training rollouts (1 = off)
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.prompts_per_step = 32  # P: prompts drawn per RL step
+    c.rollout.rollouts_per_prompt = (
+        8  # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
+    )
+    c.rollout.max_new_tokens = 8  # completion budget in tokens
+    c.rollout.generate_batch_size = (
+        0  # rollouts per sampler call (0 = all R in one call); bounds the KV cache
+    )
+    c.rollout.temperature = 1.0  # sampling temperature for training rollouts
+    c.rollout.top_k = 0  # top-k for training rollouts (0 = off)
+    c.rollout.top_p = 1.0  # top-p for training rollouts (1 = off)
 
-  c.algorithm = ml_collections.ConfigDict()
-  c.algorithm.name = "grpo"                  # grpo | prompt_gdro | rollout_gdro | ppo
-  c.algorithm.estimator = "grpo"             # advantage estimator: grpo | dr_grpo | rloo
-  c.algorithm.std = "unbiased"               # group std for grpo: unbiased | population
-  c.algorithm.advantage_clip = 5.0           # clip advantages to [-c, c] (0 = off)
-  c.algorithm.epsilon_low = 0.2              # PPO clip, lower side
-  c.algorithm.epsilon_high = 0.28            # PPO clip, upper side (DAPO clip-higher)
-  c.algorithm.dual_clip = 0.0                # dual-clip constant c > 1 for A < 0 (0 = off)
-  c.algorithm.loss_agg_mode = "token-mean"   # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-  c.algorithm.kl_coef = 0.0                  # KL-to-reference coefficient (0 skips the reference pass)
-  c.algorithm.kl_kind = "k3"                 # k1 | k2 | k3
-  c.algorithm.num_iterations = 1             # passes over each batch of rollouts (mu in GRPO)
-  c.algorithm.mini_batch_size = 0            # rollouts per gradient step (0 = the whole batch R)
-  c.algorithm.micro_batch_size = 0           # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
-  c.algorithm.shared_prompt_forward = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
-  c.algorithm.reward_scale = "pm1"           # pm1 (+1/-1, paper) | 01
-  c.algorithm.dynamic_sampling = False       # DAPO: drop all-equal groups and re-sample
-  c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling
-  c.algorithm.ppo_gamma = 1.0                # PPO only: GAE discount
-  c.algorithm.ppo_lam = 0.95                 # PPO only: GAE lambda
-  c.algorithm.ppo_value_clip = 0.2           # PPO only: value-loss clip range
-  c.algorithm.ppo_vf_coef = 0.5              # PPO only: value-loss coefficient
-  c.algorithm.ppo_critic_lr = 1e-4           # PPO only: critic learning rate
+    c.algorithm = ml_collections.ConfigDict()
+    c.algorithm.name = "grpo"  # grpo | prompt_gdro | rollout_gdro | ppo
+    c.algorithm.estimator = "grpo"  # advantage estimator: grpo | dr_grpo | rloo
+    c.algorithm.std = "unbiased"  # group std for grpo: unbiased | population
+    c.algorithm.advantage_clip = 5.0  # clip advantages to [-c, c] (0 = off)
+    c.algorithm.epsilon_low = 0.2  # PPO clip, lower side
+    c.algorithm.epsilon_high = 0.28  # PPO clip, upper side (DAPO clip-higher)
+    c.algorithm.dual_clip = 0.0  # dual-clip constant c > 1 for A < 0 (0 = off)
+    c.algorithm.loss_agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    c.algorithm.kl_coef = 0.0  # KL-to-reference coefficient (0 skips the reference pass)
+    c.algorithm.kl_kind = "k3"  # k1 | k2 | k3
+    c.algorithm.num_iterations = 1  # passes over each batch of rollouts (mu in GRPO)
+    c.algorithm.mini_batch_size = 0  # rollouts per gradient step (0 = the whole batch R)
+    c.algorithm.micro_batch_size = 0  # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
+    c.algorithm.shared_prompt_forward = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
+    c.algorithm.reward_scale = "pm1"  # pm1 (+1/-1, paper) | 01
+    c.algorithm.dynamic_sampling = False  # DAPO: drop all-equal groups and re-sample
+    c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling
+    c.algorithm.ppo_gamma = 1.0  # PPO only: GAE discount
+    c.algorithm.ppo_lam = 0.95  # PPO only: GAE lambda
+    c.algorithm.ppo_value_clip = 0.2  # PPO only: value-loss clip range
+    c.algorithm.ppo_vf_coef = 0.5  # PPO only: value-loss coefficient
+    c.algorithm.ppo_critic_lr = 1e-4  # PPO only: critic learning rate
 
-  c.gdro = ml_collections.ConfigDict()
-  c.gdro.edges = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # pass-rate bin edges (B = len + 1 bins)
-  c.gdro.history = 50                        # H: visits kept per prompt by the classifier
-  c.gdro.delta = -1.0                        # hysteresis margin (-1 = 0.03 for prompt_gdro, 0 for rollout_gdro)
-  c.gdro.unseen_bin = 0                      # bin of never-seen prompts
-  c.gdro.statistic = "any_correct"           # per-visit statistic: any_correct | pass_at_k
-  c.gdro.pass_k = 4                          # k for the pass_at_k statistic
-  c.gdro.eta_q = 0.65                        # Prompt-GDRO: exponential-weights step size
-  c.gdro.gamma_q = 0.01                      # Prompt-GDRO: uniform mixing
-  c.gdro.beta = 0.12                         # Prompt-GDRO: EMA rate of bin scores
-  c.gdro.weight_cap = 15.0                   # Prompt-GDRO: cap on per-rollout advantage weights
-  c.gdro.score_clip = 0.0                    # Prompt-GDRO: clip C on scores before exp (0 = none)
-  c.gdro.apply = "advantage_weight"          # Prompt-GDRO: advantage_weight | resample
-  c.gdro.signal = "surrogate_loss"           # Prompt-GDRO loss signal: surrogate_loss | failure_rate
-  c.gdro.allocator = "bandit"                # Rollout-GDRO: bandit | sqrt
-  c.gdro.n_min = 2                           # Rollout-GDRO: fewest rollouts per prompt (>= 2)
-  c.gdro.n_max = 12                          # Rollout-GDRO: most rollouts per prompt
-  c.gdro.eta_n = 0.65                        # Rollout-GDRO bandit: step size
-  c.gdro.gamma_n = 0.01                      # Rollout-GDRO bandit: uniform mixing
-  c.gdro.arm_ema = 0.4                       # Rollout-GDRO bandit: EMA decay of arm scores
-  c.gdro.alpha_mu = 0.05                     # Rollout-GDRO bandit: dual-ascent step on the price mu
-  c.gdro.v_floor = 0.01                      # Rollout-GDRO sqrt: variance floor
+    c.gdro = ml_collections.ConfigDict()
+    c.gdro.edges = (
+        0.1,
+        0.2,
+        0.3,
+        0.4,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.9,
+    )  # pass-rate bin edges (B = len + 1 bins)
+    c.gdro.history = 50  # H: visits kept per prompt by the classifier
+    c.gdro.delta = -1.0  # hysteresis margin (-1 = 0.03 for prompt_gdro, 0 for rollout_gdro)
+    c.gdro.unseen_bin = 0  # bin of never-seen prompts
+    c.gdro.statistic = "any_correct"  # per-visit statistic: any_correct | pass_at_k
+    c.gdro.pass_k = 4  # k for the pass_at_k statistic
+    c.gdro.eta_q = 0.65  # Prompt-GDRO: exponential-weights step size
+    c.gdro.gamma_q = 0.01  # Prompt-GDRO: uniform mixing
+    c.gdro.beta = 0.12  # Prompt-GDRO: EMA rate of bin scores
+    c.gdro.weight_cap = 15.0  # Prompt-GDRO: cap on per-rollout advantage weights
+    c.gdro.score_clip = 0.0  # Prompt-GDRO: clip C on scores before exp (0 = none)
+    c.gdro.apply = "advantage_weight"  # Prompt-GDRO: advantage_weight | resample
+    c.gdro.signal = "surrogate_loss"  # Prompt-GDRO loss signal: surrogate_loss | failure_rate
+    c.gdro.allocator = "bandit"  # Rollout-GDRO: bandit | sqrt
+    c.gdro.n_min = 2  # Rollout-GDRO: fewest rollouts per prompt (>= 2)
+    c.gdro.n_max = 12  # Rollout-GDRO: most rollouts per prompt
+    c.gdro.eta_n = 0.65  # Rollout-GDRO bandit: step size
+    c.gdro.gamma_n = 0.01  # Rollout-GDRO bandit: uniform mixing
+    c.gdro.arm_ema = 0.4  # Rollout-GDRO bandit: EMA decay of arm scores
+    c.gdro.alpha_mu = 0.05  # Rollout-GDRO bandit: dual-ascent step on the price mu
+    c.gdro.v_floor = 0.01  # Rollout-GDRO sqrt: variance floor
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.learning_rate = 1e-6           # AdamW peak learning rate
-  c.optimizer.warmup_steps = 0               # linear warm-up (optimizer updates)
-  c.optimizer.schedule = "constant"          # constant | cosine (after warm-up)
-  c.optimizer.weight_decay = 0.0             # AdamW decoupled weight decay
-  c.optimizer.b1 = 0.9                       # Adam beta1
-  c.optimizer.b2 = 0.999                     # Adam beta2
-  c.optimizer.grad_clip = 1.0                # global-norm gradient clip (0 = off)
-  c.optimizer.max_consecutive_skips = 5      # stop after this many non-finite updates in a row
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = 1e-6  # AdamW peak learning rate
+    c.optimizer.warmup_steps = 0  # linear warm-up (optimizer updates)
+    c.optimizer.schedule = "constant"  # constant | cosine (after warm-up)
+    c.optimizer.weight_decay = 0.0  # AdamW decoupled weight decay
+    c.optimizer.b1 = 0.9  # Adam beta1
+    c.optimizer.b2 = 0.999  # Adam beta2
+    c.optimizer.grad_clip = 1.0  # global-norm gradient clip (0 = off)
+    c.optimizer.max_consecutive_skips = 5  # stop after this many non-finite updates in a row
 
-  c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 0                            # supervised warm-start steps before RL (0 = none)
-  c.sft.batch_size = 64                      # examples per warm-start step
-  c.sft.learning_rate = 1e-3                 # warm-start learning rate
+    c.sft = ml_collections.ConfigDict()
+    c.sft.steps = 0  # supervised warm-start steps before RL (0 = none)
+    c.sft.batch_size = 64  # examples per warm-start step
+    c.sft.learning_rate = 1e-3  # warm-start learning rate
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = 1                            # data-parallel axis size (-1 = all remaining devices)
-  c.mesh.fsdp = 1                            # fully-sharded data-parallel axis size
-  c.mesh.tensor = 1                          # tensor-parallel axis size
-  c.mesh.num_devices = 0                     # use the first N devices (0 = all of jax.devices())
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1  # data-parallel axis size (-1 = all remaining devices)
+    c.mesh.fsdp = 1  # fully-sharded data-parallel axis size
+    c.mesh.tensor = 1  # tensor-parallel axis size
+    c.mesh.num_devices = 0  # use the first N devices (0 = all of jax.devices())
 
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 10              # save every N RL steps (and at the end / on SIGTERM)
-  c.checkpoint.keep = 3                      # keep the last N checkpoints
-  c.checkpoint.overwrite = False             # allow a workdir holding a run with another config
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_steps = 10  # save every N RL steps (and at the end / on SIGTERM)
+    c.checkpoint.keep = 3  # keep the last N checkpoints
+    c.checkpoint.overwrite = False  # allow a workdir holding a run with another config
 
-  c.eval = ml_collections.ConfigDict()
-  c.eval.every_steps = 0                     # evaluate every N RL steps (0 = only before and after)
-  c.eval.datasets = ("arithmetic",)          # held-out sets
-  c.eval.max_examples = 200                  # problems per held-out set (0 = all)
-  c.eval.num_samples = 8                     # samples per problem (k of pass@k, mean@k)
-  c.eval.temperature = 0.6                   # paper protocol
-  c.eval.top_p = 0.8                         # paper protocol
-  c.eval.top_k = 20                          # paper protocol
-  c.eval.max_new_tokens = 0                  # 0 = rollout.max_new_tokens
-  c.eval.batch_size = 256                    # rollouts per generation call during evaluation
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every_steps = 0  # evaluate every N RL steps (0 = only before and after)
+    c.eval.datasets = ("arithmetic",)  # held-out sets
+    c.eval.max_examples = 200  # problems per held-out set (0 = all)
+    c.eval.num_samples = 8  # samples per problem (k of pass@k, mean@k)
+    c.eval.temperature = 0.6  # paper protocol
+    c.eval.top_p = 0.8  # paper protocol
+    c.eval.top_k = 20  # paper protocol
+    c.eval.max_new_tokens = 0  # 0 = rollout.max_new_tokens
+    c.eval.batch_size = 256  # rollouts per generation call during evaluation
 
-  c.logging = ml_collections.ConfigDict()
-  c.logging.every_steps = 1                  # write a metrics row every N steps
-  c.logging.tensorboard = True               # also write TensorBoard event files
-  c.logging.progress_bar = True              # tqdm bar on stderr
-  c.reward = ml_collections.ConfigDict()
-  c.reward.timeout_s = 5.0                   # per-completion verifier timeout (seconds)
-  c.reward.num_workers = 2                   # verifier worker processes
-  c.reward.format_reward = 0.0               # bonus for a well-formed final answer
-  return c
+    c.logging = ml_collections.ConfigDict()
+    c.logging.every_steps = 1  # write a metrics row every N steps
+    c.logging.tensorboard = True  # also write TensorBoard event files
+    c.logging.progress_bar = True  # tqdm bar on stderr
+    c.reward = ml_collections.ConfigDict()
+    c.reward.timeout_s = 5.0  # per-completion verifier timeout (seconds)
+    c.reward.num_workers = 2  # verifier worker processes
+    c.reward.format_reward = 0.0  # bonus for a well-formed final answer
+    return c
 
 
 def apply_algorithm(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """Sets `algorithm.name` and the defaults that go with it (spec: gdro.md sections 2-3)."""
-  if name not in ALGORITHMS:
-    raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
-  c.algorithm.name = name
-  if c.gdro.delta < 0:
-    c.gdro.delta = 0.03 if name == "prompt_gdro" else 0.0
-  return c
+    """Sets `algorithm.name` and the defaults that go with it (spec: gdro.md sections 2-3)."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
+    c.algorithm.name = name
+    if c.gdro.delta < 0:
+        c.gdro.delta = 0.03 if name == "prompt_gdro" else 0.0
+    return c

@@ -33,6 +33,7 @@ each in its own subprocess, and appends the markdown table (and the JSON rows to
 per sampler call), any ``--config.x=y``. The CPU compile uses fast-codegen options (``_FAST_CPU_COMPILE``); on a quiet core the 8B check takes
 13-30 s for 8-256 devices. Results: ``reports/aot.md``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,75 +45,106 @@ import subprocess
 import sys
 import time
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  name: str
-  memory_bytes: int
-  source: str
-  cores_per_chip: int = 1   # TPU v4/v5p names count TensorCores: v5p-8 is 4 chips (4 JAX devices)
+    name: str
+    memory_bytes: int
+    source: str
+    cores_per_chip: int = 1  # TPU v4/v5p names count TensorCores: v5p-8 is 4 chips (4 JAX devices)
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
 # physical, 95 GiB after the runtime's reservation). GPU figures are the datasheets' decimal GB;
 # JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of it: set 0.95 for big runs.
 CHIPS = {
-    "v4": Chip("TPU v4", 32 * GiB, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)", 2),
-    "v5e": Chip("TPU v5e", 16 * GiB, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"),
-    "v5p": Chip("TPU v5p", 95 * GiB, "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e per chip)", 2),
+    "v4": Chip(
+        "TPU v4", 32 * GiB, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)", 2
+    ),
+    "v5e": Chip(
+        "TPU v5e", 16 * GiB, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"
+    ),
+    "v5p": Chip(
+        "TPU v5p", 95 * GiB, "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e per chip)", 2
+    ),
     "v6e": Chip("TPU v6e", 32 * GiB, "https://cloud.google.com/tpu/docs/v6e (32 GiB HBM per chip)"),
-    "h100": Chip("NVIDIA H100 SXM", 80 * 10 ** 9, "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3)"),
-    "h200": Chip("NVIDIA H200 SXM", 141 * 10 ** 9, "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e)"),
-    "a100-40": Chip("NVIDIA A100 40GB", 40 * 10 ** 9, "https://www.nvidia.com/en-us/data-center/a100/ (40 GB HBM2)"),
-    "a100-80": Chip("NVIDIA A100 80GB", 80 * 10 ** 9, "https://www.nvidia.com/en-us/data-center/a100/ (80 GB HBM2e)"),
+    "h100": Chip(
+        "NVIDIA H100 SXM", 80 * 10**9, "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3)"
+    ),
+    "h200": Chip(
+        "NVIDIA H200 SXM",
+        141 * 10**9,
+        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e)",
+    ),
+    "a100-40": Chip(
+        "NVIDIA A100 40GB",
+        40 * 10**9,
+        "https://www.nvidia.com/en-us/data-center/a100/ (40 GB HBM2)",
+    ),
+    "a100-80": Chip(
+        "NVIDIA A100 80GB",
+        80 * 10**9,
+        "https://www.nvidia.com/en-us/data-center/a100/ (80 GB HBM2e)",
+    ),
 }
 
 
 def parse_topology(topology: str) -> tuple[Chip, int]:
-  """``v5p-64`` (TensorCores for v4/v5p, chips for v5e/v6e), ``v5litepod-16``, ``8xh100``,
-  ``h100x8``, ``a100-80x4`` -> (chip, number of JAX devices).
+    """``v5p-64`` (TensorCores for v4/v5p, chips for v5e/v6e), ``v5litepod-16``, ``8xh100``,
+    ``h100x8``, ``a100-80x4`` -> (chip, number of JAX devices).
 
-  Raises:
-    ValueError: an unknown chip or a malformed count, listing the accepted forms.
-  """
-  t = topology.strip().lower().replace("v5litepod", "v5e")
-  m = re.fullmatch(r"(v4|v5e|v5p|v6e)-(\d+)", t)
-  if m:
-    chip = CHIPS[m.group(1)]
-    n = int(m.group(2))
-    if n % chip.cores_per_chip:
-      raise ValueError(f"--topology={topology}: {m.group(1)} counts TensorCores ({chip.cores_per_chip} per chip)")
-    return chip, n // chip.cores_per_chip
-  m = re.fullmatch(r"(\d+)x([a-z0-9-]+)", t) or re.fullmatch(r"([a-z0-9-]+?)x(\d+)", t)
-  if m:
-    count, name = (m.group(1), m.group(2)) if m.group(1).isdigit() else (m.group(2), m.group(1))
-    if name in CHIPS and not name.startswith(("v4", "v5", "v6")):
-      return CHIPS[name], int(count)
-  raise ValueError(f"--topology={topology!r}: expected e.g. v5p-8 (4 chips), v4-32, v5e-16, v6e-8, "
-                   f"8xh100, 8xh200, 8xa100-80; chips: {sorted(CHIPS)}")
+    Raises:
+      ValueError: an unknown chip or a malformed count, listing the accepted forms.
+    """
+    t = topology.strip().lower().replace("v5litepod", "v5e")
+    m = re.fullmatch(r"(v4|v5e|v5p|v6e)-(\d+)", t)
+    if m:
+        chip = CHIPS[m.group(1)]
+        n = int(m.group(2))
+        if n % chip.cores_per_chip:
+            raise ValueError(
+                f"--topology={topology}: {m.group(1)} counts TensorCores ({chip.cores_per_chip} per chip)"
+            )
+        return chip, n // chip.cores_per_chip
+    m = re.fullmatch(r"(\d+)x([a-z0-9-]+)", t) or re.fullmatch(r"([a-z0-9-]+?)x(\d+)", t)
+    if m:
+        count, name = (m.group(1), m.group(2)) if m.group(1).isdigit() else (m.group(2), m.group(1))
+        if name in CHIPS and not name.startswith(("v4", "v5", "v6")):
+            return CHIPS[name], int(count)
+    raise ValueError(
+        f"--topology={topology!r}: expected e.g. v5p-8 (4 chips), v4-32, v5e-16, v6e-8, "
+        f"8xh100, 8xh200, 8xa100-80; chips: {sorted(CHIPS)}"
+    )
 
 
 def _bytes_per_device(tree) -> int:
-  """Per-device bytes of a pytree of ShapeDtypeStruct/arrays with shardings (largest shard)."""
-  import jax
-  total = 0
-  for x in jax.tree.leaves(tree):
-    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
-    total += math.prod(shape) * x.dtype.itemsize
-  return total
+    """Per-device bytes of a pytree of ShapeDtypeStruct/arrays with shardings (largest shard)."""
+    import jax
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = (
+            x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+        )
+        total += math.prod(shape) * x.dtype.itemsize
+    return total
 
 
 def _memory(compiled) -> dict:
-  m = compiled.memory_analysis()
-  if m is None:
-    raise RuntimeError("this backend's compiled.memory_analysis() returned None")
-  out = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
-         "temp": int(m.temp_size_in_bytes), "alias": int(m.alias_size_in_bytes),
-         "code": int(m.generated_code_size_in_bytes)}
-  out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
-  return out
+    m = compiled.memory_analysis()
+    if m is None:
+        raise RuntimeError("this backend's compiled.memory_analysis() returned None")
+    out = {
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes),
+        "code": int(m.generated_code_size_in_bytes),
+    }
+    out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
 
 
 # On the CPU stand-in only the buffer assignment matters, not the speed of the generated code:
@@ -121,186 +153,254 @@ _FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expe
 
 
 def _compile(fn, *args, mesh=None, **kwargs):
-  """Lowers (with ``mesh`` as the abstract-mesh context, as ``sharding.under_mesh`` sets it in
-  training) and compiles ``fn``; returns (compiled, {"lower_s", "compile_s"})."""
-  import jax
-  t0 = time.perf_counter()
-  if mesh is None:
-    lowered = fn.lower(*args, **kwargs)
-  else:
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      lowered = fn.lower(*args, **kwargs)
-  t1 = time.perf_counter()
-  cpu = jax.devices()[0].platform == "cpu"
-  compiled = lowered.compile(compiler_options=_FAST_CPU_COMPILE) if cpu else lowered.compile()
-  t2 = time.perf_counter()
-  return compiled, {"lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)}
+    """Lowers (with ``mesh`` as the abstract-mesh context, as ``sharding.under_mesh`` sets it in
+    training) and compiles ``fn``; returns (compiled, {"lower_s", "compile_s"})."""
+    import jax
+
+    t0 = time.perf_counter()
+    if mesh is None:
+        lowered = fn.lower(*args, **kwargs)
+    else:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            lowered = fn.lower(*args, **kwargs)
+    t1 = time.perf_counter()
+    cpu = jax.devices()[0].platform == "cpu"
+    compiled = lowered.compile(compiler_options=_FAST_CPU_COMPILE) if cpu else lowered.compile()
+    t2 = time.perf_counter()
+    return compiled, {"lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)}
 
 
-def compile_steps(config, *, sampler: str = "full", update: bool = True,
-                  logprobs: bool = True) -> dict:
-  """Lowers and compiles the update, sampler and log-prob steps of ``config`` abstractly.
+def compile_steps(
+    config, *, sampler: str = "full", update: bool = True, logprobs: bool = True
+) -> dict:
+    """Lowers and compiles the update, sampler and log-prob steps of ``config`` abstractly.
 
-  Uses the current JAX devices (``config.mesh`` must match them, as in a real run). Nothing is
-  allocated: every input is a ``jax.ShapeDtypeStruct`` with its sharding.
+    Uses the current JAX devices (``config.mesh`` must match them, as in a real run). Nothing is
+    allocated: every input is a ``jax.ShapeDtypeStruct`` with its sharding.
 
-  Args:
-    config: an experiment ConfigDict (``configs/*.py``); ``model.hf_checkpoint`` / ``gguf_path``
-      are ignored (the preset's architecture is compiled).
-    sampler: "full" (``sampling.generate``: prefill + while-loop decode), "decode" (one prefill
-      call and one decode call on the full-size KV cache) or "none".
-    update, logprobs: whether to compile the update and the log-prob pass.
+    Args:
+      config: an experiment ConfigDict (``configs/*.py``); ``model.hf_checkpoint`` / ``gguf_path``
+        are ignored (the preset's architecture is compiled).
+      sampler: "full" (``sampling.generate``: prefill + while-loop decode), "decode" (one prefill
+        call and one decode call on the full-size KV cache) or "none".
+      update, logprobs: whether to compile the update and the log-prob pass.
 
-  Returns:
-    ``{"mesh", "batch", "params", "state_bytes", "ref_bytes", "steps": {name: {memory..., lower_s,
-    compile_s, resident_extra, peak}}, "peak"}``; bytes are per device.
-  """
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-  from jax.sharding import NamedSharding, PartitionSpec
+    Returns:
+      ``{"mesh", "batch", "params", "state_bytes", "ref_bytes", "steps": {name: {memory..., lower_s,
+      compile_s, resident_extra, peak}}, "peak"}``; bytes are per device.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
 
-  from grpo_jax import sampling
-  from grpo_jax import sharding
-  from grpo_jax import train
-  from grpo_jax.experiment import build_experiment
-  from grpo_jax.models import transformer
+    from grpo_jax import sampling, sharding, train
+    from grpo_jax.experiment import build_experiment
+    from grpo_jax.models import transformer
 
-  config = config.copy_and_resolve_references()
-  config.model.hf_checkpoint = ""
-  config.model.gguf_path = ""
-  exp = build_experiment(config, with_data=False)
-  state = exp.abstract_state(train.TrainState)
-  mesh = exp.mesh
-  P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
-  R, mb = P * n_bar, exp.mini_batch_size
-  Lp, Lc = exp.prompt_len, exp.max_new_tokens
+    config = config.copy_and_resolve_references()
+    config.model.hf_checkpoint = ""
+    config.model.gguf_path = ""
+    exp = build_experiment(config, with_data=False)
+    state = exp.abstract_state(train.TrainState)
+    mesh = exp.mesh
+    P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
+    R, mb = P * n_bar, exp.mini_batch_size
+    Lp, Lc = exp.prompt_len, exp.max_new_tokens
 
-  def batched(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding.batch_sharding(mesh, len(shape)))
+    def batched(shape, dtype):
+        return jax.ShapeDtypeStruct(
+            shape, jnp.dtype(dtype), sharding=sharding.batch_sharding(mesh, len(shape))
+        )
 
-  repl = NamedSharding(mesh, PartitionSpec())
-  state_bytes = _bytes_per_device(state)
-  params_bytes = _bytes_per_device(state.params)
-  needs_ref = config.algorithm.kl_coef > 0
-  ref_bytes = params_bytes if needs_ref else 0   # the frozen reference: a copy of the parameters
-  steps = {}
+    repl = NamedSharding(mesh, PartitionSpec())
+    state_bytes = _bytes_per_device(state)
+    params_bytes = _bytes_per_device(state.params)
+    needs_ref = config.algorithm.kl_coef > 0
+    ref_bytes = params_bytes if needs_ref else 0  # the frozen reference: a copy of the parameters
+    steps = {}
 
-  # 1. the update (one mini-batch).
-  lc_shape = (mb, Lc)
-  batch = train.Batch(
-      tokens=batched((mb, Lp + Lc), "int32"), attention_mask=batched((mb, Lp + Lc), "bool"),
-      completion_mask=batched(lc_shape, "float32"),
-      advantages=batched(lc_shape if config.algorithm.name == "ppo" else (mb,), "float32"),
-      sample_weights=batched((mb,), "float32"), old_logprobs=batched(lc_shape, "float32"),
-      ref_logprobs=batched(lc_shape, "float32"), returns=batched(lc_shape, "float32"),
-      old_values=batched(lc_shape, "float32"))
-  if update:
-    compiled, times = _compile(train.make_update_fn(exp), state, batch)
-    steps["update"] = {**_memory(compiled), **times, "resident_extra": ref_bytes,
-                       "rows": mb, "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"
-                               f"{f', {exp.micro_batch_size} per forward/backward' if exp.micro_batch_size < mb else ''}"}
+    # 1. the update (one mini-batch).
+    lc_shape = (mb, Lc)
+    batch = train.Batch(
+        tokens=batched((mb, Lp + Lc), "int32"),
+        attention_mask=batched((mb, Lp + Lc), "bool"),
+        completion_mask=batched(lc_shape, "float32"),
+        advantages=batched(lc_shape if config.algorithm.name == "ppo" else (mb,), "float32"),
+        sample_weights=batched((mb,), "float32"),
+        old_logprobs=batched(lc_shape, "float32"),
+        ref_logprobs=batched(lc_shape, "float32"),
+        returns=batched(lc_shape, "float32"),
+        old_values=batched(lc_shape, "float32"),
+    )
+    if update:
+        compiled, times = _compile(train.make_update_fn(exp), state, batch)
+        steps["update"] = {
+            **_memory(compiled),
+            **times,
+            "resident_extra": ref_bytes,
+            "rows": mb,
+            "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"
+            f"{f', {exp.micro_batch_size} per forward/backward' if exp.micro_batch_size < mb else ''}",
+        }
 
-  # 2. the sampler (G = generate_batch_size rows per call, R / G calls; Lp + Lc cache slots).
-  G = exp.generate_batch_size
-  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
-  not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
-  if sampler == "full":
-    compiled, times = _compile(sampling._generate, exp.graphdef, state.params, None,
-                               batched((G, Lp), "int32"), batched((G, Lp), "bool"), rng,
-                               exp.train_sampling, mesh=mesh)
-    steps["sampler"] = {**_memory(compiled), **times, "resident_extra": not_args, "rows": G,
-                        "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache"}
-  elif sampler == "decode":
-    mc = exp.model_config
-    cache_shape = (mc.num_layers, G, Lp + Lc, mc.num_kv_heads, mc.head_dim)
-    kv_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
-    cache = transformer.KVCache(
-        k=jax.ShapeDtypeStruct(cache_shape, jnp.dtype(mc.dtype), sharding=kv_sharding),
-        v=jax.ShapeDtypeStruct(cache_shape, jnp.dtype(mc.dtype), sharding=kv_sharding),
-        key_mask=batched((G, Lp + Lc), "bool"),
-        index=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl))
-    graphdef = exp.graphdef
+    # 2. the sampler (G = generate_batch_size rows per call, R / G calls; Lp + Lc cache slots).
+    G = exp.generate_batch_size
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
+    not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
+    if sampler == "full":
+        compiled, times = _compile(
+            sampling._generate,
+            exp.graphdef,
+            state.params,
+            None,
+            batched((G, Lp), "int32"),
+            batched((G, Lp), "bool"),
+            rng,
+            exp.train_sampling,
+            mesh=mesh,
+        )
+        steps["sampler"] = {
+            **_memory(compiled),
+            **times,
+            "resident_extra": not_args,
+            "rows": G,
+            "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
+        }
+    elif sampler == "decode":
+        mc = exp.model_config
+        cache_shape = (mc.num_layers, G, Lp + Lc, mc.num_kv_heads, mc.head_dim)
+        kv_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+        cache = transformer.KVCache(
+            k=jax.ShapeDtypeStruct(cache_shape, jnp.dtype(mc.dtype), sharding=kv_sharding),
+            v=jax.ShapeDtypeStruct(cache_shape, jnp.dtype(mc.dtype), sharding=kv_sharding),
+            key_mask=batched((G, Lp + Lc), "bool"),
+            index=jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
+        )
+        graphdef = exp.graphdef
 
-    def call(params, tokens, positions, mask, cache):
-      model = nnx.merge(graphdef, params)
-      hidden, cache = model(tokens, positions, mask, cache=cache, return_hidden=True)
-      return model.logits(hidden[:, -1]), cache
-    call = jax.jit(call, donate_argnums=4)
-    for name, T in (("prefill", Lp), ("decode", 1)):
-      compiled, times = _compile(call, state.params, batched((G, T), "int32"), batched((G, T), "int32"),
-                                 batched((G, T), "bool"), cache, mesh=mesh)
-      steps[name] = {**_memory(compiled), **times, "resident_extra": not_args, "rows": G,
-                     "what": f"{name} call, {G} rows x {T} tokens on the {Lp}+{Lc}-slot KV cache"}
+        def call(params, tokens, positions, mask, cache):
+            model = nnx.merge(graphdef, params)
+            hidden, cache = model(tokens, positions, mask, cache=cache, return_hidden=True)
+            return model.logits(hidden[:, -1]), cache
 
-  # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
-  if logprobs and (needs_ref or not exp.on_policy):
-    rows = R
-    compiled, times = _compile(train.make_logprobs_fn(exp), state.params,
-                               batched((rows, Lp + Lc), "int32"), batched((rows, Lp + Lc), "bool"))
-    # resident while it runs: the whole state plus the reference, minus the parameters passed in
-    steps["logprobs"] = {**_memory(compiled), **times,
-                         "resident_extra": state_bytes + ref_bytes - params_bytes, "rows": rows,
-                         "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
-                                 f"{exp.micro_batch_size} rows at a time"}
-  for s in steps.values():
-    s["peak"] = s["total"] + s["resident_extra"]
-  return {"mesh": dict(mesh.shape), "devices": mesh.size, "batch": {"R": R, "mini_batch": mb,
-          "micro_batch": exp.micro_batch_size, "generate_batch": exp.generate_batch_size,
-          "prompt_tokens": Lp, "new_tokens": Lc}, "params": exp.model_config.num_params,
-          "state_bytes": state_bytes, "params_bytes": params_bytes, "ref_bytes": ref_bytes,
-          "steps": steps, "peak": max(s["peak"] for s in steps.values())}
+        call = jax.jit(call, donate_argnums=4)
+        for name, T in (("prefill", Lp), ("decode", 1)):
+            compiled, times = _compile(
+                call,
+                state.params,
+                batched((G, T), "int32"),
+                batched((G, T), "int32"),
+                batched((G, T), "bool"),
+                cache,
+                mesh=mesh,
+            )
+            steps[name] = {
+                **_memory(compiled),
+                **times,
+                "resident_extra": not_args,
+                "rows": G,
+                "what": f"{name} call, {G} rows x {T} tokens on the {Lp}+{Lc}-slot KV cache",
+            }
+
+    # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
+    if logprobs and (needs_ref or not exp.on_policy):
+        rows = R
+        compiled, times = _compile(
+            train.make_logprobs_fn(exp),
+            state.params,
+            batched((rows, Lp + Lc), "int32"),
+            batched((rows, Lp + Lc), "bool"),
+        )
+        # resident while it runs: the whole state plus the reference, minus the parameters passed in
+        steps["logprobs"] = {
+            **_memory(compiled),
+            **times,
+            "resident_extra": state_bytes + ref_bytes - params_bytes,
+            "rows": rows,
+            "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
+            f"{exp.micro_batch_size} rows at a time",
+        }
+    for s in steps.values():
+        s["peak"] = s["total"] + s["resident_extra"]
+    return {
+        "mesh": dict(mesh.shape),
+        "devices": mesh.size,
+        "batch": {
+            "R": R,
+            "mini_batch": mb,
+            "micro_batch": exp.micro_batch_size,
+            "generate_batch": exp.generate_batch_size,
+            "prompt_tokens": Lp,
+            "new_tokens": Lc,
+        },
+        "params": exp.model_config.num_params,
+        "state_bytes": state_bytes,
+        "params_bytes": params_bytes,
+        "ref_bytes": ref_bytes,
+        "steps": steps,
+        "peak": max(s["peak"] for s in steps.values()),
+    }
 
 
 def verdict(peak: int, chip: Chip, headroom: float) -> str:
-  usable = chip.memory_bytes * headroom
-  if peak <= usable:
-    return "fits"
-  return "does not fit"
+    usable = chip.memory_bytes * headroom
+    if peak <= usable:
+        return "fits"
+    return "does not fit"
 
 
 def fits_on(peak: int, headroom: float) -> str:
-  """The chips of ``CHIPS`` whose usable memory holds ``peak`` bytes per device."""
-  return ", ".join(c.name.replace("NVIDIA ", "").replace(" SXM", "") for c in CHIPS.values()
-                   if peak <= c.memory_bytes * headroom)
+    """The chips of ``CHIPS`` whose usable memory holds ``peak`` bytes per device."""
+    return ", ".join(
+        c.name.replace("NVIDIA ", "").replace(" SXM", "")
+        for c in CHIPS.values()
+        if peak <= c.memory_bytes * headroom
+    )
 
 
 def advice(result: dict) -> str:
-  """What to change when a step does not fit (from which step is the largest)."""
-  worst = max(result["steps"], key=lambda k: result["steps"][k]["peak"])
-  tips = {
-      "update": "accumulate gradients over smaller micro-batches (--micro_batch / "
-                "config.algorithm.micro_batch_size), shard more "
-                "(config.mesh.fsdp / a bigger slice), or shorten rollout.max_new_tokens",
-      "sampler": "generate fewer rows per call (--generate_batch / config.rollout.generate_batch_size) "
-                 "or over more chips; the KV "
-                 "cache is layers x rows x (prompt + new tokens) x kv_heads x head_dim",
-      "prefill": "the prefill: fewer rows per sampler call (--generate_batch) or more chips",
-      "decode": "the KV cache: fewer rows per sampler call (--generate_batch) or more chips",
-      "logprobs": "the reference/old log-prob pass (one mini-batch of rows at a time): lower "
-                  "config.algorithm.mini_batch_size, or use more chips",
-  }
-  return f"largest step: {worst} ({result['steps'][worst]['what']}); {tips[worst]}"
+    """What to change when a step does not fit (from which step is the largest)."""
+    worst = max(result["steps"], key=lambda k: result["steps"][k]["peak"])
+    tips = {
+        "update": "accumulate gradients over smaller micro-batches (--micro_batch / "
+        "config.algorithm.micro_batch_size), shard more "
+        "(config.mesh.fsdp / a bigger slice), or shorten rollout.max_new_tokens",
+        "sampler": "generate fewer rows per call (--generate_batch / config.rollout.generate_batch_size) "
+        "or over more chips; the KV "
+        "cache is layers x rows x (prompt + new tokens) x kv_heads x head_dim",
+        "prefill": "the prefill: fewer rows per sampler call (--generate_batch) or more chips",
+        "decode": "the KV cache: fewer rows per sampler call (--generate_batch) or more chips",
+        "logprobs": "the reference/old log-prob pass (one mini-batch of rows at a time): lower "
+        "config.algorithm.mini_batch_size, or use more chips",
+    }
+    return f"largest step: {worst} ({result['steps'][worst]['what']}); {tips[worst]}"
 
 
 def _fmt(b: int) -> str:
-  return f"{b / GiB:.1f}"
+    return f"{b / GiB:.1f}"
 
 
 def format_result(result: dict, chip: Chip, headroom: float, label: str = "") -> str:
-  lines = [f"{label} mesh {result['mesh']} ({result['devices']} x {chip.name}, "
-           f"{_fmt(chip.memory_bytes)} GiB each); {result['params'] / 1e9:.2f}B params; "
-           f"state {_fmt(result['state_bytes'])} GiB/device (+ reference {_fmt(result['ref_bytes'])} GiB)",
-           f"{'step':<10}{'args':>8}{'out':>8}{'temp':>8}{'alias':>8}{'total':>8}{'+resident':>10}"
-           f"{'peak':>8}  compile   (GiB per device)"]
-  for name, s in result["steps"].items():
-    lines.append(f"{name:<10}{_fmt(s['argument']):>8}{_fmt(s['output']):>8}{_fmt(s['temp']):>8}"
-                 f"{_fmt(s['alias']):>8}{_fmt(s['total']):>8}{_fmt(s['resident_extra']):>10}"
-                 f"{_fmt(s['peak']):>8}  {s['lower_s'] + s['compile_s']:.0f} s   {s['what']}")
-  v = verdict(result["peak"], chip, headroom)
-  lines.append(f"peak {_fmt(result['peak'])} GiB vs {_fmt(chip.memory_bytes * headroom)} GiB usable "
-               f"({headroom:.0%} of {_fmt(chip.memory_bytes)}): {v}")
-  return "\n".join(lines)
+    lines = [
+        f"{label} mesh {result['mesh']} ({result['devices']} x {chip.name}, "
+        f"{_fmt(chip.memory_bytes)} GiB each); {result['params'] / 1e9:.2f}B params; "
+        f"state {_fmt(result['state_bytes'])} GiB/device (+ reference {_fmt(result['ref_bytes'])} GiB)",
+        f"{'step':<10}{'args':>8}{'out':>8}{'temp':>8}{'alias':>8}{'total':>8}{'+resident':>10}"
+        f"{'peak':>8}  compile   (GiB per device)",
+    ]
+    for name, s in result["steps"].items():
+        lines.append(
+            f"{name:<10}{_fmt(s['argument']):>8}{_fmt(s['output']):>8}{_fmt(s['temp']):>8}"
+            f"{_fmt(s['alias']):>8}{_fmt(s['total']):>8}{_fmt(s['resident_extra']):>10}"
+            f"{_fmt(s['peak']):>8}  {s['lower_s'] + s['compile_s']:.0f} s   {s['what']}"
+        )
+    v = verdict(result["peak"], chip, headroom)
+    lines.append(
+        f"peak {_fmt(result['peak'])} GiB vs {_fmt(chip.memory_bytes * headroom)} GiB usable "
+        f"({headroom:.0%} of {_fmt(chip.memory_bytes)}): {v}"
+    )
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -311,156 +411,218 @@ SWEEP_ALGORITHMS = ("grpo", "prompt_gdro", "rollout_gdro")
 
 
 def _early_device_count(argv) -> int | None:
-  """The virtual device count from --topology / --devices, read before JAX starts."""
-  def value(name):
-    for i, a in enumerate(argv):
-      if a.startswith(f"--{name}="):
-        return a.split("=", 1)[1]
-      if a == f"--{name}" and i + 1 < len(argv):
-        return argv[i + 1]
-    return None
-  if value("sweep"):
-    return None  # each config runs in its own subprocess
-  if value("devices"):
-    return int(value("devices"))
-  return parse_topology(value("topology") or _DEFAULT_TOPOLOGY)[1]
+    """The virtual device count from --topology / --devices, read before JAX starts."""
+
+    def value(name):
+        for i, a in enumerate(argv):
+            if a.startswith(f"--{name}="):
+                return a.split("=", 1)[1]
+            if a == f"--{name}" and i + 1 < len(argv):
+                return argv[i + 1]
+        return None
+
+    if value("sweep"):
+        return None  # each config runs in its own subprocess
+    if value("devices"):
+        return int(value("devices"))
+    return parse_topology(value("topology") or _DEFAULT_TOPOLOGY)[1]
 
 
 def _set_virtual_devices(n: int) -> None:
-  flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-  os.environ["JAX_PLATFORMS"] = "cpu"
+    flags = re.sub(
+        r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")
+    )
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def main(argv=None):
-  argv = list(sys.argv if argv is None else argv)
-  n = _early_device_count(argv[1:])
-  if n:
-    _set_virtual_devices(n)  # before JAX creates its CPU client
-  from absl import app, flags
-  from ml_collections import config_flags
+    argv = list(sys.argv if argv is None else argv)
+    n = _early_device_count(argv[1:])
+    if n:
+        _set_virtual_devices(n)  # before JAX creates its CPU client
+    from absl import app, flags
+    from ml_collections import config_flags
 
-  config_flags.DEFINE_config_file("config", "configs/dapo_qwen3.py:8b,grpo", "Experiment config.")
-  flags.DEFINE_string("topology", _DEFAULT_TOPOLOGY, "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, 8xh100, ...")
-  flags.DEFINE_integer("devices", 0, "Virtual devices (default: the topology's chips).")
-  flags.DEFINE_string("mesh", "", "data,fsdp,tensor override, e.g. 1,-1,1 or 1,4,2 (default: the config's).")
-  flags.DEFINE_integer("mini_batch", 0, "Rollouts per gradient step (config.algorithm.mini_batch_size).")
-  flags.DEFINE_integer("micro_batch", 0, "Rollouts per forward/backward, gradients accumulated "
-                       "(config.algorithm.micro_batch_size).")
-  flags.DEFINE_integer("generate_batch", 0, "Rollouts per sampler call (config.rollout.generate_batch_size).")
-  flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
-  flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
-  flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
-  flags.DEFINE_string("sweep", "", "Write a markdown report of 3 sizes x 3 algorithms here (subprocesses).")
-  flags.DEFINE_string("sweep_sizes", ",".join(SWEEP_SIZES), "Sizes for --sweep.")
-  flags.DEFINE_string("sweep_algorithms", ",".join(SWEEP_ALGORITHMS), "Algorithms for --sweep.")
-  flags.DEFINE_integer("timeout_s", 3600, "Per-config timeout for --sweep subprocesses.")
-  app.run(lambda _: _run(flags.FLAGS), argv=argv)
+    config_flags.DEFINE_config_file("config", "configs/dapo_qwen3.py:8b,grpo", "Experiment config.")
+    flags.DEFINE_string(
+        "topology",
+        _DEFAULT_TOPOLOGY,
+        "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, 8xh100, ...",
+    )
+    flags.DEFINE_integer("devices", 0, "Virtual devices (default: the topology's chips).")
+    flags.DEFINE_string(
+        "mesh", "", "data,fsdp,tensor override, e.g. 1,-1,1 or 1,4,2 (default: the config's)."
+    )
+    flags.DEFINE_integer(
+        "mini_batch", 0, "Rollouts per gradient step (config.algorithm.mini_batch_size)."
+    )
+    flags.DEFINE_integer(
+        "micro_batch",
+        0,
+        "Rollouts per forward/backward, gradients accumulated (config.algorithm.micro_batch_size).",
+    )
+    flags.DEFINE_integer(
+        "generate_batch", 0, "Rollouts per sampler call (config.rollout.generate_batch_size)."
+    )
+    flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
+    flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
+    flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
+    flags.DEFINE_string(
+        "sweep", "", "Write a markdown report of 3 sizes x 3 algorithms here (subprocesses)."
+    )
+    flags.DEFINE_string("sweep_sizes", ",".join(SWEEP_SIZES), "Sizes for --sweep.")
+    flags.DEFINE_string("sweep_algorithms", ",".join(SWEEP_ALGORITHMS), "Algorithms for --sweep.")
+    flags.DEFINE_integer("timeout_s", 3600, "Per-config timeout for --sweep subprocesses.")
+    app.run(lambda _: _run(flags.FLAGS), argv=argv)
 
 
 def _run(FLAGS):
-  chip, count = parse_topology(FLAGS.topology)
-  if FLAGS.sweep:
-    return _sweep(FLAGS, chip)
-  config = FLAGS.config
-  if FLAGS.mesh:
-    parts = [int(p) for p in FLAGS.mesh.split(",")]
-    if len(parts) != 3:
-      raise SystemExit(f"--mesh={FLAGS.mesh}: expected data,fsdp,tensor")
-    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = parts
-  if FLAGS.mini_batch:
-    config.algorithm.mini_batch_size = FLAGS.mini_batch
-  if FLAGS.micro_batch:
-    config.algorithm.micro_batch_size = FLAGS.micro_batch
-  if FLAGS.generate_batch:
-    config.rollout.generate_batch_size = FLAGS.generate_batch
-  import jax
-  from grpo_jax import config_utils
-  if len(jax.devices()) != (FLAGS.devices or count):
-    raise SystemExit(f"JAX sees {len(jax.devices())} devices, the topology needs {FLAGS.devices or count}: "
-                     "run as a fresh process (XLA_FLAGS is set before JAX starts)")
-  try:
-    config_utils.validate(config)
-    result = compile_steps(config, sampler=FLAGS.sampler)
-  except config_utils.ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  result.update(topology=FLAGS.topology, chip=chip.name, chip_bytes=chip.memory_bytes,
-                headroom=FLAGS.headroom, verdict=verdict(result["peak"], chip, FLAGS.headroom),
-                sampler_mode=FLAGS.sampler)
-  print(format_result(result, chip, FLAGS.headroom, label=FLAGS.topology), flush=True)
-  if FLAGS.json_out:
-    with open(FLAGS.json_out, "w") as f:
-      json.dump(result, f, indent=2)
-  if result["verdict"] != "fits":
-    print(f"error: does not fit on {FLAGS.topology} ({chip.name}): peak {_fmt(result['peak'])} GiB per "
-          f"device > {_fmt(chip.memory_bytes * FLAGS.headroom)} GiB usable. {advice(result)}",
-          file=sys.stderr)
-    sys.exit(1)
+    chip, count = parse_topology(FLAGS.topology)
+    if FLAGS.sweep:
+        return _sweep(FLAGS, chip)
+    config = FLAGS.config
+    if FLAGS.mesh:
+        parts = [int(p) for p in FLAGS.mesh.split(",")]
+        if len(parts) != 3:
+            raise SystemExit(f"--mesh={FLAGS.mesh}: expected data,fsdp,tensor")
+        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = parts
+    if FLAGS.mini_batch:
+        config.algorithm.mini_batch_size = FLAGS.mini_batch
+    if FLAGS.micro_batch:
+        config.algorithm.micro_batch_size = FLAGS.micro_batch
+    if FLAGS.generate_batch:
+        config.rollout.generate_batch_size = FLAGS.generate_batch
+    import jax
+
+    from grpo_jax import config_utils
+
+    if len(jax.devices()) != (FLAGS.devices or count):
+        raise SystemExit(
+            f"JAX sees {len(jax.devices())} devices, the topology needs {FLAGS.devices or count}: "
+            "run as a fresh process (XLA_FLAGS is set before JAX starts)"
+        )
+    try:
+        config_utils.validate(config)
+        result = compile_steps(config, sampler=FLAGS.sampler)
+    except config_utils.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    result.update(
+        topology=FLAGS.topology,
+        chip=chip.name,
+        chip_bytes=chip.memory_bytes,
+        headroom=FLAGS.headroom,
+        verdict=verdict(result["peak"], chip, FLAGS.headroom),
+        sampler_mode=FLAGS.sampler,
+    )
+    print(format_result(result, chip, FLAGS.headroom, label=FLAGS.topology), flush=True)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(result, f, indent=2)
+    if result["verdict"] != "fits":
+        print(
+            f"error: does not fit on {FLAGS.topology} ({chip.name}): peak {_fmt(result['peak'])} GiB per "
+            f"device > {_fmt(chip.memory_bytes * FLAGS.headroom)} GiB usable. {advice(result)}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 def _sweep(FLAGS, chip):
-  """One subprocess per (size, algorithm); collects the JSON results into a markdown table."""
-  import tempfile
-  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.sweep)), exist_ok=True)
-  rows = []
-  for size in FLAGS.sweep_sizes.split(","):
-    for algo in FLAGS.sweep_algorithms.split(","):
-      with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-      cmd = [sys.executable, "-m", "experiments.aot", f"--config=configs/dapo_qwen3.py:{size},{algo}",
-             f"--topology={FLAGS.topology}", f"--sampler={FLAGS.sampler}", f"--headroom={FLAGS.headroom}",
-             f"--json_out={path}"]
-      cmd += [f"--mesh={FLAGS.mesh}"] if FLAGS.mesh else []
-      cmd += [f"--mini_batch={FLAGS.mini_batch}"] if FLAGS.mini_batch else []
-      cmd += [f"--micro_batch={FLAGS.micro_batch}"] if FLAGS.micro_batch else []
-      cmd += [f"--generate_batch={FLAGS.generate_batch}"] if FLAGS.generate_batch else []
-      cmd += [f"--devices={FLAGS.devices}"] if FLAGS.devices else []
-      t0 = time.perf_counter()
-      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout_s)
-      wall = time.perf_counter() - t0
-      print(proc.stdout, proc.stderr[-2000:] if proc.returncode not in (0, 1) else "", flush=True)
-      result = json.load(open(path)) if os.path.getsize(path) else None
-      os.remove(path)
-      rows.append((size, algo, result, wall, proc.returncode, proc.stderr.strip().splitlines()[-1:]))
-      if result is not None:
-        with open(os.path.splitext(FLAGS.sweep)[0] + ".jsonl", "a") as f:
-          f.write(json.dumps({"size": size, "algorithm": algo, "wall_s": round(wall, 1), **result}) + "\n")
-  with open(FLAGS.sweep, "a") as f:
-    f.write(_markdown(rows, chip, FLAGS))
-  print(f"appended to {FLAGS.sweep}")
+    """One subprocess per (size, algorithm); collects the JSON results into a markdown table."""
+    import tempfile
+
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.sweep)), exist_ok=True)
+    rows = []
+    for size in FLAGS.sweep_sizes.split(","):
+        for algo in FLAGS.sweep_algorithms.split(","):
+            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                path = f.name
+            cmd = [
+                sys.executable,
+                "-m",
+                "experiments.aot",
+                f"--config=configs/dapo_qwen3.py:{size},{algo}",
+                f"--topology={FLAGS.topology}",
+                f"--sampler={FLAGS.sampler}",
+                f"--headroom={FLAGS.headroom}",
+                f"--json_out={path}",
+            ]
+            cmd += [f"--mesh={FLAGS.mesh}"] if FLAGS.mesh else []
+            cmd += [f"--mini_batch={FLAGS.mini_batch}"] if FLAGS.mini_batch else []
+            cmd += [f"--micro_batch={FLAGS.micro_batch}"] if FLAGS.micro_batch else []
+            cmd += [f"--generate_batch={FLAGS.generate_batch}"] if FLAGS.generate_batch else []
+            cmd += [f"--devices={FLAGS.devices}"] if FLAGS.devices else []
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout_s)
+            wall = time.perf_counter() - t0
+            print(
+                proc.stdout,
+                proc.stderr[-2000:] if proc.returncode not in (0, 1) else "",
+                flush=True,
+            )
+            result = None
+            if os.path.getsize(path):
+                with open(path) as f:
+                    result = json.load(f)
+            os.remove(path)
+            rows.append(
+                (size, algo, result, wall, proc.returncode, proc.stderr.strip().splitlines()[-1:])
+            )
+            if result is not None:
+                with open(os.path.splitext(FLAGS.sweep)[0] + ".jsonl", "a") as f:
+                    f.write(
+                        json.dumps(
+                            {"size": size, "algorithm": algo, "wall_s": round(wall, 1), **result}
+                        )
+                        + "\n"
+                    )
+    with open(FLAGS.sweep, "a") as f:
+        f.write(_markdown(rows, chip, FLAGS))
+    print(f"appended to {FLAGS.sweep}")
 
 
 def _markdown(rows, chip, FLAGS) -> str:
-  out = [f"\n### {FLAGS.topology} ({chip.name}, {_fmt(chip.memory_bytes)} GiB per chip)"
-         f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}\n",
-         "| size | algorithm | mesh (data, fsdp, tensor) | batch | state + ref | update peak | sampler peak | "
-         f"logprobs peak | peak | on {chip.name} | fits on (same count, {FLAGS.headroom:.0%} usable) | "
-         "compile s (update / sampler / logprobs) |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  for size, algo, r, wall, rc, err in rows:
-    if r is None:
-      out.append(f"| {size} | {algo} | | | | | | | | compile failed (rc {rc}): {' '.join(err)[:120]} | | {wall:.0f} |")
-      continue
-    s = r["steps"]
-    sampler = s.get("sampler") or s.get("decode")
-    mesh = ", ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "tensor"))
-    b = r["batch"]
+    out = [
+        f"\n### {FLAGS.topology} ({chip.name}, {_fmt(chip.memory_bytes)} GiB per chip)"
+        f"{', mesh ' + FLAGS.mesh if FLAGS.mesh else ''}\n",
+        "| size | algorithm | mesh (data, fsdp, tensor) | batch | state + ref | update peak | sampler peak | "
+        f"logprobs peak | peak | on {chip.name} | fits on (same count, {FLAGS.headroom:.0%} usable) | "
+        "compile s (update / sampler / logprobs) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size, algo, r, wall, rc, err in rows:
+        if r is None:
+            out.append(
+                f"| {size} | {algo} | | | | | | | | compile failed (rc {rc}): {' '.join(err)[:120]} | | {wall:.0f} |"
+            )
+            continue
+        s = r["steps"]
+        sampler = s.get("sampler") or s.get("decode")
+        mesh = ", ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "tensor"))
+        b = r["batch"]
 
-    def cell(x):
-      return _fmt(x["peak"]) if x else "-"
+        def cell(x):
+            return _fmt(x["peak"]) if x else "-"
 
-    def secs(x):
-      return f"{x['lower_s'] + x['compile_s']:.0f}" if x else "-"
-    extra = "".join(f", {name}={b[key]}" for name, key in (("micro", "micro_batch"), ("gen", "generate_batch"))
-                    if b.get(key) and b[key] < (b["mini_batch"] if key == "micro_batch" else b["R"]))
-    out.append(f"| {size} | {algo} | {mesh} | R={b['R']}, mb={b['mini_batch']}{extra}, {b['prompt_tokens']}+"
-               f"{b['new_tokens']} tok | {_fmt(r['state_bytes'])} + ref {_fmt(r['ref_bytes'])} | "
-               f"{cell(s['update'])} | {cell(sampler)} | {cell(s.get('logprobs'))} | {_fmt(r['peak'])} | "
-               f"{r['verdict']} | {fits_on(r['peak'], FLAGS.headroom) or 'none'} | "
-               f"{secs(s['update'])} / {secs(sampler)} / {secs(s.get('logprobs'))} |")
-  return "\n".join(out) + "\n"
+        def secs(x):
+            return f"{x['lower_s'] + x['compile_s']:.0f}" if x else "-"
+
+        extra = "".join(
+            f", {name}={b[key]}"
+            for name, key in (("micro", "micro_batch"), ("gen", "generate_batch"))
+            if b.get(key) and b[key] < (b["mini_batch"] if key == "micro_batch" else b["R"])
+        )
+        out.append(
+            f"| {size} | {algo} | {mesh} | R={b['R']}, mb={b['mini_batch']}{extra}, {b['prompt_tokens']}+"
+            f"{b['new_tokens']} tok | {_fmt(r['state_bytes'])} + ref {_fmt(r['ref_bytes'])} | "
+            f"{cell(s['update'])} | {cell(sampler)} | {cell(s.get('logprobs'))} | {_fmt(r['peak'])} | "
+            f"{r['verdict']} | {fits_on(r['peak'], FLAGS.headroom) or 'none'} | "
+            f"{secs(s['update'])} / {secs(sampler)} / {secs(s.get('logprobs'))} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -56,6 +56,7 @@ that state-only figure for every preset beside the compiled one and explains the
 Public API (used by the notebooks): ``analytic_breakdown``, ``compiled_memory``, ``plot_bars``,
 ``model_config_from_arg``, ``critic_num_params``, ``run``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,7 +64,8 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -76,671 +78,936 @@ GB = 1e9  # decimal gigabytes (the seed figure's unit)
 DEFAULT_PRESETS = ("tiny", "smollm2-135m", "qwen3-1.7b", "qwen3-4b", "qwen3-8b")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-_ORDER = ("actor_weights", "actor_grads", "actor_adam", "critic_weights", "critic_grads",
-          "critic_adam", "reference_weights", "activations", "kv_cache")
-_COLORS = {"actor_weights": "#1f77b4", "actor_grads": "#6baed6", "actor_adam": "#c6dbef",
-           "critic_weights": "#d62728", "critic_grads": "#fc9272", "critic_adam": "#fee0d2",
-           "reference_weights": "#7f7f7f", "activations": "#2ca02c", "kv_cache": "#98df8a"}
+_ORDER = (
+    "actor_weights",
+    "actor_grads",
+    "actor_adam",
+    "critic_weights",
+    "critic_grads",
+    "critic_adam",
+    "reference_weights",
+    "activations",
+    "kv_cache",
+)
+_COLORS = {
+    "actor_weights": "#1f77b4",
+    "actor_grads": "#6baed6",
+    "actor_adam": "#c6dbef",
+    "critic_weights": "#d62728",
+    "critic_grads": "#fc9272",
+    "critic_adam": "#fee0d2",
+    "reference_weights": "#7f7f7f",
+    "activations": "#2ca02c",
+    "kv_cache": "#98df8a",
+}
 
 
 # ----------------------------------------------------------------------------- model configs
 
 
-def model_config_from_arg(model: str, *, dtype: str | None = None, param_dtype: str | None = None,
-                          remat: bool | None = None) -> ModelConfig:
-  """A preset name (``grpo_jax.models.config.PRESETS``) or a Hugging Face ``config.json`` (or the
-  checkpoint directory holding it) -> ModelConfig, with the given precision / remat fields set.
+def model_config_from_arg(
+    model: str,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    remat: bool | None = None,
+) -> ModelConfig:
+    """A preset name (``grpo_jax.models.config.PRESETS``) or a Hugging Face ``config.json`` (or the
+    checkpoint directory holding it) -> ModelConfig, with the given precision / remat fields set.
 
-  Raises:
-    ValueError: neither a preset nor an existing file/directory with a config.json.
-  """
-  if model in model_config_lib.PRESETS:
-    cfg = model_config_lib.PRESETS[model]
-  else:
-    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
-    if not os.path.isfile(path):
-      raise ValueError(f"--model={model!r}: not a preset ({sorted(model_config_lib.PRESETS)}) "
-                       f"and no such config.json")
-    with open(path) as f:
-      cfg = ModelConfig.from_hf_config(json.load(f))
-  overrides = {k: v for k, v in dict(dtype=dtype, param_dtype=param_dtype, remat=remat).items()
-               if v is not None}
-  return cfg.replace(**overrides) if overrides else cfg
+    Raises:
+      ValueError: neither a preset nor an existing file/directory with a config.json.
+    """
+    if model in model_config_lib.PRESETS:
+        cfg = model_config_lib.PRESETS[model]
+    else:
+        path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"--model={model!r}: not a preset ({sorted(model_config_lib.PRESETS)}) "
+                f"and no such config.json"
+            )
+        with open(path) as f:
+            cfg = ModelConfig.from_hf_config(json.load(f))
+    overrides = {
+        k: v
+        for k, v in dict(dtype=dtype, param_dtype=param_dtype, remat=remat).items()
+        if v is not None
+    }
+    return cfg.replace(**overrides) if overrides else cfg
 
 
 def critic_num_params(model_config: ModelConfig) -> int:
-  """Parameters of ``CriticModel``: the Decoder trunk (embedding, layers, final norm; no lm_head)
-  plus the value head ``[E]`` and bias ``[]``."""
-  c = model_config
-  lm_head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
-  return c.num_params - lm_head + c.hidden_size + 1
+    """Parameters of ``CriticModel``: the Decoder trunk (embedding, layers, final norm; no lm_head)
+    plus the value head ``[E]`` and bias ``[]``."""
+    c = model_config
+    lm_head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
+    return c.num_params - lm_head + c.hidden_size + 1
 
 
 def _check_positive(**kw) -> None:
-  for name, v in kw.items():
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-      raise ValueError(f"{name} must be a positive int, got {v!r}")
+    for name, v in kw.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
 # ----------------------------------------------------------------------------- analytic
 
 
-def activation_bytes_estimate(model_config: ModelConfig, *, batch_rollouts: int, prompt_len: int,
-                              completion_len: int, activation_bytes: int = 2) -> int:
-  """Peak activation memory of one forward + backward pass of the policy on ``[R, T]`` tokens.
+def activation_bytes_estimate(
+    model_config: ModelConfig,
+    *,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    activation_bytes: int = 2,
+) -> int:
+    """Peak activation memory of one forward + backward pass of the policy on ``[R, T]`` tokens.
 
-  ``T = prompt_len + completion_len - 1`` (the model reads every token but the last), ``N = R T``,
-  ``a = activation_bytes``, softmax scores in float32 (4 bytes). Tensors kept for the backward
-  pass of one layer of this model (pre-norm, GQA, SwiGLU, no dropout, attention not fused):
+    ``T = prompt_len + completion_len - 1`` (the model reads every token but the last), ``N = R T``,
+    ``a = activation_bytes``, softmax scores in float32 (4 bytes). Tensors kept for the backward
+    pass of one layer of this model (pre-norm, GQA, SwiGLU, no dropout, attention not fused):
 
-    S_lin = N a (4E + 2(H + 2K)D + HD + 3F)   # norm in/out x2, q/k/v before+after norm/RoPE,
-                                               # attention output, gate, up, silu(gate)*up
-    S_att = R H T^2 (4 + a)                    # float32 scores + probabilities
+      S_lin = N a (4E + 2(H + 2K)D + HD + 3F)   # norm in/out x2, q/k/v before+after norm/RoPE,
+                                                 # attention output, gate, up, silu(gate)*up
+      S_att = R H T^2 (4 + a)                    # float32 scores + probabilities
 
-  and the backward pass of a layer adds the score / probability gradients, R H T^2 (4 + a).
-  Logits and their gradient add 2 N V a. With ``model_config.remat`` (``jax.checkpoint`` per
-  layer) only each layer's input is kept, ``L N E a``, and one layer is recomputed at a time:
+    and the backward pass of a layer adds the score / probability gradients, R H T^2 (4 + a).
+    Logits and their gradient add 2 N V a. With ``model_config.remat`` (``jax.checkpoint`` per
+    layer) only each layer's input is kept, ``L N E a``, and one layer is recomputed at a time:
 
-    remat:    L N E a + (S_lin + 2 S_att) + 2 N V a
-    no remat: L (S_lin + S_att) + S_att + 2 N V a
+      remat:    L N E a + (S_lin + 2 S_att) + 2 N V a
+      no remat: L (S_lin + S_att) + S_att + 2 N V a
 
-  The count follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", Sec. 4.1 (their eq. for ``sbh(34 + 5as/h)``), rewritten for this
-  architecture. XLA fusion and layout choices move the real figure either way; the compiled
-  figure (``compiled_memory``) is the measurement. Returns bytes (int).
-  """
-  _check_positive(batch_rollouts=batch_rollouts, prompt_len=prompt_len,
-                  completion_len=completion_len, activation_bytes=activation_bytes)
-  c = model_config
-  E, F, H, K, D, V, L = (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
-                         c.head_dim, c.vocab_size, c.num_layers)
-  a = activation_bytes
-  T = prompt_len + completion_len - 1
-  N = batch_rollouts * T
-  s_lin = N * a * (4 * E + 2 * (H + 2 * K) * D + H * D + 3 * F)
-  s_att = batch_rollouts * H * T * T * (4 + a)
-  logits = 2 * N * V * a
-  if c.remat:
-    return L * N * E * a + s_lin + 2 * s_att + logits
-  return L * (s_lin + s_att) + s_att + logits
+    The count follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", Sec. 4.1 (their eq. for ``sbh(34 + 5as/h)``), rewritten for this
+    architecture. XLA fusion and layout choices move the real figure either way; the compiled
+    figure (``compiled_memory``) is the measurement. Returns bytes (int).
+    """
+    _check_positive(
+        batch_rollouts=batch_rollouts,
+        prompt_len=prompt_len,
+        completion_len=completion_len,
+        activation_bytes=activation_bytes,
+    )
+    c = model_config
+    E, F, H, K, D, V, L = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        c.num_layers,
+    )
+    a = activation_bytes
+    T = prompt_len + completion_len - 1
+    N = batch_rollouts * T
+    s_lin = N * a * (4 * E + 2 * (H + 2 * K) * D + H * D + 3 * F)
+    s_att = batch_rollouts * H * T * T * (4 + a)
+    logits = 2 * N * V * a
+    if c.remat:
+        return L * N * E * a + s_lin + 2 * s_att + logits
+    return L * (s_lin + s_att) + s_att + logits
 
 
-def kv_cache_bytes(model_config: ModelConfig, *, batch_rollouts: int, prompt_len: int,
-                   completion_len: int, activation_bytes: int = 2) -> int:
-  """KV cache of generation (``grpo_jax.sampling``: ``init_cache(config, R, Lp + Lc)``):
-  keys and values ``2 x [L, R, Lp + Lc, K, D]`` in the compute dtype plus the ``[R, Lp + Lc]``
-  bool key mask. Bytes (int)."""
-  c = model_config
-  S = prompt_len + completion_len
-  return (2 * c.num_layers * batch_rollouts * S * c.num_kv_heads * c.head_dim * activation_bytes
-          + batch_rollouts * S)
+def kv_cache_bytes(
+    model_config: ModelConfig,
+    *,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    activation_bytes: int = 2,
+) -> int:
+    """KV cache of generation (``grpo_jax.sampling``: ``init_cache(config, R, Lp + Lc)``):
+    keys and values ``2 x [L, R, Lp + Lc, K, D]`` in the compute dtype plus the ``[R, Lp + Lc]``
+    bool key mask. Bytes (int)."""
+    c = model_config
+    S = prompt_len + completion_len
+    return (
+        2 * c.num_layers * batch_rollouts * S * c.num_kv_heads * c.head_dim * activation_bytes
+        + batch_rollouts * S
+    )
 
 
-def analytic_breakdown(model_config: ModelConfig, *, batch_rollouts: int, prompt_len: int,
-                       completion_len: int, param_bytes: int = 4, grad_bytes: int = 4,
-                       adam_bytes: int = 4, activation_bytes: int = 2) -> dict:
-  """Analytic per-device memory of one PPO step and one GRPO step (one device, no sharding).
+def analytic_breakdown(
+    model_config: ModelConfig,
+    *,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    adam_bytes: int = 4,
+    activation_bytes: int = 2,
+) -> dict:
+    """Analytic per-device memory of one PPO step and one GRPO step (one device, no sharding).
 
-  Args:
-    model_config: the architecture (``ModelConfig``); ``remat`` selects the activation model.
-    batch_rollouts: R, rollouts in the update (one mini-batch).
-    prompt_len, completion_len: Lp, Lc tokens (prompts left-padded to Lp).
-    param_bytes, grad_bytes, adam_bytes: bytes per parameter of the weights, of the gradients and
-      of *each* of the two Adam moments (float32: 4; bfloat16: 2).
-    activation_bytes: bytes per activation element (the compute dtype; bfloat16: 2).
+    Args:
+      model_config: the architecture (``ModelConfig``); ``remat`` selects the activation model.
+      batch_rollouts: R, rollouts in the update (one mini-batch).
+      prompt_len, completion_len: Lp, Lc tokens (prompts left-padded to Lp).
+      param_bytes, grad_bytes, adam_bytes: bytes per parameter of the weights, of the gradients and
+        of *each* of the two Adam moments (float32: 4; bfloat16: 2).
+      activation_bytes: bytes per activation element (the compute dtype; bfloat16: 2).
 
-  Returns:
-    ``{"ppo": {component: bytes}, "grpo": {component: bytes}, "ppo_total", "grpo_total",
-    "saved_fraction", ...}``. Components: ``actor_weights`` (P x param_bytes), ``actor_grads``
-    (P x grad_bytes), ``actor_adam`` (2 P x adam_bytes), the same three for the critic (PPO only,
-    ``critic_num_params``), ``reference_weights`` (P x param_bytes, frozen), ``activations``
-    (``activation_bytes_estimate``; the critic's backward pass runs after the actor's, so PPO's
-    activation peak is the actor's) and ``kv_cache`` (``kv_cache_bytes``, generation phase).
-    ``<algo>_total = state + max(activations, kv_cache)`` (generation and update are separate
-    phases; the state stays resident through both), ``saved_fraction = 1 - grpo/ppo``. Also:
-    ``state_only`` ({"ppo", "grpo", "saved_fraction"}: weights + grads + Adam + reference, the
-    seed's arithmetic), ``update_total`` ({"ppo", "grpo"}: state + activations, what the compiled
-    update step holds), ``num_params``, ``critic_num_params``, ``settings``.
+    Returns:
+      ``{"ppo": {component: bytes}, "grpo": {component: bytes}, "ppo_total", "grpo_total",
+      "saved_fraction", ...}``. Components: ``actor_weights`` (P x param_bytes), ``actor_grads``
+      (P x grad_bytes), ``actor_adam`` (2 P x adam_bytes), the same three for the critic (PPO only,
+      ``critic_num_params``), ``reference_weights`` (P x param_bytes, frozen), ``activations``
+      (``activation_bytes_estimate``; the critic's backward pass runs after the actor's, so PPO's
+      activation peak is the actor's) and ``kv_cache`` (``kv_cache_bytes``, generation phase).
+      ``<algo>_total = state + max(activations, kv_cache)`` (generation and update are separate
+      phases; the state stays resident through both), ``saved_fraction = 1 - grpo/ppo``. Also:
+      ``state_only`` ({"ppo", "grpo", "saved_fraction"}: weights + grads + Adam + reference, the
+      seed's arithmetic), ``update_total`` ({"ppo", "grpo"}: state + activations, what the compiled
+      update step holds), ``num_params``, ``critic_num_params``, ``settings``.
 
-  Raises:
-    ValueError: a non-positive size or byte count.
-  """
-  _check_positive(batch_rollouts=batch_rollouts, prompt_len=prompt_len,
-                  completion_len=completion_len, param_bytes=param_bytes, grad_bytes=grad_bytes,
-                  adam_bytes=adam_bytes, activation_bytes=activation_bytes)
-  P = model_config.num_params
-  Pc = critic_num_params(model_config)
-  sizes = dict(batch_rollouts=batch_rollouts, prompt_len=prompt_len, completion_len=completion_len,
-               activation_bytes=activation_bytes)
-  act = activation_bytes_estimate(model_config, **sizes)
-  kv = kv_cache_bytes(model_config, **sizes)
-  grpo = {"actor_weights": P * param_bytes, "actor_grads": P * grad_bytes,
-          "actor_adam": 2 * P * adam_bytes, "reference_weights": P * param_bytes}
-  ppo = {"actor_weights": P * param_bytes, "actor_grads": P * grad_bytes,
-         "actor_adam": 2 * P * adam_bytes, "critic_weights": Pc * param_bytes,
-         "critic_grads": Pc * grad_bytes, "critic_adam": 2 * Pc * adam_bytes,
-         "reference_weights": P * param_bytes}
-  state = {"ppo": sum(ppo.values()), "grpo": sum(grpo.values())}
-  for d in (ppo, grpo):
-    d.update(activations=act, kv_cache=kv)
-  ppo_total = state["ppo"] + max(act, kv)
-  grpo_total = state["grpo"] + max(act, kv)
-  return {
-      "ppo": ppo, "grpo": grpo, "ppo_total": ppo_total, "grpo_total": grpo_total,
-      "saved_fraction": 1.0 - grpo_total / ppo_total,
-      "state_only": {**state, "saved_fraction": 1.0 - state["grpo"] / state["ppo"]},
-      "update_total": {"ppo": state["ppo"] + act, "grpo": state["grpo"] + act},
-      "num_params": P, "critic_num_params": Pc,
-      "settings": dict(sizes, param_bytes=param_bytes, grad_bytes=grad_bytes,
-                       adam_bytes=adam_bytes, remat=bool(model_config.remat)),
-  }
+    Raises:
+      ValueError: a non-positive size or byte count.
+    """
+    _check_positive(
+        batch_rollouts=batch_rollouts,
+        prompt_len=prompt_len,
+        completion_len=completion_len,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        adam_bytes=adam_bytes,
+        activation_bytes=activation_bytes,
+    )
+    P = model_config.num_params
+    Pc = critic_num_params(model_config)
+    sizes = dict(
+        batch_rollouts=batch_rollouts,
+        prompt_len=prompt_len,
+        completion_len=completion_len,
+        activation_bytes=activation_bytes,
+    )
+    act = activation_bytes_estimate(model_config, **sizes)
+    kv = kv_cache_bytes(model_config, **sizes)
+    grpo = {
+        "actor_weights": P * param_bytes,
+        "actor_grads": P * grad_bytes,
+        "actor_adam": 2 * P * adam_bytes,
+        "reference_weights": P * param_bytes,
+    }
+    ppo = {
+        "actor_weights": P * param_bytes,
+        "actor_grads": P * grad_bytes,
+        "actor_adam": 2 * P * adam_bytes,
+        "critic_weights": Pc * param_bytes,
+        "critic_grads": Pc * grad_bytes,
+        "critic_adam": 2 * Pc * adam_bytes,
+        "reference_weights": P * param_bytes,
+    }
+    state = {"ppo": sum(ppo.values()), "grpo": sum(grpo.values())}
+    for d in (ppo, grpo):
+        d.update(activations=act, kv_cache=kv)
+    ppo_total = state["ppo"] + max(act, kv)
+    grpo_total = state["grpo"] + max(act, kv)
+    return {
+        "ppo": ppo,
+        "grpo": grpo,
+        "ppo_total": ppo_total,
+        "grpo_total": grpo_total,
+        "saved_fraction": 1.0 - grpo_total / ppo_total,
+        "state_only": {**state, "saved_fraction": 1.0 - state["grpo"] / state["ppo"]},
+        "update_total": {"ppo": state["ppo"] + act, "grpo": state["grpo"] + act},
+        "num_params": P,
+        "critic_num_params": Pc,
+        "settings": dict(
+            sizes,
+            param_bytes=param_bytes,
+            grad_bytes=grad_bytes,
+            adam_bytes=adam_bytes,
+            remat=bool(model_config.remat),
+        ),
+    }
 
 
 # ----------------------------------------------------------------------------- compiled
 
 
 def _nbytes(tree) -> int:
-  return int(sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
-                 for x in jax.tree.leaves(tree)))
+    return int(
+        sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+    )
 
 
-def _experiment_config(model_config: ModelConfig, algorithm: str, batch_rollouts: int,
-                       prompt_len: int, completion_len: int, kl_coef: float):
-  """The run config whose Experiment has this architecture, batch and lengths (no data)."""
-  from configs import common
-  c = common.base_config()
-  fields = dataclasses.asdict(model_config)
-  c.model.preset = "tiny"   # replaced field by field by the overrides
-  for k, v in fields.items():
-    if k not in ("dtype", "param_dtype", "remat"):
-      setattr(c.model.overrides, k, v)
-  c.model.dtype, c.model.param_dtype, c.model.remat = (model_config.dtype, model_config.param_dtype,
-                                                       bool(model_config.remat))
-  c.data.max_prompt_tokens = prompt_len
-  c.rollout.max_new_tokens = completion_len
-  # R = P * n_bar with one prompt: the Rollout-GDRO config asks 2 <= n_bar <= n_max.
-  c.rollout.prompts_per_step, c.rollout.rollouts_per_prompt = 1, batch_rollouts
-  c.gdro.n_max = max(c.gdro.n_max, batch_rollouts)
-  c.algorithm.kl_coef = float(kl_coef)
-  c.algorithm.num_iterations = 1
-  c.algorithm.mini_batch_size = 0
-  c.mesh.data = c.mesh.fsdp = c.mesh.tensor = 1
-  c.mesh.num_devices = 1
-  common.apply_algorithm(c, algorithm)
-  return c
+def _experiment_config(
+    model_config: ModelConfig,
+    algorithm: str,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    kl_coef: float,
+):
+    """The run config whose Experiment has this architecture, batch and lengths (no data)."""
+    from configs import common
+
+    c = common.base_config()
+    fields = dataclasses.asdict(model_config)
+    c.model.preset = "tiny"  # replaced field by field by the overrides
+    for k, v in fields.items():
+        if k not in ("dtype", "param_dtype", "remat"):
+            setattr(c.model.overrides, k, v)
+    c.model.dtype, c.model.param_dtype, c.model.remat = (
+        model_config.dtype,
+        model_config.param_dtype,
+        bool(model_config.remat),
+    )
+    c.data.max_prompt_tokens = prompt_len
+    c.rollout.max_new_tokens = completion_len
+    # R = P * n_bar with one prompt: the Rollout-GDRO config asks 2 <= n_bar <= n_max.
+    c.rollout.prompts_per_step, c.rollout.rollouts_per_prompt = 1, batch_rollouts
+    c.gdro.n_max = max(c.gdro.n_max, batch_rollouts)
+    c.algorithm.kl_coef = float(kl_coef)
+    c.algorithm.num_iterations = 1
+    c.algorithm.mini_batch_size = 0
+    c.mesh.data = c.mesh.fsdp = c.mesh.tensor = 1
+    c.mesh.num_devices = 1
+    common.apply_algorithm(c, algorithm)
+    return c
 
 
 def _abstract_state(exp):
-  """TrainState of ShapeDtypeStructs, built like ``Experiment.init_state`` (under eval_shape)."""
-  from grpo_jax import sharding
-  from grpo_jax import train as train_lib
+    """TrainState of ShapeDtypeStructs, built like ``Experiment.init_state`` (under eval_shape)."""
+    from grpo_jax import sharding
+    from grpo_jax import train as train_lib
 
-  def init():
-    params = exp.init_params_fn()
-    kw = {}
-    if exp.critic_init_fn is not None:
-      cparams = exp.critic_init_fn()
-      kw = {"critic_params": cparams, "critic_opt_state": exp.critic_tx.init(cparams)}
-    return train_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=exp.tx.init(params), rng=jax.random.PRNGKey(0),
-                                skips=jnp.zeros((), jnp.int32), **kw)
-  state = jax.eval_shape(init)
-  rep = sharding.replicated(exp.mesh)
-  exp.state_shardings = jax.tree.map(lambda _: rep, state)   # one device: every sharding alike
-  return state
+    def init():
+        params = exp.init_params_fn()
+        kw = {}
+        if exp.critic_init_fn is not None:
+            cparams = exp.critic_init_fn()
+            kw = {"critic_params": cparams, "critic_opt_state": exp.critic_tx.init(cparams)}
+        return train_lib.TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=exp.tx.init(params),
+            rng=jax.random.PRNGKey(0),
+            skips=jnp.zeros((), jnp.int32),
+            **kw,
+        )
+
+    state = jax.eval_shape(init)
+    rep = sharding.replicated(exp.mesh)
+    exp.state_shardings = jax.tree.map(lambda _: rep, state)  # one device: every sharding alike
+    return state
 
 
 def _abstract_batch(algorithm: str, R: int, lp: int, lc: int):
-  from grpo_jax import train as train_lib
-  S, f32 = jax.ShapeDtypeStruct, jnp.float32
-  return train_lib.Batch(
-      tokens=S((R, lp + lc), jnp.int32), attention_mask=S((R, lp + lc), jnp.bool_),
-      completion_mask=S((R, lc), f32),
-      advantages=S((R, lc) if algorithm == "ppo" else (R,), f32), sample_weights=S((R,), f32),
-      old_logprobs=S((R, lc), f32), ref_logprobs=S((R, lc), f32), returns=S((R, lc), f32),
-      old_values=S((R, lc), f32))
+    from grpo_jax import train as train_lib
+
+    S, f32 = jax.ShapeDtypeStruct, jnp.float32
+    return train_lib.Batch(
+        tokens=S((R, lp + lc), jnp.int32),
+        attention_mask=S((R, lp + lc), jnp.bool_),
+        completion_mask=S((R, lc), f32),
+        advantages=S((R, lc) if algorithm == "ppo" else (R,), f32),
+        sample_weights=S((R,), f32),
+        old_logprobs=S((R, lc), f32),
+        ref_logprobs=S((R, lc), f32),
+        returns=S((R, lc), f32),
+        old_values=S((R, lc), f32),
+    )
 
 
 def _compile_stats(jitted, *args) -> dict:
-  t0 = time.perf_counter()
-  lowered = jitted.lower(*args)
-  opts = _FAST_CPU_COMPILE if jax.default_backend() == "cpu" else None
-  compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
-  m = compiled.memory_analysis()
-  d = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
-       "alias": int(m.alias_size_in_bytes), "temp": int(m.temp_size_in_bytes)}
-  d["program"] = d["argument"] + d["output"] - d["alias"] + d["temp"]
-  d["extra"] = d["temp"] + d["output"] - d["alias"]
-  d["compile_s"] = time.perf_counter() - t0
-  return d
-
-
-def compiled_memory(model_config: ModelConfig, *, batch_rollouts: int, prompt_len: int,
-                    completion_len: int, kl_coef: float = 1e-3,
-                    algorithms: Sequence[str] = ("ppo", "grpo")) -> dict:
-  """XLA's compiled peak memory (bytes, one device) of the training part of one RL step.
-
-  Compile only, from abstract inputs: nothing is allocated. See the module docstring for the
-  programs and ``peak = resident + max_p (temp_p + output_p - alias_p)``.
-
-  Args:
-    model_config: architecture and precision (``dtype``, ``param_dtype``, ``remat``).
-    batch_rollouts, prompt_len, completion_len: R, Lp, Lc.
-    kl_coef: KL-to-reference coefficient (> 0 keeps the frozen reference; 0 drops it).
-    algorithms: which of "ppo", "grpo" to compile.
-
-  Returns:
-    ``{algo: {"peak", "resident": {state, reference, batch}, "phases": {name: {argument,
-    output, alias, temp, program, extra, compile_s}}, "compile_s"}}`` plus ``ppo_total`` /
-    ``grpo_total`` / ``saved_fraction`` when both are compiled.
-
-  Raises:
-    ValueError: ``batch_rollouts < 2`` (GRPO needs a group), non-positive lengths, or an
-      unknown algorithm.
-  """
-  from grpo_jax import experiment as experiment_lib
-  from grpo_jax import train as train_lib
-  _check_positive(batch_rollouts=batch_rollouts, prompt_len=prompt_len,
-                  completion_len=completion_len)
-  if batch_rollouts < 2:
-    raise ValueError(f"batch_rollouts must be >= 2 (a group), got {batch_rollouts}")
-  for a in algorithms:
-    if a not in ("ppo", "grpo"):
-      raise ValueError(f"algorithms: unknown {a!r}; choose from ('ppo', 'grpo')")
-  R, lp, lc = batch_rollouts, prompt_len, completion_len
-  out: dict[str, Any] = {}
-  ref_phase = None
-  for algo in algorithms:
     t0 = time.perf_counter()
-    cfg = _experiment_config(model_config, algo, R, lp, lc, kl_coef)
-    exp = experiment_lib.build_experiment(cfg, with_data=False)
-    if exp.model_config != model_config:
-      raise AssertionError(f"Experiment model {exp.model_config} != requested {model_config}")
-    state = _abstract_state(exp)
-    batch = _abstract_batch(algo, R, lp, lc)
-    rewards = jax.ShapeDtypeStruct((R,), jnp.float32)
-    ref = state.params if kl_coef > 0 else None
-    resident = {"state": _nbytes(state), "reference": _nbytes(ref) if ref is not None else 0,
-                "batch": _nbytes(batch) + (_nbytes(rewards) if algo == "ppo" else 0)}
-    phases = {}
-    if ref is not None:
-      if ref_phase is None:   # the same program for both algorithms: compile once
-        ref_phase = _compile_stats(train_lib.make_logprobs_fn(exp), ref, batch.tokens,
-                                   batch.attention_mask)
-      phases["reference_logprobs"] = ref_phase
-    if algo == "ppo":
-      phases["ppo_advantages"] = _compile_stats(train_lib.make_ppo_advantages_fn(exp),
-                                                state.critic_params, batch, rewards)
-    phases["update"] = _compile_stats(train_lib.make_update_fn(exp), state, batch)
-    res_total = sum(resident.values())
-    peak_phase = max(phases, key=lambda k: phases[k]["extra"])
-    out[algo] = {"peak": res_total + phases[peak_phase]["extra"], "peak_phase": peak_phase,
-                 "resident": resident, "phases": phases,
-                 "compile_s": time.perf_counter() - t0}
-  if "ppo" in out and "grpo" in out:
-    out["ppo_total"], out["grpo_total"] = out["ppo"]["peak"], out["grpo"]["peak"]
-    out["saved_fraction"] = 1.0 - out["grpo_total"] / out["ppo_total"]
-  return out
+    lowered = jitted.lower(*args)
+    opts = _FAST_CPU_COMPILE if jax.default_backend() == "cpu" else None
+    compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
+    m = compiled.memory_analysis()
+    d = {
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
+    }
+    d["program"] = d["argument"] + d["output"] - d["alias"] + d["temp"]
+    d["extra"] = d["temp"] + d["output"] - d["alias"]
+    d["compile_s"] = time.perf_counter() - t0
+    return d
+
+
+def compiled_memory(
+    model_config: ModelConfig,
+    *,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    kl_coef: float = 1e-3,
+    algorithms: Sequence[str] = ("ppo", "grpo"),
+) -> dict:
+    """XLA's compiled peak memory (bytes, one device) of the training part of one RL step.
+
+    Compile only, from abstract inputs: nothing is allocated. See the module docstring for the
+    programs and ``peak = resident + max_p (temp_p + output_p - alias_p)``.
+
+    Args:
+      model_config: architecture and precision (``dtype``, ``param_dtype``, ``remat``).
+      batch_rollouts, prompt_len, completion_len: R, Lp, Lc.
+      kl_coef: KL-to-reference coefficient (> 0 keeps the frozen reference; 0 drops it).
+      algorithms: which of "ppo", "grpo" to compile.
+
+    Returns:
+      ``{algo: {"peak", "resident": {state, reference, batch}, "phases": {name: {argument,
+      output, alias, temp, program, extra, compile_s}}, "compile_s"}}`` plus ``ppo_total`` /
+      ``grpo_total`` / ``saved_fraction`` when both are compiled.
+
+    Raises:
+      ValueError: ``batch_rollouts < 2`` (GRPO needs a group), non-positive lengths, or an
+        unknown algorithm.
+    """
+    from grpo_jax import experiment as experiment_lib
+    from grpo_jax import train as train_lib
+
+    _check_positive(
+        batch_rollouts=batch_rollouts, prompt_len=prompt_len, completion_len=completion_len
+    )
+    if batch_rollouts < 2:
+        raise ValueError(f"batch_rollouts must be >= 2 (a group), got {batch_rollouts}")
+    for a in algorithms:
+        if a not in ("ppo", "grpo"):
+            raise ValueError(f"algorithms: unknown {a!r}; choose from ('ppo', 'grpo')")
+    R, lp, lc = batch_rollouts, prompt_len, completion_len
+    out: dict[str, Any] = {}
+    ref_phase = None
+    for algo in algorithms:
+        t0 = time.perf_counter()
+        cfg = _experiment_config(model_config, algo, R, lp, lc, kl_coef)
+        exp = experiment_lib.build_experiment(cfg, with_data=False)
+        if exp.model_config != model_config:
+            raise AssertionError(f"Experiment model {exp.model_config} != requested {model_config}")
+        state = _abstract_state(exp)
+        batch = _abstract_batch(algo, R, lp, lc)
+        rewards = jax.ShapeDtypeStruct((R,), jnp.float32)
+        ref = state.params if kl_coef > 0 else None
+        resident = {
+            "state": _nbytes(state),
+            "reference": _nbytes(ref) if ref is not None else 0,
+            "batch": _nbytes(batch) + (_nbytes(rewards) if algo == "ppo" else 0),
+        }
+        phases = {}
+        if ref is not None:
+            if ref_phase is None:  # the same program for both algorithms: compile once
+                ref_phase = _compile_stats(
+                    train_lib.make_logprobs_fn(exp), ref, batch.tokens, batch.attention_mask
+                )
+            phases["reference_logprobs"] = ref_phase
+        if algo == "ppo":
+            phases["ppo_advantages"] = _compile_stats(
+                train_lib.make_ppo_advantages_fn(exp), state.critic_params, batch, rewards
+            )
+        phases["update"] = _compile_stats(train_lib.make_update_fn(exp), state, batch)
+        res_total = sum(resident.values())
+        peak_phase = max(phases, key=lambda k: phases[k]["extra"])
+        out[algo] = {
+            "peak": res_total + phases[peak_phase]["extra"],
+            "peak_phase": peak_phase,
+            "resident": resident,
+            "phases": phases,
+            "compile_s": time.perf_counter() - t0,
+        }
+    if "ppo" in out and "grpo" in out:
+        out["ppo_total"], out["grpo_total"] = out["ppo"]["peak"], out["grpo"]["peak"]
+        out["saved_fraction"] = 1.0 - out["grpo_total"] / out["ppo_total"]
+    return out
 
 
 # ----------------------------------------------------------------------------- plots and tables
 
 
 def _unit(nbytes: float) -> tuple[float, str]:
-  for scale, name in ((GB, "GB"), (1e6, "MB"), (1e3, "kB")):
-    if nbytes >= scale:
-      return scale, name
-  return 1.0, "B"
+    for scale, name in ((GB, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if nbytes >= scale:
+            return scale, name
+    return 1.0, "B"
 
 
 def _fmt(nbytes: float, scale_name: tuple[float, str] | None = None) -> str:
-  scale, name = scale_name or _unit(nbytes)
-  v = nbytes / scale
-  return f"{v:.3g} {name}" if v < 100 else f"{v:.0f} {name}"
+    scale, name = scale_name or _unit(nbytes)
+    v = nbytes / scale
+    return f"{v:.3g} {name}" if v < 100 else f"{v:.0f} {name}"
 
 
 def _fmt_count(n: int) -> str:
-  return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 def headline(result: Mapping[str, Any]) -> str:
-  """'PPO X GB, GRPO Y GB, saved Z%' from a result with ``ppo_total`` / ``grpo_total`` (the
-  measured totals when ``result['measured']`` is present)."""
-  src = result.get("measured", result)
-  p, g = float(src["ppo_total"]), float(src["grpo_total"])
-  unit = _unit(max(p, g))
-  return f"PPO {_fmt(p, unit)}, GRPO {_fmt(g, unit)}, saved {100 * (1 - g / p):.0f}%"
+    """'PPO X GB, GRPO Y GB, saved Z%' from a result with ``ppo_total`` / ``grpo_total`` (the
+    measured totals when ``result['measured']`` is present)."""
+    src = result.get("measured", result)
+    p, g = float(src["ppo_total"]), float(src["grpo_total"])
+    unit = _unit(max(p, g))
+    return f"PPO {_fmt(p, unit)}, GRPO {_fmt(g, unit)}, saved {100 * (1 - g / p):.0f}%"
 
 
 def _plot_one(ax, result: Mapping[str, Any], title: str | None):
-  src_tot = max(float(result["ppo_total"]), float(result.get("measured", result)["ppo_total"]))
-  scale, uname = _unit(src_tot)
-  has_parts = isinstance(result.get("ppo"), Mapping) and "actor_weights" in result["ppo"]
-  for x, algo in enumerate(("ppo", "grpo")):
-    if has_parts:
-      parts = dict(result[algo])
-      act, kv = parts.pop("activations", 0), parts.pop("kv_cache", 0)
-      parts["activations" if act >= kv else "kv_cache"] = max(act, kv)  # the larger phase counts
-      bottom = 0.0
-      for k in _ORDER:
-        if k in parts:
-          ax.bar(x, parts[k] / scale, 0.6, bottom=bottom, color=_COLORS[k],
-                 label=k.replace("_", " ") + (" (rollouts)" if k == "kv_cache" else ""),
-                 edgecolor="white", linewidth=0.5)
-          bottom += parts[k] / scale
-    else:
-      ax.bar(x, float(result[f"{algo}_total"]) / scale, 0.6, color="#9ecae1")
-    if "measured" in result:
-      m = float(result["measured"][f"{algo}_total"]) / scale
-      ax.hlines(m, x - 0.38, x + 0.38, colors="black", linewidth=2,
-                label="compiled (XLA)" if x == 0 else None)
-  ax.set_xticks([0, 1], ["PPO", "GRPO"])
-  ax.set_ylabel(uname)
-  ax.set_title(title + "\n" + headline(result) if title else headline(result), fontsize=8)
-  ax.tick_params(labelsize=7)
+    src_tot = max(float(result["ppo_total"]), float(result.get("measured", result)["ppo_total"]))
+    scale, uname = _unit(src_tot)
+    has_parts = isinstance(result.get("ppo"), Mapping) and "actor_weights" in result["ppo"]
+    for x, algo in enumerate(("ppo", "grpo")):
+        if has_parts:
+            parts = dict(result[algo])
+            act, kv = parts.pop("activations", 0), parts.pop("kv_cache", 0)
+            parts["activations" if act >= kv else "kv_cache"] = max(
+                act, kv
+            )  # the larger phase counts
+            bottom = 0.0
+            for k in _ORDER:
+                if k in parts:
+                    ax.bar(
+                        x,
+                        parts[k] / scale,
+                        0.6,
+                        bottom=bottom,
+                        color=_COLORS[k],
+                        label=k.replace("_", " ") + (" (rollouts)" if k == "kv_cache" else ""),
+                        edgecolor="white",
+                        linewidth=0.5,
+                    )
+                    bottom += parts[k] / scale
+        else:
+            ax.bar(x, float(result[f"{algo}_total"]) / scale, 0.6, color="#9ecae1")
+        if "measured" in result:
+            m = float(result["measured"][f"{algo}_total"]) / scale
+            ax.hlines(
+                m,
+                x - 0.38,
+                x + 0.38,
+                colors="black",
+                linewidth=2,
+                label="compiled (XLA)" if x == 0 else None,
+            )
+    ax.set_xticks([0, 1], ["PPO", "GRPO"])
+    ax.set_ylabel(uname)
+    ax.set_title(title + "\n" + headline(result) if title else headline(result), fontsize=8)
+    ax.tick_params(labelsize=7)
 
 
 def plot_bars(result: dict, path: str | None = None, ax=None, suptitle: str | None = None):
-  """Stacked PPO / GRPO bars of an ``analytic_breakdown`` result (components stacked; of
-  activations and KV cache only the larger phase is drawn, as in the total), with the compiled
-  totals as black lines when ``result["measured"]`` holds ``compiled_memory``'s output, titled
-  'PPO X GB, GRPO Y GB, saved Z%' (measured when present, else analytic).
+    """Stacked PPO / GRPO bars of an ``analytic_breakdown`` result (components stacked; of
+    activations and KV cache only the larger phase is drawn, as in the total), with the compiled
+    totals as black lines when ``result["measured"]`` holds ``compiled_memory``'s output, titled
+    'PPO X GB, GRPO Y GB, saved Z%' (measured when present, else analytic).
 
-  ``result`` may also be a mapping ``{name: result}`` (one panel per entry; ``ax`` then a
-  sequence of axes or None); ``suptitle`` (optional) goes above the panels. Writes a PNG to ``path`` when given (90 dpi; the script runs
-  matplotlib with the Agg backend, a notebook keeps its own).
-  Returns the matplotlib Figure.
-  """
-  import matplotlib.pyplot as plt  # the script selects Agg (main); notebooks keep their backend
+    ``result`` may also be a mapping ``{name: result}`` (one panel per entry; ``ax`` then a
+    sequence of axes or None); ``suptitle`` (optional) goes above the panels. Writes a PNG to ``path`` when given (90 dpi; the script runs
+    matplotlib with the Agg backend, a notebook keeps its own).
+    Returns the matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt  # the script selects Agg (main); notebooks keep their backend
 
-  single = "ppo_total" in result
-  items = [(None, result)] if single else list(result.items())
-  if ax is None:
-    fig, axes = plt.subplots(1, len(items), figsize=(2.6 * len(items) + 1.6, 3.6), squeeze=False)
-    axes = list(axes[0])
-  else:
-    axes = [ax] if single else list(ax)
-    if len(axes) != len(items):
-      raise ValueError(f"ax: {len(axes)} axes for {len(items)} results")
-    fig = axes[0].figure
-  for a, (name, r) in zip(axes, items):
-    _plot_one(a, r, name)
-  handles, labels = {}, []
-  for a in axes:
-    for h, l in zip(*a.get_legend_handles_labels()):
-      if l not in handles:
-        handles[l] = h
-        labels.append(l)
-  fig.legend([handles[l] for l in labels], labels, loc="center right", fontsize=7, frameon=False)
-  if suptitle:
-    import textwrap
-    fig.suptitle(textwrap.fill(suptitle, int(13 * fig.get_figwidth())), fontsize=7)
-  fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
-  if path:
-    fig.savefig(path, dpi=90)
-  return fig
+    single = "ppo_total" in result
+    items = [(None, result)] if single else list(result.items())
+    if ax is None:
+        fig, axes = plt.subplots(
+            1, len(items), figsize=(2.6 * len(items) + 1.6, 3.6), squeeze=False
+        )
+        axes = list(axes[0])
+    else:
+        axes = [ax] if single else list(ax)
+        if len(axes) != len(items):
+            raise ValueError(f"ax: {len(axes)} axes for {len(items)} results")
+        fig = axes[0].figure
+    for a, (name, r) in zip(axes, items):
+        _plot_one(a, r, name)
+    handles, labels = {}, []
+    for a in axes:
+        for h, l in zip(*a.get_legend_handles_labels()):
+            if l not in handles:
+                handles[l] = h
+                labels.append(l)
+    fig.legend([handles[l] for l in labels], labels, loc="center right", fontsize=7, frameon=False)
+    if suptitle:
+        import textwrap
+
+        fig.suptitle(textwrap.fill(suptitle, int(13 * fig.get_figwidth())), fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
+    if path:
+        fig.savefig(path, dpi=90)
+    return fig
 
 
 def table_rows(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-  """Markdown table: one row per model of a ``{name: analytic result + 'measured'}`` mapping."""
-  head = ("| model | params | PPO compiled | GRPO compiled | PPO / GRPO | saved (compiled) | "
-          "PPO analytic | GRPO analytic | saved (analytic) | state only: PPO / GRPO / saved | "
-          "peak phase | compile s |")
-  rows = [head, "|" + "---|" * (head.count("|") - 1)]
-  for name, r in results.items():
-    m, s = r["measured"], r["state_only"]
-    unit = _unit(m["ppo_total"])
-    rows.append(
-        f"| {name} | {_fmt_count(r['num_params'])} | {_fmt(m['ppo_total'], unit)} | "
-        f"{_fmt(m['grpo_total'], unit)} | {m['ppo_total'] / m['grpo_total']:.2f} | "
-        f"{100 * m['saved_fraction']:.1f}% | {_fmt(r['ppo_total'], unit)} | "
-        f"{_fmt(r['grpo_total'], unit)} | {100 * r['saved_fraction']:.1f}% | "
-        f"{_fmt(s['ppo'], unit)} / {_fmt(s['grpo'], unit)} / {100 * s['saved_fraction']:.1f}% | "
-        f"{m['ppo']['peak_phase']} | "
-        f"{m['ppo']['compile_s'] + m['grpo']['compile_s']:.0f} |")
-  return rows
+    """Markdown table: one row per model of a ``{name: analytic result + 'measured'}`` mapping."""
+    head = (
+        "| model | params | PPO compiled | GRPO compiled | PPO / GRPO | saved (compiled) | "
+        "PPO analytic | GRPO analytic | saved (analytic) | state only: PPO / GRPO / saved | "
+        "peak phase | compile s |"
+    )
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in results.items():
+        m, s = r["measured"], r["state_only"]
+        unit = _unit(m["ppo_total"])
+        rows.append(
+            f"| {name} | {_fmt_count(r['num_params'])} | {_fmt(m['ppo_total'], unit)} | "
+            f"{_fmt(m['grpo_total'], unit)} | {m['ppo_total'] / m['grpo_total']:.2f} | "
+            f"{100 * m['saved_fraction']:.1f}% | {_fmt(r['ppo_total'], unit)} | "
+            f"{_fmt(r['grpo_total'], unit)} | {100 * r['saved_fraction']:.1f}% | "
+            f"{_fmt(s['ppo'], unit)} / {_fmt(s['grpo'], unit)} / {100 * s['saved_fraction']:.1f}% | "
+            f"{m['ppo']['peak_phase']} | "
+            f"{m['ppo']['compile_s'] + m['grpo']['compile_s']:.0f} |"
+        )
+    return rows
 
 
 def phase_rows(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-  """Markdown table of the compiled figures per program (bytes / GB)."""
-  rows = ["| model | algo | resident: state / reference / batch | program | argument | output | "
-          "alias | temp | temp + output - alias |", "|---|---|---|---|---|---|---|---|---|"]
-  for name, r in results.items():
-    for algo in ("ppo", "grpo"):
-      m = r["measured"][algo]
-      res = m["resident"]
-      for ph, d in m["phases"].items():
-        rows.append(
-            f"| {name} | {algo.upper()} | {res['state'] / GB:.4g} / {res['reference'] / GB:.4g} / "
-            f"{res['batch'] / GB:.3g} | {ph} | {d['argument'] / GB:.4g} | {d['output'] / GB:.4g} | "
-            f"{d['alias'] / GB:.4g} | {d['temp'] / GB:.4g} | {d['extra'] / GB:.4g} |")
-  return rows
+    """Markdown table of the compiled figures per program (bytes / GB)."""
+    rows = [
+        "| model | algo | resident: state / reference / batch | program | argument | output | "
+        "alias | temp | temp + output - alias |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        for algo in ("ppo", "grpo"):
+            m = r["measured"][algo]
+            res = m["resident"]
+            for ph, d in m["phases"].items():
+                rows.append(
+                    f"| {name} | {algo.upper()} | {res['state'] / GB:.4g} / {res['reference'] / GB:.4g} / "
+                    f"{res['batch'] / GB:.3g} | {ph} | {d['argument'] / GB:.4g} | {d['output'] / GB:.4g} | "
+                    f"{d['alias'] / GB:.4g} | {d['temp'] / GB:.4g} | {d['extra'] / GB:.4g} |"
+                )
+    return rows
 
 
 def component_rows(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-  """Markdown table of the analytic components (GB)."""
-  rows = ["| model | " + " | ".join(k.replace("_", " ") for k in _ORDER) + " |",
-          "|---|" + "---|" * len(_ORDER)]
-  for name, r in results.items():
-    rows.append(f"| {name} | " + " | ".join(f"{r['ppo'][k] / GB:.4g}" for k in _ORDER) + " |")
-  return rows
+    """Markdown table of the analytic components (GB)."""
+    rows = [
+        "| model | " + " | ".join(k.replace("_", " ") for k in _ORDER) + " |",
+        "|---|" + "---|" * len(_ORDER),
+    ]
+    for name, r in results.items():
+        rows.append(f"| {name} | " + " | ".join(f"{r['ppo'][k] / GB:.4g}" for k in _ORDER) + " |")
+    return rows
 
 
 # ----------------------------------------------------------------------------- driver
 
 
-def run(models: Sequence[str], *, batch_rollouts: int, prompt_len: int, completion_len: int,
-        param_dtype: str, dtype: str, remat: bool, kl_coef: float = 1e-3,
-        log=print) -> dict:
-  """``{name: analytic_breakdown(...) | {"measured": compiled_memory(...), "model_config": ...}}``
-  for each model (preset name or HF config path)."""
-  results = {}
-  for name in models:
-    cfg = model_config_from_arg(name, dtype=dtype, param_dtype=param_dtype, remat=remat)
-    pb, ab = _DTYPE_BYTES[cfg.param_dtype], _DTYPE_BYTES[cfg.dtype]
-    sizes = dict(batch_rollouts=batch_rollouts, prompt_len=prompt_len,
-                 completion_len=completion_len)
-    r = analytic_breakdown(cfg, **sizes, param_bytes=pb, grad_bytes=pb, adam_bytes=pb,
-                           activation_bytes=ab)
-    r["measured"] = compiled_memory(cfg, **sizes, kl_coef=kl_coef)
-    r["model_config"] = dataclasses.asdict(cfg)
-    label = os.path.basename(os.path.dirname(name)) if name.endswith(".json") else os.path.basename(name)
-    results[label] = r
-    m = r["measured"]
-    log(f"{label}: compiled {headline(r)} (PPO/GRPO {m['ppo_total'] / m['grpo_total']:.2f}); "
-        f"analytic {headline({k: r[k] for k in ('ppo_total', 'grpo_total')})}; "
-        f"compile {m['ppo']['compile_s'] + m['grpo']['compile_s']:.0f} s")
-  return results
+def run(
+    models: Sequence[str],
+    *,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    param_dtype: str,
+    dtype: str,
+    remat: bool,
+    kl_coef: float = 1e-3,
+    log=print,
+) -> dict:
+    """``{name: analytic_breakdown(...) | {"measured": compiled_memory(...), "model_config": ...}}``
+    for each model (preset name or HF config path)."""
+    results = {}
+    for name in models:
+        cfg = model_config_from_arg(name, dtype=dtype, param_dtype=param_dtype, remat=remat)
+        pb, ab = _DTYPE_BYTES[cfg.param_dtype], _DTYPE_BYTES[cfg.dtype]
+        sizes = dict(
+            batch_rollouts=batch_rollouts, prompt_len=prompt_len, completion_len=completion_len
+        )
+        r = analytic_breakdown(
+            cfg, **sizes, param_bytes=pb, grad_bytes=pb, adam_bytes=pb, activation_bytes=ab
+        )
+        r["measured"] = compiled_memory(cfg, **sizes, kl_coef=kl_coef)
+        r["model_config"] = dataclasses.asdict(cfg)
+        label = (
+            os.path.basename(os.path.dirname(name))
+            if name.endswith(".json")
+            else os.path.basename(name)
+        )
+        results[label] = r
+        m = r["measured"]
+        log(
+            f"{label}: compiled {headline(r)} (PPO/GRPO {m['ppo_total'] / m['grpo_total']:.2f}); "
+            f"analytic {headline({k: r[k] for k in ('ppo_total', 'grpo_total')})}; "
+            f"compile {m['ppo']['compile_s'] + m['grpo']['compile_s']:.0f} s"
+        )
+    return results
 
 
-def write_report(results: Mapping[str, Any], out_dir: str, *, command: str, settings: dict,
-                 png_name: str = "memory.png", md_name: str = "memory.md",
-                 sweep: Mapping[str, Any] | None = None) -> tuple[str, str]:
-  """Writes ``<out_dir>/<md_name>`` and ``<out_dir>/<png_name>`` (and, with a ``sweep``,
-  ``<png_name stem>_sweep.png``); returns the markdown and main PNG paths."""
-  import matplotlib.pyplot as plt
-  os.makedirs(out_dir, exist_ok=True)
-  png = os.path.join(out_dir, png_name)
-  note = ("bars: analytic (activations or rollout KV cache, the larger); black line: compiled "
-          f"(XLA {jax.default_backend().upper()}); ")
-  sizes = ("batch_rollouts", "prompt_len", "completion_len")
-  precision = ", ".join(f"{k}={v}" for k, v in settings.items() if k not in sizes)
-  plt.close(plot_bars(dict(results), png, suptitle=note + ", ".join(
-      f"{k}={settings[k]}" for k in sizes) + ", " + precision))
-  md = os.path.join(out_dir, md_name)
-  compile_s = sum(r["measured"]["ppo"]["compile_s"] + r["measured"]["grpo"]["compile_s"]
-                  for r in [*results.values(), *(sweep or {}).values()])
-  lines = [
-      "# Memory: PPO (actor + critic + reference) vs GRPO (actor + reference)",
-      "",
-      f"Regenerate (CPU, compile only, nothing allocated; {compile_s / 60:.0f} min of compiles on "
-      f"this shared 2-core machine):",
-      "",
-      "```bash",
-      command,
-      "```",
-      "",
-      f"Settings: {json.dumps(settings)}; jax {jax.__version__}, backend {jax.default_backend()}, "
-      f"one device (no sharding). GB = 1e9 bytes. Code and method: `experiments/memory.py` "
-      f"(module docstring).",
-      "",
-      f"![PPO vs GRPO memory]({png_name})",
-      "",
-      "## Peak memory of one training step",
-      "",
-      "*Compiled* = XLA `memory_analysis()` of the real jitted programs of `grpo_jax.train` "
-      "(reference log-probs, PPO critic values + GAE, the donated AdamW update) lowered on "
-      "`jax.ShapeDtypeStruct`s: `peak = resident (state + reference + batch) + max over programs "
-      "(temp + output - alias)`. *Analytic* = `analytic_breakdown`: weights + grads + 2 Adam "
-      "moments per trained model + reference weights + max(update activations, rollout KV cache). "
-      "*State only* = the same without activations / KV cache (the seed estimate's arithmetic).",
-      "",
-      *table_rows(results),
-      "",
-  ]
-  lines += _discussion(results, sweep)
-  if sweep:
-    sweep_png = os.path.splitext(png_name)[0] + "_sweep.png"
-    plt.close(plot_bars(dict(sweep), os.path.join(out_dir, sweep_png), suptitle=note + precision))
-    lines += ["", "## The saving against tokens per update", "",
-              "Same model and precision, fewer tokens per update (R rollouts x (Lp + Lc)): the "
-              "activations shrink and the compiled saving rises toward the state-only figure, "
-              "staying below it by the optimizer transients (point 2 above).", "",
-              *table_rows(sweep), "", f"![sweep]({sweep_png})", ""]
-  lines += ["", "## Analytic components (PPO; GRPO has no critic rows), GB", "",
-            *component_rows(results), "",
-            "## Compiled figures per program, GB", "",
-            "`program` = argument + output - alias + temp of that program alone; the step's peak "
-            "adds the resident buffers that are not its arguments (see the formula above).", "",
-            *phase_rows(results), ""]
-  with open(md, "w") as f:
-    f.write("\n".join(lines))
-  return md, png
+def write_report(
+    results: Mapping[str, Any],
+    out_dir: str,
+    *,
+    command: str,
+    settings: dict,
+    png_name: str = "memory.png",
+    md_name: str = "memory.md",
+    sweep: Mapping[str, Any] | None = None,
+) -> tuple[str, str]:
+    """Writes ``<out_dir>/<md_name>`` and ``<out_dir>/<png_name>`` (and, with a ``sweep``,
+    ``<png_name stem>_sweep.png``); returns the markdown and main PNG paths."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    png = os.path.join(out_dir, png_name)
+    note = (
+        "bars: analytic (activations or rollout KV cache, the larger); black line: compiled "
+        f"(XLA {jax.default_backend().upper()}); "
+    )
+    sizes = ("batch_rollouts", "prompt_len", "completion_len")
+    precision = ", ".join(f"{k}={v}" for k, v in settings.items() if k not in sizes)
+    plt.close(
+        plot_bars(
+            dict(results),
+            png,
+            suptitle=note + ", ".join(f"{k}={settings[k]}" for k in sizes) + ", " + precision,
+        )
+    )
+    md = os.path.join(out_dir, md_name)
+    compile_s = sum(
+        r["measured"]["ppo"]["compile_s"] + r["measured"]["grpo"]["compile_s"]
+        for r in [*results.values(), *(sweep or {}).values()]
+    )
+    lines = [
+        "# Memory: PPO (actor + critic + reference) vs GRPO (actor + reference)",
+        "",
+        f"Regenerate (CPU, compile only, nothing allocated; {compile_s / 60:.0f} min of compiles on "
+        f"this shared 2-core machine):",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Settings: {json.dumps(settings)}; jax {jax.__version__}, backend {jax.default_backend()}, "
+        f"one device (no sharding). GB = 1e9 bytes. Code and method: `experiments/memory.py` "
+        f"(module docstring).",
+        "",
+        f"![PPO vs GRPO memory]({png_name})",
+        "",
+        "## Peak memory of one training step",
+        "",
+        "*Compiled* = XLA `memory_analysis()` of the real jitted programs of `grpo_jax.train` "
+        "(reference log-probs, PPO critic values + GAE, the donated AdamW update) lowered on "
+        "`jax.ShapeDtypeStruct`s: `peak = resident (state + reference + batch) + max over programs "
+        "(temp + output - alias)`. *Analytic* = `analytic_breakdown`: weights + grads + 2 Adam "
+        "moments per trained model + reference weights + max(update activations, rollout KV cache). "
+        "*State only* = the same without activations / KV cache (the seed estimate's arithmetic).",
+        "",
+        *table_rows(results),
+        "",
+    ]
+    lines += _discussion(results, sweep)
+    if sweep:
+        sweep_png = os.path.splitext(png_name)[0] + "_sweep.png"
+        plt.close(
+            plot_bars(dict(sweep), os.path.join(out_dir, sweep_png), suptitle=note + precision)
+        )
+        lines += [
+            "",
+            "## The saving against tokens per update",
+            "",
+            "Same model and precision, fewer tokens per update (R rollouts x (Lp + Lc)): the "
+            "activations shrink and the compiled saving rises toward the state-only figure, "
+            "staying below it by the optimizer transients (point 2 above).",
+            "",
+            *table_rows(sweep),
+            "",
+            f"![sweep]({sweep_png})",
+            "",
+        ]
+    lines += [
+        "",
+        "## Analytic components (PPO; GRPO has no critic rows), GB",
+        "",
+        *component_rows(results),
+        "",
+        "## Compiled figures per program, GB",
+        "",
+        "`program` = argument + output - alias + temp of that program alone; the step's peak "
+        "adds the resident buffers that are not its arguments (see the formula above).",
+        "",
+        *phase_rows(results),
+        "",
+    ]
+    with open(md, "w") as f:
+        f.write("\n".join(lines))
+    return md, png
 
 
 def _transients_note(sweep) -> str:
-  if not sweep:
-    return ""
-  name, r = min(sweep.items(), key=lambda kv: kv[1]["grpo"]["activations"])
-  m = r["measured"]
-  temp = m["grpo"]["phases"]["update"]["temp"]
-  return (f": at {name} the GRPO update's temp is {temp / GB:.4g} GB = "
-          f"{temp / r['grpo']['actor_grads']:.1f} x the gradient ({r['grpo']['actor_grads'] / GB:.4g} GB) "
-          f"while the activations are estimated at {r['grpo']['activations'] / GB:.3g} GB, and the "
-          f"compiled GRPO is {m['grpo_total'] / GB:.4g} GB against {r['state_only']['grpo'] / GB:.4g} GB "
-          f"state-only")
+    if not sweep:
+        return ""
+    name, r = min(sweep.items(), key=lambda kv: kv[1]["grpo"]["activations"])
+    m = r["measured"]
+    temp = m["grpo"]["phases"]["update"]["temp"]
+    return (
+        f": at {name} the GRPO update's temp is {temp / GB:.4g} GB = "
+        f"{temp / r['grpo']['actor_grads']:.1f} x the gradient ({r['grpo']['actor_grads'] / GB:.4g} GB) "
+        f"while the activations are estimated at {r['grpo']['activations'] / GB:.3g} GB, and the "
+        f"compiled GRPO is {m['grpo_total'] / GB:.4g} GB against {r['state_only']['grpo'] / GB:.4g} GB "
+        f"state-only"
+    )
 
 
 def _discussion(results, sweep=None) -> list[str]:
-  lines = ["## How this compares with the seed figure (PPO 252 GB vs GRPO 140 GB, saved 44%)", ""]
-  lines.append(
-      "The seed figure is state-only arithmetic for a 7.0B model: 16 bytes/param for each trained "
-      "model (fp32 weights, grads, two Adam moments) and 4 bytes/param for the frozen reference: "
-      "PPO = 7.0 x (16 + 16 + 4) = 252 GB, GRPO = 7.0 x (16 + 4) = 140 GB, saved 16/36 = 44.4% "
-      "whatever the size. The *state only* column is that arithmetic for each preset: 44.4% when "
-      "the critic is as large as the actor (tied embeddings), 42.5% for Qwen3-8B, whose critic "
-      "lacks the untied 0.62B-parameter lm_head.")
-  lines += ["", "Compiled PPO - GRPO against the critic's state (weights + grads + 2 Adam moments):", ""]
-  for name, r in results.items():
-    m = r["measured"]
-    crit = r["ppo"]["critic_weights"] + r["ppo"]["critic_grads"] + r["ppo"]["critic_adam"]
-    diff = m["ppo_total"] - m["grpo_total"]
-    ut = {a: m[a]["phases"]["update"]["temp"] for a in ("ppo", "grpo")}
+    lines = ["## How this compares with the seed figure (PPO 252 GB vs GRPO 140 GB, saved 44%)", ""]
     lines.append(
-        f"- {name}: saved {100 * m['saved_fraction']:.1f}% compiled vs {100 * r['state_only']['saved_fraction']:.1f}% "
-        f"state-only; PPO - GRPO = {diff / GB:.4g} GB = critic state {crit / GB:.4g} GB "
-        f"+ {(diff - crit) / GB:.4g} GB; update temp PPO {ut['ppo'] / GB:.4g} GB vs GRPO "
-        f"{ut['grpo'] / GB:.4g} GB (actor grads {r['grpo']['actor_grads'] / GB:.4g} GB)")
-  lines += [""]
-  lines.append(
-      "Why the compiled saving is below 44%, largest first:")
-  lines += [
-      "",
-      "1. **Activations, paid by both.** At R x (Lp + Lc) = 8 x 5120 tokens the update's "
-      "temporaries (logits and their gradient, the non-fused attention's [R, H, T, T] float32 "
-      "scores of the layer being recomputed, the remat residuals) are most of both totals, so the "
-      "critic's share shrinks. The tiny model (82K parameters) is all activations: its saving "
-      "rounds to 0%. With fewer tokens per update (the sweep below) the saving rises toward the "
-      "state-only figure.",
-      "2. **Optimizer transients, not in the seed arithmetic.** The compiled update also holds the "
-      "gradient's successors (the clipped gradient and AdamW's update before `apply_updates` / "
-      "the non-finite `select`)" + _transients_note(sweep) + ". Both algorithms pay them for "
-      "the actor, which dilutes the critic's share further (PPO pays them for the critic too).",
-      "3. **The critic's activations partly overlap the actor's (raises PPO).** "
-      "`grpo_jax.train.make_update_fn` updates actor and critic in one jitted program; the two "
-      "are independent, and XLA's schedule keeps both models' remat residuals and some attention "
-      "buffers live at once (seen in the buffer assignment, `--xla_dump_to`), so PPO - GRPO "
-      "exceeds the critic state by the second column above. Sequencing the critic's update after "
-      "the actor's (a separate jit, or a data dependence / `optimization_barrier`) would remove "
-      "that part; this is why the compiled saving at long sequences is above the analytic one, "
-      "which assumes the two backward passes do not overlap.",
-      "4. **Backend.** This is XLA:CPU (no native bfloat16 matmul): some bfloat16 tensors are "
-      "held in float32 (e.g. the [V, R*T] float32 logits-gradient transpose), so the bfloat16 "
-      "activation figures overstate a GPU/TPU compile. No accelerator was available to compare.",
-      "",
-      "The analytic activation count is a rule of thumb (see `activation_bytes_estimate`); it "
-      "omits the optimizer transients and the overlap, so it sits below the compiled figure.",
-  ]
-  return lines
+        "The seed figure is state-only arithmetic for a 7.0B model: 16 bytes/param for each trained "
+        "model (fp32 weights, grads, two Adam moments) and 4 bytes/param for the frozen reference: "
+        "PPO = 7.0 x (16 + 16 + 4) = 252 GB, GRPO = 7.0 x (16 + 4) = 140 GB, saved 16/36 = 44.4% "
+        "whatever the size. The *state only* column is that arithmetic for each preset: 44.4% when "
+        "the critic is as large as the actor (tied embeddings), 42.5% for Qwen3-8B, whose critic "
+        "lacks the untied 0.62B-parameter lm_head."
+    )
+    lines += [
+        "",
+        "Compiled PPO - GRPO against the critic's state (weights + grads + 2 Adam moments):",
+        "",
+    ]
+    for name, r in results.items():
+        m = r["measured"]
+        crit = r["ppo"]["critic_weights"] + r["ppo"]["critic_grads"] + r["ppo"]["critic_adam"]
+        diff = m["ppo_total"] - m["grpo_total"]
+        ut = {a: m[a]["phases"]["update"]["temp"] for a in ("ppo", "grpo")}
+        lines.append(
+            f"- {name}: saved {100 * m['saved_fraction']:.1f}% compiled vs {100 * r['state_only']['saved_fraction']:.1f}% "
+            f"state-only; PPO - GRPO = {diff / GB:.4g} GB = critic state {crit / GB:.4g} GB "
+            f"+ {(diff - crit) / GB:.4g} GB; update temp PPO {ut['ppo'] / GB:.4g} GB vs GRPO "
+            f"{ut['grpo'] / GB:.4g} GB (actor grads {r['grpo']['actor_grads'] / GB:.4g} GB)"
+        )
+    lines += [""]
+    lines.append("Why the compiled saving is below 44%, largest first:")
+    lines += [
+        "",
+        "1. **Activations, paid by both.** At R x (Lp + Lc) = 8 x 5120 tokens the update's "
+        "temporaries (logits and their gradient, the non-fused attention's [R, H, T, T] float32 "
+        "scores of the layer being recomputed, the remat residuals) are most of both totals, so the "
+        "critic's share shrinks. The tiny model (82K parameters) is all activations: its saving "
+        "rounds to 0%. With fewer tokens per update (the sweep below) the saving rises toward the "
+        "state-only figure.",
+        "2. **Optimizer transients, not in the seed arithmetic.** The compiled update also holds the "
+        "gradient's successors (the clipped gradient and AdamW's update before `apply_updates` / "
+        "the non-finite `select`)" + _transients_note(sweep) + ". Both algorithms pay them for "
+        "the actor, which dilutes the critic's share further (PPO pays them for the critic too).",
+        "3. **The critic's activations partly overlap the actor's (raises PPO).** "
+        "`grpo_jax.train.make_update_fn` updates actor and critic in one jitted program; the two "
+        "are independent, and XLA's schedule keeps both models' remat residuals and some attention "
+        "buffers live at once (seen in the buffer assignment, `--xla_dump_to`), so PPO - GRPO "
+        "exceeds the critic state by the second column above. Sequencing the critic's update after "
+        "the actor's (a separate jit, or a data dependence / `optimization_barrier`) would remove "
+        "that part; this is why the compiled saving at long sequences is above the analytic one, "
+        "which assumes the two backward passes do not overlap.",
+        "4. **Backend.** This is XLA:CPU (no native bfloat16 matmul): some bfloat16 tensors are "
+        "held in float32 (e.g. the [V, R*T] float32 logits-gradient transpose), so the bfloat16 "
+        "activation figures overstate a GPU/TPU compile. No accelerator was available to compare.",
+        "",
+        "The analytic activation count is a rule of thumb (see `activation_bytes_estimate`); it "
+        "omits the optimizer transients and the overlap, so it sits below the compiled figure.",
+    ]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--model", default="all",
-                 help="preset name, HF config.json (or its directory), comma-separated list, or "
-                      f"'all' ({', '.join(DEFAULT_PRESETS)})")
-  p.add_argument("--batch_rollouts", type=int, default=8, help="R: rollouts per update (>= 2)")
-  p.add_argument("--prompt_len", type=int, default=1024, help="Lp: prompt tokens (paper: 1024)")
-  p.add_argument("--completion_len", type=int, default=4096,
-                 help="Lc: completion tokens (paper: 4096)")
-  p.add_argument("--param_dtype", default="float32", choices=sorted(_DTYPE_BYTES),
-                 help="parameter (and gradient / Adam moment) dtype")
-  p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPE_BYTES),
-                 help="compute / activation dtype")
-  p.add_argument("--remat", default=True, action=argparse.BooleanOptionalAction,
-                 help="rematerialise each layer in the backward pass (configs/dapo_qwen3.py)")
-  p.add_argument("--kl_coef", type=float, default=1e-3,
-                 help="KL-to-reference coefficient (> 0: the frozen reference is resident)")
-  p.add_argument("--sweep", default="2:128:128,8:256:1024",
-                 help="extra R:Lp:Lc settings compiled for --sweep_model (only with --model=all; "
-                      "'' for none)")
-  p.add_argument("--sweep_model", default="qwen3-8b", help="model of the --sweep settings")
-  p.add_argument("--out_dir", default="reports",
-                 help="writes memory.md + memory.png ('all'), or memory_<model>.md/.png")
-  args = p.parse_args(argv)
-  import matplotlib
-  matplotlib.use("Agg")
-  models = list(DEFAULT_PRESETS) if args.model == "all" else args.model.split(",")
-  settings = dict(batch_rollouts=args.batch_rollouts, prompt_len=args.prompt_len,
-                  completion_len=args.completion_len, param_dtype=args.param_dtype,
-                  dtype=args.dtype, remat=args.remat, kl_coef=args.kl_coef)
-  t0 = time.perf_counter()
-  results = run(models, **settings)
-  sweep = {}
-  if args.model == "all" and args.sweep:
-    for item in args.sweep.split(","):
-      R, lp, lc = (int(x) for x in item.split(":"))
-      one = dict(settings, batch_rollouts=R, prompt_len=lp, completion_len=lc)
-      sweep.update({f"{k} R={R} {lp}+{lc}": v for k, v in run([args.sweep_model], **one).items()})
-    main_key = next((k for k in results if k == args.sweep_model), None)
-    if main_key:
-      sweep[f"{main_key} R={args.batch_rollouts} {args.prompt_len}+{args.completion_len}"] = (
-          results[main_key])
-  suffix = "" if args.model == "all" else "_" + "_".join(results)
-  command = "python -m experiments.memory " + " ".join(
-      [f"--model={args.model}"] + [f"--{k}={v}" for k, v in settings.items() if k != "remat"]
-      + ["--remat" if args.remat else "--no-remat", f"--out_dir={args.out_dir}"]
-      + ([f"--sweep={args.sweep}", f"--sweep_model={args.sweep_model}"] if sweep else []))
-  print("\n".join(table_rows(results)))
-  if args.out_dir:
-    md, png = write_report(results, args.out_dir, command=command, settings=settings,
-                           png_name=f"memory{suffix}.png", md_name=f"memory{suffix}.md",
-                           sweep=sweep or None)
-    print(f"wrote {md} and {png} ({os.path.getsize(png) / 1e3:.0f} kB) in "
-          f"{time.perf_counter() - t0:.0f} s")
-  return results
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        default="all",
+        help="preset name, HF config.json (or its directory), comma-separated list, or "
+        f"'all' ({', '.join(DEFAULT_PRESETS)})",
+    )
+    p.add_argument("--batch_rollouts", type=int, default=8, help="R: rollouts per update (>= 2)")
+    p.add_argument("--prompt_len", type=int, default=1024, help="Lp: prompt tokens (paper: 1024)")
+    p.add_argument(
+        "--completion_len", type=int, default=4096, help="Lc: completion tokens (paper: 4096)"
+    )
+    p.add_argument(
+        "--param_dtype",
+        default="float32",
+        choices=sorted(_DTYPE_BYTES),
+        help="parameter (and gradient / Adam moment) dtype",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=sorted(_DTYPE_BYTES),
+        help="compute / activation dtype",
+    )
+    p.add_argument(
+        "--remat",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="rematerialise each layer in the backward pass (configs/dapo_qwen3.py)",
+    )
+    p.add_argument(
+        "--kl_coef",
+        type=float,
+        default=1e-3,
+        help="KL-to-reference coefficient (> 0: the frozen reference is resident)",
+    )
+    p.add_argument(
+        "--sweep",
+        default="2:128:128,8:256:1024",
+        help="extra R:Lp:Lc settings compiled for --sweep_model (only with --model=all; "
+        "'' for none)",
+    )
+    p.add_argument("--sweep_model", default="qwen3-8b", help="model of the --sweep settings")
+    p.add_argument(
+        "--out_dir",
+        default="reports",
+        help="writes memory.md + memory.png ('all'), or memory_<model>.md/.png",
+    )
+    args = p.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    models = list(DEFAULT_PRESETS) if args.model == "all" else args.model.split(",")
+    settings = dict(
+        batch_rollouts=args.batch_rollouts,
+        prompt_len=args.prompt_len,
+        completion_len=args.completion_len,
+        param_dtype=args.param_dtype,
+        dtype=args.dtype,
+        remat=args.remat,
+        kl_coef=args.kl_coef,
+    )
+    t0 = time.perf_counter()
+    results = run(models, **settings)
+    sweep = {}
+    if args.model == "all" and args.sweep:
+        for item in args.sweep.split(","):
+            R, lp, lc = (int(x) for x in item.split(":"))
+            one = dict(settings, batch_rollouts=R, prompt_len=lp, completion_len=lc)
+            sweep.update(
+                {f"{k} R={R} {lp}+{lc}": v for k, v in run([args.sweep_model], **one).items()}
+            )
+        main_key = next((k for k in results if k == args.sweep_model), None)
+        if main_key:
+            sweep[f"{main_key} R={args.batch_rollouts} {args.prompt_len}+{args.completion_len}"] = (
+                results[main_key]
+            )
+    suffix = "" if args.model == "all" else "_" + "_".join(results)
+    command = "python -m experiments.memory " + " ".join(
+        [f"--model={args.model}"]
+        + [f"--{k}={v}" for k, v in settings.items() if k != "remat"]
+        + ["--remat" if args.remat else "--no-remat", f"--out_dir={args.out_dir}"]
+        + ([f"--sweep={args.sweep}", f"--sweep_model={args.sweep_model}"] if sweep else [])
+    )
+    print("\n".join(table_rows(results)))
+    if args.out_dir:
+        md, png = write_report(
+            results,
+            args.out_dir,
+            command=command,
+            settings=settings,
+            png_name=f"memory{suffix}.png",
+            md_name=f"memory{suffix}.md",
+            sweep=sweep or None,
+        )
+        print(
+            f"wrote {md} and {png} ({os.path.getsize(png) / 1e3:.0f} kB) in "
+            f"{time.perf_counter() - t0:.0f} s"
+        )
+    return results
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -10,11 +10,11 @@ Multi-host (every process runs the same command): `jax.distributed.initialize` i
     `--distributed=on`, or by default (`auto`) when such a multi-process cluster is detected.
 `--distributed=off` never initialises. CPU processes use the gloo collectives.
 """
+
 import re
 import sys
 
-from absl import app
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
 from grpo_jax import distributed
@@ -23,119 +23,161 @@ _DEFAULT_CONFIG = "configs/arithmetic.py:grpo"
 
 
 def _load_config(argv):
-  """``(config, None)``: the config named by `--config` (without overrides); ``(None, reason)``
-  when it cannot be loaded (one line)."""
-  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if config_arg is None and "--config" in argv[:-1]:
-    config_arg = argv[argv.index("--config") + 1]
-  config_arg = config_arg or _DEFAULT_CONFIG
-  path, _, arg = config_arg.partition(":")
-  from ml_collections.config_flags import config_flags as cf
-  try:
-    module = cf._LoadConfigModule("config", path)
-  except Exception as e:  # noqa: BLE001 -- reported as one line
-    reason = str(e).strip().splitlines()[-1].strip()
-    return None, (f"--config={config_arg}: cannot load {path} ({reason}); give a config file and "
-                  f"argument, e.g. --config={_DEFAULT_CONFIG}")
-  try:
-    return module.get_config(*([arg] if ":" in config_arg else [])), None
-  except Exception as e:  # noqa: BLE001 -- reported as one line
-    return None, f"--config={config_arg}: get_config({arg!r}) failed: {type(e).__name__}: {' '.join(str(e).split())}"
+    """``(config, None)``: the config named by `--config` (without overrides); ``(None, reason)``
+    when it cannot be loaded (one line)."""
+    config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if config_arg is None and "--config" in argv[:-1]:
+        config_arg = argv[argv.index("--config") + 1]
+    config_arg = config_arg or _DEFAULT_CONFIG
+    path, _, arg = config_arg.partition(":")
+    from ml_collections.config_flags import config_flags as cf
+
+    try:
+        module = cf._LoadConfigModule("config", path)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[-1].strip()
+        return None, (
+            f"--config={config_arg}: cannot load {path} ({reason}); give a config file and "
+            f"argument, e.g. --config={_DEFAULT_CONFIG}"
+        )
+    try:
+        return module.get_config(*([arg] if ":" in config_arg else [])), None
+    except Exception as e:
+        return (
+            None,
+            f"--config={config_arg}: get_config({arg!r}) failed: {type(e).__name__}: {' '.join(str(e).split())}",
+        )
 
 
 def _config_key_errors(argv):
-  """Checks the config file and the `--config.a.b=...` keys before absl does, so a missing file
-  or a typo gets a one-line message."""
-  overrides = [m.group(1) for a in argv for m in [re.match(r"--config\.([\w.]+)(=|$)", a)] if m]
-  config, error = _load_config(argv)
-  if error:
-    return error
-  from grpo_jax import config_utils
-  valid = set(config_utils.all_keys(config))
-  for key in overrides:
-    if key not in valid:
-      close = config_utils.closest_keys(config, key)
-      hint = (f"; did you mean {', '.join('config.' + c for c in close)}?" if close else
-              "; the valid keys are listed (commented) in configs/common.py")
-      return f"unknown config key config.{key}{hint}"
-  return None
+    """Checks the config file and the `--config.a.b=...` keys before absl does, so a missing file
+    or a typo gets a one-line message."""
+    overrides = [m.group(1) for a in argv for m in [re.match(r"--config\.([\w.]+)(=|$)", a)] if m]
+    config, error = _load_config(argv)
+    if error:
+        return error
+    from grpo_jax import config_utils
+
+    valid = set(config_utils.all_keys(config))
+    for key in overrides:
+        if key not in valid:
+            close = config_utils.closest_keys(config, key)
+            hint = (
+                f"; did you mean {', '.join('config.' + c for c in close)}?"
+                if close
+                else "; the valid keys are listed (commented) in configs/common.py"
+            )
+            return f"unknown config key config.{key}{hint}"
+    return None
 
 
 if __name__ == "__main__":  # before DEFINE_config_file, which applies --config.* overrides at once
-  _ERROR = _config_key_errors(sys.argv)
-  if _ERROR:
-    print(f"error: {_ERROR}", file=sys.stderr)
-    sys.exit(2)
+    _ERROR = _config_key_errors(sys.argv)
+    if _ERROR:
+        print(f"error: {_ERROR}", file=sys.stderr)
+        sys.exit(2)
 
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "Experiment config file, with an argument after ':'.")
-_WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Where checkpoints, metrics and "
-                               "the summary are written; an existing run there is resumed.")
-_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                                 "jax.distributed.initialize: auto (when a coordinator is given or a "
-                                 "multi-process TPU pod / Slurm / MPI job is detected), on, off.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's "
-                                   "coordinator (default: $GRPO_JAX_COORDINATOR).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes "
-                                      "(default: $GRPO_JAX_NUM_PROCESSES).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index "
-                                   "(default: $GRPO_JAX_PROCESS_ID).")
-_INIT_TIMEOUT = flags.DEFINE_integer("distributed_timeout_s", 300, "Seconds to wait for every "
-                                     "process to join before failing (instead of hanging).")
-
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Experiment config file, with an argument after ':'."
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir",
+    "workdirs/default",
+    "Where checkpoints, metrics and the summary are written; an existing run there is resumed.",
+)
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed",
+    "auto",
+    ["auto", "on", "off"],
+    "jax.distributed.initialize: auto (when a coordinator is given or a "
+    "multi-process TPU pod / Slurm / MPI job is detected), on, off.",
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "HOST:PORT of process 0's coordinator (default: $GRPO_JAX_COORDINATOR).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Number of processes (default: $GRPO_JAX_NUM_PROCESSES)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's index (default: $GRPO_JAX_PROCESS_ID)."
+)
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout_s",
+    300,
+    "Seconds to wait for every process to join before failing (instead of hanging).",
+)
 
 
 def _parse_flags(argv):
-  """absl flag parsing, but a bad flag value is one `error: ...` line (exit 2), not FATAL + usage."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    message = " ".join(str(e).split())
-    hint = ""
-    m = re.match(r"flag --config\.([\w.]+)=", message)
-    config = _load_config(argv)[0] if m else None
-    if config is not None:
-      value = config
-      try:
-        for part in m.group(1).split("."):
-          value = value[part]
-        hint = (f"; config.{m.group(1)} takes a value of type {type(value).__name__} "
-                f"(e.g. --config.{m.group(1)}={value})")
-      except (KeyError, AttributeError, TypeError):
-        pass
-    print(f"error: {message}{hint}", file=sys.stderr)
-    sys.exit(2)
+    """absl flag parsing, but a bad flag value is one `error: ...` line (exit 2), not FATAL + usage."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        message = " ".join(str(e).split())
+        hint = ""
+        m = re.match(r"flag --config\.([\w.]+)=", message)
+        config = _load_config(argv)[0] if m else None
+        if config is not None:
+            value = config
+            try:
+                for part in m.group(1).split("."):
+                    value = value[part]
+                hint = (
+                    f"; config.{m.group(1)} takes a value of type {type(value).__name__} "
+                    f"(e.g. --config.{m.group(1)}={value})"
+                )
+            except (KeyError, AttributeError, TypeError):
+                pass
+        print(f"error: {message}{hint}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main(argv):
-  del argv
-  from absl import logging as absl_logging
-  if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO; keep the console readable
-    absl_logging.set_verbosity(absl_logging.WARNING)
-  try:
-    distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                           _PROCESS_ID.value, _INIT_TIMEOUT.value)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  try:
-    config = _CONFIG.value
-    config.get("steps")  # a config file that failed to load raises here
-  except OSError as e:
-    reason = str(e).strip().splitlines()[-1].strip()
-    print(f"error: --config: {reason}; give a config file and argument, e.g. "
-          "--config=configs/arithmetic.py:grpo", file=sys.stderr)
-    sys.exit(2)
-  from grpo_jax import checkpointing, config_utils, train
-  try:
-    train.train_and_evaluate(config, _WORKDIR.value)
-  except config_utils.ConfigError as e:  # bad config, paths or data: nothing was trained
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  except (FloatingPointError, checkpointing.CheckpointError) as e:  # the run stopped; state is on disk
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    del argv
+    from absl import logging as absl_logging
+
+    if not flags.FLAGS[
+        "verbosity"
+    ].present:  # Orbax logs every save at INFO; keep the console readable
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        distributed.initialize(
+            _DISTRIBUTED.value,
+            _COORDINATOR.value,
+            _NUM_PROCESSES.value,
+            _PROCESS_ID.value,
+            _INIT_TIMEOUT.value,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        config = _CONFIG.value
+        config.get("steps")  # a config file that failed to load raises here
+    except OSError as e:
+        reason = str(e).strip().splitlines()[-1].strip()
+        print(
+            f"error: --config: {reason}; give a config file and argument, e.g. "
+            "--config=configs/arithmetic.py:grpo",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    from grpo_jax import checkpointing, config_utils, train
+
+    try:
+        train.train_and_evaluate(config, _WORKDIR.value)
+    except config_utils.ConfigError as e:  # bad config, paths or data: nothing was trained
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (
+        FloatingPointError,
+        checkpointing.CheckpointError,
+    ) as e:  # the run stopped; state is on disk
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=_parse_flags)

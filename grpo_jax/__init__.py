@@ -3,4 +3,5 @@
 Modules are imported on use (`from grpo_jax import advantages, losses`), so importing the
 package stays cheap for notebooks.
 """
+
 __version__ = "0.1.0"

@@ -10,10 +10,10 @@ Sources: Shao et al. 2024, *DeepSeekMath* (arXiv 2402.03300), Sec. 4.1.2 (outcom
 `A = (r - mean) / std`); Liu et al. 2025, *Dr. GRPO* (arXiv 2503.20783), Eq. 3 (no std);
 Ahmadian et al. 2024, *Back to Basics* (RLOO, leave-one-out baseline, Eq. 4).
 """
+
 from __future__ import annotations
 
 import operator
-from typing import Dict, Optional, Tuple
 
 import chex
 import jax
@@ -56,9 +56,9 @@ def compute(
     estimator: str = "grpo",
     std: str = "unbiased",
     eps: float = 1e-6,
-    clip: Optional[float] = None,
+    clip: float | None = None,
     nonfinite: str = "raise",
-) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Group-relative advantages, one scalar per rollout.
 
     Per group `g` (rows with `segment_ids == g`), with `n` members, mean `m` and standard
@@ -125,7 +125,8 @@ def compute(
     except TypeError:
         raise ValueError(
             f"num_segments must be a static Python int (jit: mark it static), got "
-            f"{type(num_segments).__name__}") from None
+            f"{type(num_segments).__name__}"
+        ) from None
     if num_segments < 1:
         raise ValueError(f"num_segments must be >= 1, got {num_segments}")
     if not _is_traced(eps) and float(eps) < 0:
@@ -152,14 +153,14 @@ def compute(
         return jax.ops.segment_sum(x, seg, num_segments=nseg)[:num_segments]
 
     x = jnp.where(ok, r, 0.0)
-    n = seg_sum(ok.astype(jnp.float32))                              # [P] members
+    n = seg_sum(ok.astype(jnp.float32))  # [P] members
     mean = seg_sum(x) / jnp.maximum(n, 1.0)
-    seg_c = jnp.minimum(seg, num_segments - 1)                        # safe gather index
-    centered = jnp.where(ok, x - mean[seg_c], 0.0)                    # two-pass: no cancellation
+    seg_c = jnp.minimum(seg, num_segments - 1)  # safe gather index
+    centered = jnp.where(ok, x - mean[seg_c], 0.0)  # two-pass: no cancellation
     # All-equal test by max == min (exact), independent of round-off in the mean.
     gmax = jax.ops.segment_max(jnp.where(ok, r, -jnp.inf), seg, num_segments=nseg)[:num_segments]
     gmin = jax.ops.segment_min(jnp.where(ok, r, jnp.inf), seg, num_segments=nseg)[:num_segments]
-    informative = (n >= 2) & (gmax > gmin)                            # [P]
+    informative = (n >= 2) & (gmax > gmin)  # [P]
 
     if estimator == "grpo":
         ddof = 1.0 if std == "unbiased" else 0.0

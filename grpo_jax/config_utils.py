@@ -1,4 +1,5 @@
 """Config checks at the edge: one-line errors that name the field and say what to change."""
+
 from __future__ import annotations
 
 import difflib
@@ -10,36 +11,42 @@ import ml_collections
 
 
 class ConfigError(ValueError):
-  """An invalid or incompatible configuration. The message is one line and names the field."""
+    """An invalid or incompatible configuration. The message is one line and names the field."""
 
 
 def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
-  keys = []
-  for k, v in config.items():
-    path = f"{prefix}{k}"
-    keys.append(path)
-    if isinstance(v, ml_collections.ConfigDict):
-      keys.extend(all_keys(v, path + "."))
-  return keys
+    keys = []
+    for k, v in config.items():
+        path = f"{prefix}{k}"
+        keys.append(path)
+        if isinstance(v, ml_collections.ConfigDict):
+            keys.extend(all_keys(v, path + "."))
+    return keys
 
 
 def closest_keys(config: ml_collections.ConfigDict, key: str, n: int = 3) -> list[str]:
-  """The valid config keys closest to a misspelled one (by full dotted path and last part)."""
-  keys = all_keys(config)
-  close = difflib.get_close_matches(key, keys, n=n, cutoff=0.5)
-  if not close:
-    last = key.split(".")[-1]
-    by_last = {k.split(".")[-1]: k for k in keys}
-    close = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=n, cutoff=0.5)]
-  return close
+    """The valid config keys closest to a misspelled one (by full dotted path and last part)."""
+    keys = all_keys(config)
+    close = difflib.get_close_matches(key, keys, n=n, cutoff=0.5)
+    if not close:
+        last = key.split(".")[-1]
+        by_last = {k.split(".")[-1]: k for k in keys}
+        close = [
+            by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=n, cutoff=0.5)
+        ]
+    return close
 
 
 _CHOICES = {
     "algorithm.name": ("grpo", "prompt_gdro", "rollout_gdro", "ppo"),
     "algorithm.estimator": ("grpo", "dr_grpo", "rloo"),
     "algorithm.std": ("unbiased", "population"),
-    "algorithm.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                "seq-mean-token-sum-norm"),
+    "algorithm.loss_agg_mode": (
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    ),
     "algorithm.kl_kind": ("k1", "k2", "k3"),
     "algorithm.reward_scale": ("pm1", "01"),
     "gdro.apply": ("advantage_weight", "resample"),
@@ -53,131 +60,165 @@ _CHOICES = {
     "optimizer.schedule": ("constant", "cosine"),
 }
 
-_POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.rollouts_per_prompt",
-             "rollout.max_new_tokens", "data.max_prompt_tokens", "algorithm.num_iterations",
-             "checkpoint.every_steps", "checkpoint.keep", "eval.num_samples", "eval.batch_size",
-             "logging.every_steps", "gdro.history")
+_POSITIVE = (
+    "steps",
+    "rollout.prompts_per_step",
+    "rollout.rollouts_per_prompt",
+    "rollout.max_new_tokens",
+    "data.max_prompt_tokens",
+    "algorithm.num_iterations",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "eval.num_samples",
+    "eval.batch_size",
+    "logging.every_steps",
+    "gdro.history",
+)
 
 
 def _get(config, path):
-  for part in path.split("."):
-    config = config[part]
-  return config
+    for part in path.split("."):
+        config = config[part]
+    return config
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks choices, ranges and the GDRO constraints.
+    """Checks choices, ranges and the GDRO constraints.
 
-  Raises:
-    ConfigError: naming the field, the bad value and the valid choices or range.
-  """
-  for path, choices in _CHOICES.items():
-    value = _get(config, path)
-    if value not in choices:
-      raise ConfigError(f"config.{path}={value!r} is not one of {choices}")
-  for path in _POSITIVE:
-    value = _get(config, path)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-      raise ConfigError(f"config.{path}={value!r} must be a positive integer")
-  g = config.gdro
-  edges = tuple(g.edges)
-  if any(not 0 < e < 1 for e in edges) or list(edges) != sorted(set(edges)):
-    raise ConfigError(f"config.gdro.edges={edges} must be strictly increasing and inside (0, 1)")
-  n_bar = config.rollout.rollouts_per_prompt
-  if config.algorithm.name == "rollout_gdro":
-    if g.n_min < 2:
-      raise ConfigError(f"config.gdro.n_min={g.n_min} must be >= 2 (a group of one rollout has no baseline)")
-    if not g.n_min <= n_bar <= g.n_max:
-      raise ConfigError(f"config.rollout.rollouts_per_prompt={n_bar} (the mean budget n_bar) must lie in "
-                        f"[config.gdro.n_min, config.gdro.n_max] = [{g.n_min}, {g.n_max}]")
-  elif n_bar < 2:
-    raise ConfigError(f"config.rollout.rollouts_per_prompt={n_bar} must be >= 2 (group baseline)")
-  if config.algorithm.dynamic_sampling:
+    Raises:
+      ConfigError: naming the field, the bad value and the valid choices or range.
+    """
+    for path, choices in _CHOICES.items():
+        value = _get(config, path)
+        if value not in choices:
+            raise ConfigError(f"config.{path}={value!r} is not one of {choices}")
+    for path in _POSITIVE:
+        value = _get(config, path)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"config.{path}={value!r} must be a positive integer")
+    g = config.gdro
+    edges = tuple(g.edges)
+    if any(not 0 < e < 1 for e in edges) or list(edges) != sorted(set(edges)):
+        raise ConfigError(
+            f"config.gdro.edges={edges} must be strictly increasing and inside (0, 1)"
+        )
+    n_bar = config.rollout.rollouts_per_prompt
     if config.algorithm.name == "rollout_gdro":
-      raise ConfigError("config.algorithm.dynamic_sampling needs a fixed group size; Rollout-GDRO "
-                        "varies it (use grpo, prompt_gdro or ppo, or set dynamic_sampling=False)")
-    if config.algorithm.dynamic_sampling_max_rounds < 0:
-      raise ConfigError(f"config.algorithm.dynamic_sampling_max_rounds="
-                        f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0")
-  if config.eval.num_samples < 1:
-    raise ConfigError("config.eval.num_samples must be >= 1")
-  for path in ("rollout.temperature", "eval.temperature"):
-    if _get(config, path) < 0:
-      raise ConfigError(f"config.{path} must be >= 0 (0 = greedy)")
-  if not 0 < config.rollout.top_p <= 1:
-    raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
+        if g.n_min < 2:
+            raise ConfigError(
+                f"config.gdro.n_min={g.n_min} must be >= 2 (a group of one rollout has no baseline)"
+            )
+        if not g.n_min <= n_bar <= g.n_max:
+            raise ConfigError(
+                f"config.rollout.rollouts_per_prompt={n_bar} (the mean budget n_bar) must lie in "
+                f"[config.gdro.n_min, config.gdro.n_max] = [{g.n_min}, {g.n_max}]"
+            )
+    elif n_bar < 2:
+        raise ConfigError(
+            f"config.rollout.rollouts_per_prompt={n_bar} must be >= 2 (group baseline)"
+        )
+    if config.algorithm.dynamic_sampling:
+        if config.algorithm.name == "rollout_gdro":
+            raise ConfigError(
+                "config.algorithm.dynamic_sampling needs a fixed group size; Rollout-GDRO "
+                "varies it (use grpo, prompt_gdro or ppo, or set dynamic_sampling=False)"
+            )
+        if config.algorithm.dynamic_sampling_max_rounds < 0:
+            raise ConfigError(
+                f"config.algorithm.dynamic_sampling_max_rounds="
+                f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0"
+            )
+    if config.eval.num_samples < 1:
+        raise ConfigError("config.eval.num_samples must be >= 1")
+    for path in ("rollout.temperature", "eval.temperature"):
+        if _get(config, path) < 0:
+            raise ConfigError(f"config.{path} must be >= 0 (0 = greedy)")
+    if not 0 < config.rollout.top_p <= 1:
+        raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
 
 
 # Fields that may change between a run and its resume (they do not change the trajectory).
-_RESUMABLE = ("steps", "checkpoint", "logging", "eval", "reward", "data.source_dir", "model.hf_checkpoint",
-              "model.gguf_path")
+_RESUMABLE = (
+    "steps",
+    "checkpoint",
+    "logging",
+    "eval",
+    "reward",
+    "data.source_dir",
+    "model.hf_checkpoint",
+    "model.gguf_path",
+)
 
 
 def _comparable(d: dict) -> dict:
-  d = json.loads(json.dumps(d, default=str))
-  for path in _RESUMABLE:
-    parts = path.split(".")
-    node = d
-    for p in parts[:-1]:
-      node = node.get(p, {})
-    node.pop(parts[-1], None)
-  return d
+    d = json.loads(json.dumps(d, default=str))
+    for path in _RESUMABLE:
+        parts = path.split(".")
+        node = d
+        for p in parts[:-1]:
+            node = node.get(p, {})
+        node.pop(parts[-1], None)
+    return d
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses a workdir that holds a run with an incompatible config (unless overwrite).
+    """Refuses a workdir that holds a run with an incompatible config (unless overwrite).
 
-  The first call writes ``<workdir>/config.json``; later calls compare against it, ignoring
-  fields that do not change the trajectory (steps, checkpoint/logging/eval settings, paths).
-  Multi-process runs: every process compares, only process 0 writes (or clears, on
-  overwrite), and all of them wait for it before returning.
+    The first call writes ``<workdir>/config.json``; later calls compare against it, ignoring
+    fields that do not change the trajectory (steps, checkpoint/logging/eval settings, paths).
+    Multi-process runs: every process compares, only process 0 writes (or clears, on
+    overwrite), and all of them wait for it before returning.
 
-  Raises:
-    ConfigError: naming the first differing field, the workdir and ``config.checkpoint.overwrite``.
-  """
-  import jax  # local: config files import this module without starting JAX
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    try:
-      _check_workdir(config, workdir, write=jax.process_index() == 0)
-    finally:  # a refusal on one process is a refusal on all (same files, same config)
-      multihost_utils.sync_global_devices("grpo_jax.check_workdir")
-    return
-  _check_workdir(config, workdir, write=True)
+    Raises:
+      ConfigError: naming the first differing field, the workdir and ``config.checkpoint.overwrite``.
+    """
+    import jax  # local: config files import this module without starting JAX
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        try:
+            _check_workdir(config, workdir, write=jax.process_index() == 0)
+        finally:  # a refusal on one process is a refusal on all (same files, same config)
+            multihost_utils.sync_global_devices("grpo_jax.check_workdir")
+        return
+    _check_workdir(config, workdir, write=True)
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str, write: bool) -> None:
-  path = os.path.join(workdir, "config.json")
-  new = config.to_dict()
-  if os.path.exists(path) and not config.checkpoint.overwrite:
-    with open(path) as f:
-      old = json.load(f)
-    a, b = _comparable(old), _comparable(new)
-    if a != b:
-      diff = _first_difference(a, b)
-      raise ConfigError(
-          f"{workdir} holds a run with another config ({diff}); use a new --workdir, or pass "
-          "--config.checkpoint.overwrite=True to start over there")
-    return
-  if not write:
-    return
-  if os.path.exists(path) and config.checkpoint.overwrite:
-    import shutil
-    for name in ("checkpoints", "metrics.jsonl", "tensorboard", "summary.json"):
-      p = os.path.join(workdir, name)
-      if os.path.isdir(p):
-        shutil.rmtree(p)
-      elif os.path.exists(p):
-        os.remove(p)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(new, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
+    path = os.path.join(workdir, "config.json")
+    new = config.to_dict()
+    if os.path.exists(path) and not config.checkpoint.overwrite:
+        with open(path) as f:
+            old = json.load(f)
+        a, b = _comparable(old), _comparable(new)
+        if a != b:
+            diff = _first_difference(a, b)
+            raise ConfigError(
+                f"{workdir} holds a run with another config ({diff}); use a new --workdir, or pass "
+                "--config.checkpoint.overwrite=True to start over there"
+            )
+        return
+    if not write:
+        return
+    if os.path.exists(path) and config.checkpoint.overwrite:
+        import shutil
+
+        for name in ("checkpoints", "metrics.jsonl", "tensorboard", "summary.json"):
+            p = os.path.join(workdir, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.remove(p)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(new, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
-  if isinstance(a, dict) and isinstance(b, dict):
-    for k in sorted(set(a) | set(b)):
-      if a.get(k) != b.get(k):
-        return _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
-  return f"{prefix.rstrip('.')}: {a!r} -> {b!r}"
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
+    return f"{prefix.rstrip('.')}: {a!r} -> {b!r}"

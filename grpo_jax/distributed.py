@@ -7,68 +7,93 @@ cluster detection (TPU VM workers, Slurm, Open MPI). Used by `experiments/run.py
 `jax.devices()` lists every process's devices; the data design that goes with it is in
 `grpo_jax.experiment.Experiment.to_device` / `to_host`.
 """
+
 from __future__ import annotations
 
 import os
 
 
 def _detected_cluster() -> str | None:
-  """The multi-process cluster JAX can configure itself from, if any."""
-  env = os.environ
-  if len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1:
-    return "TPU pod"
-  if int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1 and "SLURM_JOB_ID" in env:
-    return "Slurm"
-  if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
-    return "Open MPI"
-  return None
+    """The multi-process cluster JAX can configure itself from, if any."""
+    env = os.environ
+    if len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1:
+        return "TPU pod"
+    if (
+        int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1
+        and "SLURM_JOB_ID" in env
+    ):
+        return "Slurm"
+    if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
+        return "Open MPI"
+    return None
 
 
-def initialize(mode: str = "auto", coordinator: str | None = None,
-               num_processes: int | None = None, process_id: int | None = None,
-               timeout_s: int = 300) -> bool:
-  """Joins this process to a multi-process JAX job; returns whether it did.
+def initialize(
+    mode: str = "auto",
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    timeout_s: int = 300,
+) -> bool:
+    """Joins this process to a multi-process JAX job; returns whether it did.
 
-  Args:
-    mode: "auto" (join when a coordinator is given or `_detected_cluster` finds a multi-process
-      TPU pod / Slurm / Open MPI job), "on" (always; JAX auto-detects the cluster when no
-      coordinator is given), "off" (never).
-    coordinator: "HOST:PORT" of process 0's coordinator service.
-    num_processes, process_id: the job's size and this process's index in [0, num_processes).
-    timeout_s: seconds to wait for every process to join before raising (instead of hanging).
+    Args:
+      mode: "auto" (join when a coordinator is given or `_detected_cluster` finds a multi-process
+        TPU pod / Slurm / Open MPI job), "on" (always; JAX auto-detects the cluster when no
+        coordinator is given), "off" (never).
+      coordinator: "HOST:PORT" of process 0's coordinator service.
+      num_processes, process_id: the job's size and this process's index in [0, num_processes).
+      timeout_s: seconds to wait for every process to join before raising (instead of hanging).
 
-  Flags win over the environment (GRPO_JAX_COORDINATOR, GRPO_JAX_NUM_PROCESSES,
-  GRPO_JAX_PROCESS_ID). Must run before anything touches a JAX device.
+    Flags win over the environment (GRPO_JAX_COORDINATOR, GRPO_JAX_NUM_PROCESSES,
+    GRPO_JAX_PROCESS_ID). Must run before anything touches a JAX device.
 
-  Raises:
-    ValueError: a coordinator without the process count / id (or the reverse).
-  """
-  env = os.environ
-  coordinator = coordinator or env.get("GRPO_JAX_COORDINATOR") or None
-  num_processes = num_processes if num_processes is not None else (
-      int(env["GRPO_JAX_NUM_PROCESSES"]) if env.get("GRPO_JAX_NUM_PROCESSES") else None)
-  process_id = process_id if process_id is not None else (
-      int(env["GRPO_JAX_PROCESS_ID"]) if env.get("GRPO_JAX_PROCESS_ID") else None)
-  if mode == "off":
-    return False
-  explicit = coordinator is not None
-  if explicit and (num_processes is None or process_id is None):
-    raise ValueError("--coordinator_address needs --num_processes and --process_id (or "
-                     "GRPO_JAX_NUM_PROCESSES / GRPO_JAX_PROCESS_ID)")
-  if not explicit and (num_processes is not None or process_id is not None) and mode == "auto":
-    raise ValueError("--num_processes / --process_id need --coordinator_address (or "
-                     "GRPO_JAX_COORDINATOR)")
-  cluster = _detected_cluster()
-  if mode == "auto" and not explicit and cluster is None:
-    return False
-  import jax
-  if not jax.config.jax_cpu_collectives_implementation:
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU cross-process collectives
-  kwargs = {"initialization_timeout": timeout_s}
-  if explicit:
-    kwargs.update(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
-  jax.distributed.initialize(**kwargs)
-  how = f"coordinator {coordinator}" if explicit else (cluster or "auto-detected")
-  print(f"process {jax.process_index()}/{jax.process_count()} ({how}): "
-        f"{jax.local_device_count()} local / {jax.device_count()} global devices", flush=True)
-  return True
+    Raises:
+      ValueError: a coordinator without the process count / id (or the reverse).
+    """
+    env = os.environ
+    coordinator = coordinator or env.get("GRPO_JAX_COORDINATOR") or None
+    num_processes = (
+        num_processes
+        if num_processes is not None
+        else (int(env["GRPO_JAX_NUM_PROCESSES"]) if env.get("GRPO_JAX_NUM_PROCESSES") else None)
+    )
+    process_id = (
+        process_id
+        if process_id is not None
+        else (int(env["GRPO_JAX_PROCESS_ID"]) if env.get("GRPO_JAX_PROCESS_ID") else None)
+    )
+    if mode == "off":
+        return False
+    explicit = coordinator is not None
+    if explicit and (num_processes is None or process_id is None):
+        raise ValueError(
+            "--coordinator_address needs --num_processes and --process_id (or "
+            "GRPO_JAX_NUM_PROCESSES / GRPO_JAX_PROCESS_ID)"
+        )
+    if not explicit and (num_processes is not None or process_id is not None) and mode == "auto":
+        raise ValueError(
+            "--num_processes / --process_id need --coordinator_address (or GRPO_JAX_COORDINATOR)"
+        )
+    cluster = _detected_cluster()
+    if mode == "auto" and not explicit and cluster is None:
+        return False
+    import jax
+
+    if not jax.config.jax_cpu_collectives_implementation:
+        jax.config.update(
+            "jax_cpu_collectives_implementation", "gloo"
+        )  # CPU cross-process collectives
+    kwargs = {"initialization_timeout": timeout_s}
+    if explicit:
+        kwargs.update(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        )
+    jax.distributed.initialize(**kwargs)
+    how = f"coordinator {coordinator}" if explicit else (cluster or "auto-detected")
+    print(
+        f"process {jax.process_index()}/{jax.process_count()} ({how}): "
+        f"{jax.local_device_count()} local / {jax.device_count()} global devices",
+        flush=True,
+    )
+    return True

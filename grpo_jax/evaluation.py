@@ -4,132 +4,174 @@ Paper protocol by default (gdro.md section 5): 8 samples at temperature 0.6, top
 top-k 20; mean@k per benchmark, pass@k per benchmark and pooled. Results are reported per
 dataset, per difficulty level (where a dataset has one) and pooled.
 """
+
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from grpo_jax import metrics as metrics_lib
-from grpo_jax import sampling
-from grpo_jax import sharding
+from grpo_jax import sampling, sharding
 
 
 def _to_host(x) -> np.ndarray:
-  from grpo_jax.experiment import Experiment
-  return Experiment.to_host(x)
+    from grpo_jax.experiment import Experiment
+
+    return Experiment.to_host(x)
 
 
 def _summarise(correct: np.ndarray, answers: list[list[str]] | None, k: int) -> dict:
-  """correct [N, k] bool -> {mean_at_1, mean_at_k, pass_at_1, pass_at_k, maj_at_k, n}."""
-  n = np.full((correct.shape[0],), k)
-  c = correct.sum(axis=1)
-  out = {"num_problems": int(correct.shape[0]),
-         "mean_at_1": float(correct.mean()) if correct.size else 0.0,
-         f"mean_at_{k}": float(np.asarray(metrics_lib.mean_at_k(correct)).mean()) if correct.size else 0.0,
-         "pass_at_1": float(np.mean(metrics_lib.pass_at_k(n, c, 1))) if correct.size else 0.0,
-         f"pass_at_{k}": float(np.mean(metrics_lib.pass_at_k(n, c, k))) if correct.size else 0.0}
-  if answers is not None and correct.size:
-    out[f"maj_at_{k}"] = float(np.mean(metrics_lib.maj_at_k(answers, correct.tolist())))
-  return out
+    """correct [N, k] bool -> {mean_at_1, mean_at_k, pass_at_1, pass_at_k, maj_at_k, n}."""
+    n = np.full((correct.shape[0],), k)
+    c = correct.sum(axis=1)
+    out = {
+        "num_problems": int(correct.shape[0]),
+        "mean_at_1": float(correct.mean()) if correct.size else 0.0,
+        f"mean_at_{k}": float(np.asarray(metrics_lib.mean_at_k(correct)).mean())
+        if correct.size
+        else 0.0,
+        "pass_at_1": float(np.mean(metrics_lib.pass_at_k(n, c, 1))) if correct.size else 0.0,
+        f"pass_at_{k}": float(np.mean(metrics_lib.pass_at_k(n, c, k))) if correct.size else 0.0,
+    }
+    if answers is not None and correct.size:
+        out[f"maj_at_{k}"] = float(np.mean(metrics_lib.maj_at_k(answers, correct.tolist())))
+    return out
 
 
-def evaluate_policy(graphdef, params, examples: list[dict], *, tokenizer, reward_fn,
-                    sampling_config: sampling.SamplingConfig, render: Callable[[str], str],
-                    prompt_len: int, k: int, batch_size: int, rng: jax.Array,
-                    to_device: Callable[[np.ndarray], jax.Array],
-                    extract: Callable[[str], str] | None = None,
-                    progress: bool = False, mesh=None) -> dict:
-  """Samples ``k`` completions per problem and scores them.
+def evaluate_policy(
+    graphdef,
+    params,
+    examples: list[dict],
+    *,
+    tokenizer,
+    reward_fn,
+    sampling_config: sampling.SamplingConfig,
+    render: Callable[[str], str],
+    prompt_len: int,
+    k: int,
+    batch_size: int,
+    rng: jax.Array,
+    to_device: Callable[[np.ndarray], jax.Array],
+    extract: Callable[[str], str] | None = None,
+    progress: bool = False,
+    mesh=None,
+) -> dict:
+    """Samples ``k`` completions per problem and scores them.
 
-  Args:
-    graphdef, params: the policy (``nnx.split`` graph and pure-dict parameters).
-    examples: dicts with ``problem``, ``answer`` (or ``answers``) and optional ``level``.
-    batch_size: rollouts per generation call; rounded down to a multiple of ``k``; the last
-      call is padded, so every call has the same shape (one compilation).
-    extract: maps a completion to a normalised final answer for maj@k (None: no maj@k).
-    mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
+    Args:
+      graphdef, params: the policy (``nnx.split`` graph and pure-dict parameters).
+      examples: dicts with ``problem``, ``answer`` (or ``answers``) and optional ``level``.
+      batch_size: rollouts per generation call; rounded down to a multiple of ``k``; the last
+        call is padded, so every call has the same shape (one compilation).
+      extract: maps a completion to a normalised final answer for maj@k (None: no maj@k).
+      mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
 
-  Returns:
-    ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
-  """
-  from grpo_jax.experiment import encode_prompts  # local: experiment imports this module
-  texts = [render(ex["problem"]) for ex in examples]
-  # overlong prompts are cut from the left (the question's end and the template stay) and counted
-  tokens, mask, _, overlong = encode_prompts(tokenizer, texts, prompt_len, "truncate",
-                                             return_overlong=True)
-  per_call = max(batch_size // k, 1)
-  num = len(examples)
-  correct = np.zeros((num, k), bool)
-  answers = [[""] * k for _ in range(num)]
-  iterator = range(0, num, per_call)
-  if progress:
-    from tqdm.auto import tqdm
-    iterator = tqdm(iterator, desc="eval", total=(num + per_call - 1) // per_call)
-  for start in iterator:
-    idx = np.arange(start, start + per_call)
-    idx = np.where(idx < num, idx, 0)      # pad the last call with problem 0 (discarded)
-    rows = np.repeat(idx, k)
-    rng, key = jax.random.split(rng)
-    generate = sampling.generate if mesh is None else sharding.under_mesh(mesh, sampling.generate)
-    out = generate(graphdef, params, to_device(tokens[rows]), to_device(mask[rows]), key,
-                            sampling_config)
-    comp = _to_host(out.completion_tokens)
-    lengths = _to_host(out.lengths)
-    eos = set(tokenizer.eos_ids)
-    completions = [tokenizer.decode([int(t) for t in comp[i, :lengths[i]] if int(t) not in eos])
-                   for i in range(len(rows))]
-    golds = [examples[r].get("answers", examples[r]["answer"]) for r in rows]
-    _, ok, _ = reward_fn(completions, golds)
-    ok = np.asarray(ok, bool).reshape(per_call, k)
-    for j, r in enumerate(idx[:min(per_call, num - start)]):
-      correct[r] = ok[j]
-      if extract is not None:
-        answers[r] = [extract(completions[j * k + s]) for s in range(k)]
-  result = _summarise(correct, answers if extract is not None else None, k)
-  result["num_overlong_prompts"] = int(overlong.sum())
-  by_level = collections.defaultdict(list)
-  for i, ex in enumerate(examples):
-    by_level[int(ex.get("level", -1))].append(i)
-  if len(by_level) > 1 or -1 not in by_level:
-    result["per_level"] = {str(lvl): _summarise(correct[ix], None, k) for lvl, ix in sorted(by_level.items())}
-  return result
+    Returns:
+      ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
+    """
+    from grpo_jax.experiment import encode_prompts  # local: experiment imports this module
+
+    texts = [render(ex["problem"]) for ex in examples]
+    # overlong prompts are cut from the left (the question's end and the template stay) and counted
+    tokens, mask, _, overlong = encode_prompts(
+        tokenizer, texts, prompt_len, "truncate", return_overlong=True
+    )
+    per_call = max(batch_size // k, 1)
+    num = len(examples)
+    correct = np.zeros((num, k), bool)
+    answers = [[""] * k for _ in range(num)]
+    iterator = range(0, num, per_call)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, desc="eval", total=(num + per_call - 1) // per_call)
+    for start in iterator:
+        idx = np.arange(start, start + per_call)
+        idx = np.where(idx < num, idx, 0)  # pad the last call with problem 0 (discarded)
+        rows = np.repeat(idx, k)
+        rng, key = jax.random.split(rng)
+        generate = (
+            sampling.generate if mesh is None else sharding.under_mesh(mesh, sampling.generate)
+        )
+        out = generate(
+            graphdef, params, to_device(tokens[rows]), to_device(mask[rows]), key, sampling_config
+        )
+        comp = _to_host(out.completion_tokens)
+        lengths = _to_host(out.lengths)
+        eos = set(tokenizer.eos_ids)
+        completions = [
+            tokenizer.decode([int(t) for t in comp[i, : lengths[i]] if int(t) not in eos])
+            for i in range(len(rows))
+        ]
+        golds = [examples[r].get("answers", examples[r]["answer"]) for r in rows]
+        _, ok, _ = reward_fn(completions, golds)
+        ok = np.asarray(ok, bool).reshape(per_call, k)
+        for j, r in enumerate(idx[: min(per_call, num - start)]):
+            correct[r] = ok[j]
+            if extract is not None:
+                answers[r] = [extract(completions[j * k + s]) for s in range(k)]
+    result = _summarise(correct, answers if extract is not None else None, k)
+    result["num_overlong_prompts"] = int(overlong.sum())
+    by_level = collections.defaultdict(list)
+    for i, ex in enumerate(examples):
+        by_level[int(ex.get("level", -1))].append(i)
+    if len(by_level) > 1 or -1 not in by_level:
+        result["per_level"] = {
+            str(lvl): _summarise(correct[ix], None, k) for lvl, ix in sorted(by_level.items())
+        }
+    return result
 
 
 def evaluate(exp, params, rng: jax.Array) -> dict:
-  """Evaluates ``params`` on the experiment's held-out sets; pooled + per dataset."""
-  from grpo_jax.experiment import render
-  cfg = exp.config.eval
-  k = cfg.num_samples
-  per_dataset = {}
-  pooled_correct = []
-  for name, examples in exp.eval_sets.items():
-    rng, key = jax.random.split(rng)
-    per_dataset[name] = evaluate_policy(
-        exp.graphdef, params, examples, tokenizer=exp.tokenizer, reward_fn=exp.eval_reward_fn(name),
-        sampling_config=exp.eval_sampling,
-        render=lambda p: render(exp.config, exp.tokenizer, p), prompt_len=exp.prompt_len, k=k,
-        batch_size=cfg.batch_size, rng=key, to_device=exp.to_device, mesh=exp.mesh)
-    pooled_correct.append(per_dataset[name])
-  total = sum(r["num_problems"] for r in pooled_correct) or 1
-  pooled = {key: sum(r[key] * r["num_problems"] for r in pooled_correct) / total
-            for key in ("mean_at_1", f"pass_at_{k}", "pass_at_1")}
-  return {**pooled, "per_dataset": per_dataset}
+    """Evaluates ``params`` on the experiment's held-out sets; pooled + per dataset."""
+    from grpo_jax.experiment import render
+
+    cfg = exp.config.eval
+    k = cfg.num_samples
+    per_dataset = {}
+    pooled_correct = []
+    for name, examples in exp.eval_sets.items():
+        rng, key = jax.random.split(rng)
+        per_dataset[name] = evaluate_policy(
+            exp.graphdef,
+            params,
+            examples,
+            tokenizer=exp.tokenizer,
+            reward_fn=exp.eval_reward_fn(name),
+            sampling_config=exp.eval_sampling,
+            render=lambda p: render(exp.config, exp.tokenizer, p),
+            prompt_len=exp.prompt_len,
+            k=k,
+            batch_size=cfg.batch_size,
+            rng=key,
+            to_device=exp.to_device,
+            mesh=exp.mesh,
+        )
+        pooled_correct.append(per_dataset[name])
+    total = sum(r["num_problems"] for r in pooled_correct) or 1
+    pooled = {
+        key: sum(r[key] * r["num_problems"] for r in pooled_correct) / total
+        for key in ("mean_at_1", f"pass_at_{k}", "pass_at_1")
+    }
+    return {**pooled, "per_dataset": per_dataset}
 
 
 def format_summary(summary: dict) -> str:
-  """A small text table of before/after evaluation."""
-  before, after = summary["eval_before"], summary["eval_after"]
-  keys = [k for k in before if isinstance(before[k], float)]
-  lines = [f"algorithm={summary['algorithm']} steps={summary['steps']} "
-           f"wall_seconds={summary['wall_seconds']:.1f}",
-           f"{'metric':<14}{'before':>10}{'after':>10}{'delta':>10}"]
-  for k in keys:
-    lines.append(f"{k:<14}{before[k]:>10.4f}{after[k]:>10.4f}{after[k] - before[k]:>+10.4f}")
-  for name, res in after.get("per_dataset", {}).items():
-    for lvl, r in res.get("per_level", {}).items():
-      b = before["per_dataset"][name]["per_level"][lvl]["mean_at_1"]
-      lines.append(f"{name}/level {lvl:<5} mean_at_1 {b:>8.4f} -> {r['mean_at_1']:.4f}")
-  return "\n".join(lines)
+    """A small text table of before/after evaluation."""
+    before, after = summary["eval_before"], summary["eval_after"]
+    keys = [k for k in before if isinstance(before[k], float)]
+    lines = [
+        f"algorithm={summary['algorithm']} steps={summary['steps']} "
+        f"wall_seconds={summary['wall_seconds']:.1f}",
+        f"{'metric':<14}{'before':>10}{'after':>10}{'delta':>10}",
+    ]
+    for k in keys:
+        lines.append(f"{k:<14}{before[k]:>10.4f}{after[k]:>10.4f}{after[k] - before[k]:>+10.4f}")
+    for name, res in after.get("per_dataset", {}).items():
+        for lvl, r in res.get("per_level", {}).items():
+            b = before["per_dataset"][name]["per_level"][lvl]["mean_at_1"]
+            lines.append(f"{name}/level {lvl:<5} mean_at_1 {b:>8.4f} -> {r['mean_at_1']:.4f}")
+    return "\n".join(lines)

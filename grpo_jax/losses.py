@@ -15,10 +15,10 @@ Ye et al. 2020 (dual clip, arXiv 1912.09729, Eq. 5); Zheng et al. 2025, *GSPO*
 (arXiv 2507.18071), Eq. 7 (sequence-level ratio); Schulman 2020, "Approximating KL
 divergence" (k1/k2/k3).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Dict, Optional, Tuple
 
 import chex
 import jax
@@ -27,7 +27,11 @@ from jax import lax
 
 DEFAULT_CHUNK_SIZE = 128
 LOSS_AGG_MODES = (
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 RATIO_LEVELS = ("token", "sequence")
 KL_KINDS = ("k1", "k2", "k3")
 LOG_RATIO_CLAMP = 20.0
@@ -54,6 +58,7 @@ def _bool_mask(completion_mask) -> jax.Array:
 # Log-probs and entropy from logits, chunked over the sequence.
 # ----------------------------------------------------------------------------------------------
 
+
 def _sliceable_view(logits: jax.Array):
     """A view of `logits` that XLA slices in place, and the map back to `logits.dtype`.
 
@@ -66,8 +71,10 @@ def _sliceable_view(logits: jax.Array):
     """
     if jnp.dtype(logits.dtype).itemsize == 2 and jax.default_backend() in _INT_VIEW_BACKENDS:
         dt = logits.dtype
-        return (lax.bitcast_convert_type(logits, jnp.uint16),
-                lambda u: lax.bitcast_convert_type(u, dt))
+        return (
+            lax.bitcast_convert_type(logits, jnp.uint16),
+            lambda u: lax.bitcast_convert_type(u, dt),
+        )
     return logits, lambda u: u
 
 
@@ -90,13 +97,14 @@ def _chunked_forward(fn, chunk_size, logits, temperature, *others):
 
     _, outs = lax.scan(step, None, jnp.asarray(starts, jnp.int32))
 
-    def assemble(o):                                        # [n, R, c] -> [R, T]
+    def assemble(o):  # [n, R, c] -> [R, T]
         o = jnp.moveaxis(o, 0, 1)
         if n * c == t:
             return o.reshape(r, t)
         tail = t - (n - 1) * c
-        return jnp.concatenate([o[:, :n - 1].reshape(r, (n - 1) * c), o[:, n - 1, c - tail:]],
-                               axis=1)
+        return jnp.concatenate(
+            [o[:, : n - 1].reshape(r, (n - 1) * c), o[:, n - 1, c - tail :]], axis=1
+        )
 
     return tuple(assemble(o) for o in outs)
 
@@ -119,7 +127,10 @@ def _chunked(fn, chunk_size, logits, temperature, *others):
 
 def _chunked_fwd(fn, chunk_size, logits, temperature, *others):
     return _chunked_forward(fn, chunk_size, logits, temperature, *others), (
-        logits, temperature, others)
+        logits,
+        temperature,
+        others,
+    )
 
 
 def _chunked_bwd(fn, chunk_size, res, g):
@@ -131,8 +142,7 @@ def _chunked_bwd(fn, chunk_size, res, g):
     def step(buf, start):
         lc = restore(lax.dynamic_slice_in_dim(view, start, c, axis=1))
         oc = [lax.dynamic_slice_in_dim(o, start, c, axis=1) for o in others]
-        gc = tuple(lax.dynamic_slice_in_dim(gi.astype(jnp.float32), start, c, axis=1)
-                   for gi in g)
+        gc = tuple(lax.dynamic_slice_in_dim(gi.astype(jnp.float32), start, c, axis=1) for gi in g)
         _, vjp = jax.vjp(lambda x: fn(x.astype(jnp.float32) / temperature, *oc), lc)
         (dl,) = vjp(gc)
         # Positions with zero cotangent (masked by the caller) get exactly zero gradient, even
@@ -157,7 +167,7 @@ def _logprob_chunk(x, targets):
 
 def _entropy_chunk(x):
     logp = x - jax.nn.logsumexp(x, axis=-1, keepdims=True)
-    return (-jnp.sum(jnp.exp(logp) * logp, axis=-1),)      # sum of non-negative terms
+    return (-jnp.sum(jnp.exp(logp) * logp, axis=-1),)  # sum of non-negative terms
 
 
 def _check_temperature(temperature) -> None:
@@ -170,8 +180,13 @@ def _check_chunk_size(chunk_size) -> None:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
-def logprobs_from_logits(logits: chex.Array, targets: chex.Array, temperature: float = 1.0,
-                         *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+def logprobs_from_logits(
+    logits: chex.Array,
+    targets: chex.Array,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> jax.Array:
     """Log-probability of `targets` under `softmax(logits / temperature)`, position by position.
 
     No shift: `out[r, t] = log_softmax(logits[r, t] / temperature)[targets[r, t]]`. The
@@ -211,8 +226,13 @@ def logprobs_from_logits(logits: chex.Array, targets: chex.Array, temperature: f
     return out
 
 
-def token_logprobs(logits: chex.Array, tokens: chex.Array, temperature: float = 1.0,
-                   *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+def token_logprobs(
+    logits: chex.Array,
+    tokens: chex.Array,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> jax.Array:
     """Log-probs of `tokens[:, 1:]` under the logits computed on `tokens` (shift by one).
 
     The model's logits at position `t` score token `t + 1`:
@@ -248,12 +268,13 @@ def token_logprobs(logits: chex.Array, tokens: chex.Array, temperature: float = 
     chex.assert_equal_shape_prefix([logits, tokens], 2)
     if tokens.shape[1] == 0:
         raise ValueError("tokens: need at least one position, got T = 0")
-    targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)   # last one: dummy
+    targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # last one: dummy
     return logprobs_from_logits(logits, targets, temperature, chunk_size=chunk_size)[:, :-1]
 
 
-def entropy_from_logits(logits: chex.Array, temperature: float = 1.0,
-                        *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+def entropy_from_logits(
+    logits: chex.Array, temperature: float = 1.0, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> jax.Array:
     """Entropy of `softmax(logits / temperature)` per position, float32, chunked like log-probs.
 
     `H = -sum_v p_v log p_v`, `p = softmax(x)`, with `x = logits / temperature` (nats). The
@@ -283,6 +304,7 @@ def entropy_from_logits(logits: chex.Array, temperature: float = 1.0,
 # ----------------------------------------------------------------------------------------------
 # KL estimators.
 # ----------------------------------------------------------------------------------------------
+
 
 def kl(logprobs: chex.Array, ref_logprobs: chex.Array, kind: str = "k3") -> jax.Array:
     """Per-token estimators of `KL(pi_theta || pi_ref)` from samples of `pi_theta` (Schulman 2020).
@@ -325,13 +347,15 @@ def kl(logprobs: chex.Array, ref_logprobs: chex.Array, kind: str = "k3") -> jax.
 # Aggregation.
 # ----------------------------------------------------------------------------------------------
 
+
 def _check_agg_mode(loss_agg_mode: str) -> None:
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
 
 
-def loss_denominator(completion_mask: chex.Array, loss_agg_mode: str = "token-mean", *,
-                     max_len: Optional[int] = None) -> jax.Array:
+def loss_denominator(
+    completion_mask: chex.Array, loss_agg_mode: str = "token-mean", *, max_len: int | None = None
+) -> jax.Array:
     """The denominator of `loss_agg_mode` for this batch (float32 scalar); additive over rows.
 
     - `token-mean`: number of masked-in tokens `sum_{r,t} m`.
@@ -366,10 +390,14 @@ def loss_denominator(completion_mask: chex.Array, loss_agg_mode: str = "token-me
     return jnp.sum(jnp.any(m, axis=1)).astype(jnp.float32)
 
 
-def aggregate_loss(per_token_loss: chex.Array, completion_mask: chex.Array,
-                   loss_agg_mode: str = "token-mean", *, max_len: Optional[int] = None,
-                   denominator: Optional[chex.Array] = None
-                   ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+def aggregate_loss(
+    per_token_loss: chex.Array,
+    completion_mask: chex.Array,
+    loss_agg_mode: str = "token-mean",
+    *,
+    max_len: int | None = None,
+    denominator: chex.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Reduce a per-token loss `[R, T]` to a scalar: `loss = loss_sum / denominator`.
 
     `loss_sum` (additive over rows, hence over micro-batches):
@@ -407,6 +435,7 @@ def _masked_mean(x, m):
 # Policy loss.
 # ----------------------------------------------------------------------------------------------
 
+
 def policy_loss(
     logprobs: chex.Array,
     old_logprobs: chex.Array,
@@ -415,17 +444,17 @@ def policy_loss(
     *,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
-    dual_clip: Optional[float] = None,
+    dual_clip: float | None = None,
     ratio_level: str = "token",
     loss_agg_mode: str = "token-mean",
-    max_len: Optional[int] = None,
-    ref_logprobs: Optional[chex.Array] = None,
+    max_len: int | None = None,
+    ref_logprobs: chex.Array | None = None,
     kl_coef: float = 0.0,
     kl_kind: str = "k3",
-    sample_weights: Optional[chex.Array] = None,
-    logits: Optional[chex.Array] = None,
-    denominator: Optional[chex.Array] = None,
-) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+    sample_weights: chex.Array | None = None,
+    logits: chex.Array | None = None,
+    denominator: chex.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped-surrogate policy loss (GRPO, DAPO, Dr. GRPO, GSPO) with optional KL to a reference.
 
     Per masked-in token, in float32, with `A_t = advantages[r] * sample_weights[r]`:
@@ -518,7 +547,7 @@ def policy_loss(
     r, t = logprobs.shape
     chex.assert_shape(advantages, (r,) if advantages.ndim == 1 else (r, t))
     m = _bool_mask(completion_mask)
-    cnt = jnp.sum(m, axis=1).astype(jnp.float32)                       # [R]
+    cnt = jnp.sum(m, axis=1).astype(jnp.float32)  # [R]
 
     lp = jnp.where(m, _f32(logprobs), 0.0)
     old = jnp.where(m, lax.stop_gradient(_f32(old_logprobs)), 0.0)
@@ -532,7 +561,7 @@ def policy_loss(
     else:
         adv_w = adv
 
-    log_ratio = lp - old                                               # 0 where masked
+    log_ratio = lp - old  # 0 where masked
     if ratio_level == "sequence":
         seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(cnt, 1.0)
         log_ratio = jnp.where(m, seq[:, None], 0.0)
@@ -555,14 +584,15 @@ def policy_loss(
         per_token = pg_t + kl_coef * kl_t
 
     loss, loss_sum, local_den = aggregate_loss(
-        per_token, m, loss_agg_mode, max_len=max_len, denominator=denominator)
-    pg_loss, _, _ = aggregate_loss(
-        pg_t, m, loss_agg_mode, max_len=max_len, denominator=denominator)
+        per_token, m, loss_agg_mode, max_len=max_len, denominator=denominator
+    )
+    pg_loss, _, _ = aggregate_loss(pg_t, m, loss_agg_mode, max_len=max_len, denominator=denominator)
 
     sg = lax.stop_gradient
     ratio_sg = sg(ratio)
     clipped = ((adv_w > 0) & (ratio_sg > 1.0 + epsilon_high)) | (
-        (adv_w < 0) & (ratio_sg < 1.0 - epsilon_low))
+        (adv_w < 0) & (ratio_sg < 1.0 - epsilon_low)
+    )
     d_old = jnp.clip(sg(old - lp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     aux = {
         "loss_sum": sg(loss_sum),
@@ -589,8 +619,15 @@ def policy_loss(
 # PPO baseline: GAE, whitening, clipped value loss.
 # ----------------------------------------------------------------------------------------------
 
-def gae(rewards: chex.Array, values: chex.Array, completion_mask: chex.Array, *,
-        gamma: float = 1.0, lam: float = 0.95) -> Tuple[jax.Array, jax.Array]:
+
+def gae(
+    rewards: chex.Array,
+    values: chex.Array,
+    completion_mask: chex.Array,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[jax.Array, jax.Array]:
     """Generalised advantage estimation over the masked-in tokens (Schulman et al. 2015, Eq. 16).
 
     `delta_t = r_t + gamma V_{t'} - V_t`, `A_t = delta_t + gamma lam A_{t'}`, where `t'` is the
@@ -633,8 +670,9 @@ def gae(rewards: chex.Array, values: chex.Array, completion_mask: chex.Array, *,
     return adv, returns
 
 
-def whiten(x: chex.Array, mask: chex.Array, shift_mean: bool = True,
-           eps: float = 1e-8) -> jax.Array:
+def whiten(
+    x: chex.Array, mask: chex.Array, shift_mean: bool = True, eps: float = 1e-8
+) -> jax.Array:
     """Whiten `x` over its masked-in entries: `(x - mean) / sqrt(var + eps)` (PPO practice).
 
     Mean and unbiased variance (Bessel, `n - 1`; `n = 1` uses `n`) are taken over entries with
@@ -655,10 +693,17 @@ def whiten(x: chex.Array, mask: chex.Array, shift_mean: bool = True,
     return jnp.where(m, out, 0.0)
 
 
-def value_loss(values: chex.Array, old_values: chex.Array, returns: chex.Array,
-               completion_mask: chex.Array, *, clip_range: Optional[float] = 0.2,
-               loss_agg_mode: str = "token-mean", max_len: Optional[int] = None,
-               denominator: Optional[chex.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+def value_loss(
+    values: chex.Array,
+    old_values: chex.Array,
+    returns: chex.Array,
+    completion_mask: chex.Array,
+    *,
+    clip_range: float | None = 0.2,
+    loss_agg_mode: str = "token-mean",
+    max_len: int | None = None,
+    denominator: chex.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped value loss (PPO2 practice): `L_t = max((V-G)^2, (clip(V, V_old ± eps) - G)^2) / 2`.
 
     Aggregated like `policy_loss` (`loss_agg_mode`, `max_len`, `denominator`). `old_values` and
@@ -693,8 +738,9 @@ def value_loss(values: chex.Array, old_values: chex.Array, returns: chex.Array,
     else:
         lt = 0.5 * l1
         clipfrac = jnp.zeros((), jnp.float32)
-    loss, loss_sum, local = aggregate_loss(lt, m, loss_agg_mode, max_len=max_len,
-                                           denominator=denominator)
+    loss, loss_sum, local = aggregate_loss(
+        lt, m, loss_agg_mode, max_len=max_len, denominator=denominator
+    )
     aux = {
         "loss_sum": lax.stop_gradient(loss_sum),
         "denominator": local,

@@ -4,25 +4,31 @@ All three return one value per prompt (`[P]` float64); a benchmark score is thei
 prompts. Source for pass@k: Chen et al. 2021, *Evaluating Large Language Models Trained on
 Code* (arXiv 2107.03374), Eq. 1 and the numerically stable product form of Fig. 3.
 """
+
 from __future__ import annotations
 
-from typing import Hashable, Optional, Sequence, Union
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-ArrayLike = Union[int, Sequence[int], np.ndarray]
+ArrayLike = int | Sequence[int] | np.ndarray
 
 
 def _as_int_array(x, name: str) -> np.ndarray:
     a = np.asarray(x)
-    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer)
-                               or (np.issubdtype(a.dtype, np.floating)
-                                   and np.all(np.isfinite(a)) and np.all(a == np.round(a)))):
+    if a.dtype == bool or not (
+        np.issubdtype(a.dtype, np.integer)
+        or (
+            np.issubdtype(a.dtype, np.floating)
+            and np.all(np.isfinite(a))
+            and np.all(a == np.round(a))
+        )
+    ):
         raise ValueError(f"{name} must hold integers, got {a.dtype} values {a.ravel()[:5]}")
     return a.astype(np.int64)
 
 
-def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> Union[float, np.ndarray]:
+def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> float | np.ndarray:
     """Unbiased pass@k estimate from `n` samples of which `c` are correct (Chen et al. 2021, Eq. 1).
 
     `pass@k = 1 - C(n - c, k) / C(n, k)`, computed as `1 - prod_{i = n-c+1}^{n} (1 - k / i)`
@@ -53,14 +59,15 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> Union[float, np.ndarr
         i = np.flatnonzero((k_a > n_a).ravel())[0]
         raise ValueError(
             f"pass_at_k: k = {k_a.ravel()[i]} > n = {n_a.ravel()[i]} samples (unbiased pass@k "
-            "needs at least k samples per prompt)")
+            "needs at least k samples per prompt)"
+        )
     if np.any(c_a < 0) or np.any(c_a > n_a):
         raise ValueError("pass_at_k: need 0 <= c <= n for every prompt")
     shape = n_a.shape
     n_f, c_f, k_f = (a.ravel() for a in (n_a, c_a, k_a))
     out = np.ones(n_f.shape, np.float64)
     if n_f.size:
-        i = np.arange(1, int(n_f.max()) + 1, dtype=np.float64)[None, :]       # [1, max n]
+        i = np.arange(1, int(n_f.max()) + 1, dtype=np.float64)[None, :]  # [1, max n]
         in_range = (i > (n_f - c_f)[:, None]) & (i <= n_f[:, None])
         terms = np.where(in_range, 1.0 - k_f[:, None] / i, 1.0)
         prod = np.prod(terms, axis=1)
@@ -89,8 +96,9 @@ def mean_at_k(correct) -> np.ndarray:
     return a.astype(np.float64).mean(axis=1)
 
 
-def maj_at_k(answers: Sequence[Sequence[Optional[Hashable]]],
-             correct: Sequence[Sequence[bool]]) -> np.ndarray:
+def maj_at_k(
+    answers: Sequence[Sequence[Hashable | None]], correct: Sequence[Sequence[bool]]
+) -> np.ndarray:
     """maj@k: is the majority-vote answer correct? One value per prompt.
 
     For each prompt the most frequent answer among its samples wins (ties broken by first
@@ -122,7 +130,7 @@ def maj_at_k(answers: Sequence[Sequence[Optional[Hashable]]],
         counts = {}
         for a in ans:
             if a is not None:
-                counts[a] = counts.get(a, 0) + 1          # dict keeps first-occurrence order
+                counts[a] = counts.get(a, 0) + 1  # dict keeps first-occurrence order
         if not counts:
             continue
         best = max(counts.values())

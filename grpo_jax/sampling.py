@@ -13,11 +13,11 @@ is greedy argmax (no division). `Rollouts.logprobs` are log_softmax(logits / tem
 of the sampled token BEFORE top-k/top-p truncation (log_softmax(logits) when temperature == 0),
 i.e. what a training forward pass at the same temperature recomputes.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
 
 import flax
 import jax
@@ -39,6 +39,7 @@ class SamplingConfig:
     groups of G identical prompts (a GRPO group): the prompt is prefilled once per group and
     its KV cache copied to the G rows (same samples up to float rounding, 1/G of the prefill).
     """
+
     max_new_tokens: int
     temperature: float = 1.0
     top_k: int = 0
@@ -49,7 +50,9 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise ValueError(f"SamplingConfig.max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+            raise ValueError(
+                f"SamplingConfig.max_new_tokens must be a positive int, got {self.max_new_tokens!r}"
+            )
         if self.temperature < 0:
             raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -57,8 +60,10 @@ class SamplingConfig:
         if not 0.0 <= self.top_p <= 1.0:
             raise ValueError(f"SamplingConfig.top_p must be in [0, 1], got {self.top_p}")
         if not isinstance(self.prompt_group_size, int) or self.prompt_group_size < 1:
-            raise ValueError(f"SamplingConfig.prompt_group_size must be an int >= 1, got "
-                             f"{self.prompt_group_size!r}")
+            raise ValueError(
+                f"SamplingConfig.prompt_group_size must be an int >= 1, got "
+                f"{self.prompt_group_size!r}"
+            )
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
 
@@ -72,6 +77,7 @@ class Rollouts:
     sampled token (before top-k/top-p truncation), 0 where masked. lengths [R] int32: number of
     completion tokens (incl. EOS). truncated [R] bool: no EOS within max_new_tokens.
     """
+
     tokens: jax.Array
     completion_tokens: jax.Array
     completion_mask: jax.Array
@@ -130,13 +136,17 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     # and last logits to the group's rows
     G = config.prompt_group_size
     cache = init_cache(model.config, R // G, Lp + Lc)
-    hidden, cache = model(prompt_tokens[::G], positions[::G], prompt_mask[::G], cache=cache,
-                          return_hidden=True)
+    hidden, cache = model(
+        prompt_tokens[::G], positions[::G], prompt_mask[::G], cache=cache, return_hidden=True
+    )
     logits = model.logits(hidden[:, -1])  # [R / G, V]
     if G > 1:
         logits = jnp.repeat(logits, G, axis=0)
-        cache = cache.replace(k=jnp.repeat(cache.k, G, axis=1), v=jnp.repeat(cache.v, G, axis=1),
-                              key_mask=jnp.repeat(cache.key_mask, G, axis=0))
+        cache = cache.replace(
+            k=jnp.repeat(cache.k, G, axis=1),
+            v=jnp.repeat(cache.v, G, axis=1),
+            key_mask=jnp.repeat(cache.key_mask, G, axis=0),
+        )
 
     rng, key = jax.random.split(rng)
     tok, lp = sample_logits(logits, key, config)
@@ -151,8 +161,9 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     def body(carry):
         i, tok, cache, done, out_tokens, out_lp, rng = carry
         pos = (prompt_len + i - 1)[:, None]
-        hidden, cache = model(tok[:, None], pos, jnp.ones((R, 1), bool), cache=cache,
-                              return_hidden=True)
+        hidden, cache = model(
+            tok[:, None], pos, jnp.ones((R, 1), bool), cache=cache, return_hidden=True
+        )
         logits = model.logits(hidden[:, 0])
         rng, key = jax.random.split(rng)
         new_tok, lp = sample_logits(logits, key, config)
@@ -183,8 +194,16 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     )
 
 
-def generate(graphdef, params, prompt_tokens, prompt_mask, rng, config: SamplingConfig, *,
-             model_state: Optional[nnx.State] = None) -> Rollouts:
+def generate(
+    graphdef,
+    params,
+    prompt_tokens,
+    prompt_mask,
+    rng,
+    config: SamplingConfig,
+    *,
+    model_state: nnx.State | None = None,
+) -> Rollouts:
     """Sample `config.max_new_tokens` tokens after each prompt.
 
     graphdef, params: `nnx.split(model, nnx.Param)` of a Transformer (model_state: any other
@@ -196,9 +215,13 @@ def generate(graphdef, params, prompt_tokens, prompt_mask, rng, config: Sampling
     Raises ValueError on mismatched prompt shapes.
     """
     if prompt_tokens.ndim != 2 or prompt_tokens.shape != prompt_mask.shape:
-        raise ValueError(f"prompt_tokens {prompt_tokens.shape} and prompt_mask {prompt_mask.shape} "
-                         f"must both be [R, Lp]")
+        raise ValueError(
+            f"prompt_tokens {prompt_tokens.shape} and prompt_mask {prompt_mask.shape} "
+            f"must both be [R, Lp]"
+        )
     if prompt_tokens.shape[0] % config.prompt_group_size:
-        raise ValueError(f"{prompt_tokens.shape[0]} rows are not a multiple of "
-                         f"prompt_group_size {config.prompt_group_size}")
+        raise ValueError(
+            f"{prompt_tokens.shape[0]} rows are not a multiple of "
+            f"prompt_group_size {config.prompt_group_size}"
+        )
     return _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, config)

@@ -5,6 +5,7 @@
 Each notebook is written from the cell sources below with nbformat: no outputs, no execution
 counts. tests/test_notebooks.py executes them top to bottom.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,23 +46,23 @@ print("grpo_jax from", os.path.dirname(grpo_jax.__file__))"""
 
 
 def md(src: str):
-  return new_markdown_cell(textwrap.dedent(src).strip("\n"))
+    return new_markdown_cell(textwrap.dedent(src).strip("\n"))
 
 
 def code(src: str):
-  return new_code_cell(textwrap.dedent(src).strip("\n"))
+    return new_code_cell(textwrap.dedent(src).strip("\n"))
 
 
 def notebook(prefix: str, cells) -> nbformat.NotebookNode:
-  for i, cell in enumerate(cells):
-    cell.id = f"{prefix}-{i:02d}"          # stable ids: regenerating gives no spurious diff
-  nb = new_notebook(cells=cells)
-  nb.metadata = {
-      "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-      "language_info": {"name": "python"},
-      "colab": {"provenance": []},
-  }
-  return nb
+    for i, cell in enumerate(cells):
+        cell.id = f"{prefix}-{i:02d}"  # stable ids: regenerating gives no spurious diff
+    nb = new_notebook(cells=cells)
+    nb.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "colab": {"provenance": []},
+    }
+    return nb
 
 
 # ----------------------------------------------------------------------------------------------
@@ -648,24 +649,27 @@ NB03 = [
 ]
 
 
-NOTEBOOKS = {"01_grpo_in_pictures.ipynb": NB01, "02_gdro_controllers.ipynb": NB02,
-             "03_train_tiny.ipynb": NB03}
+NOTEBOOKS = {
+    "01_grpo_in_pictures.ipynb": NB01,
+    "02_gdro_controllers.ipynb": NB02,
+    "03_train_tiny.ipynb": NB03,
+}
 
 
 def build(name: str) -> str:
-  """The stored text (nbformat JSON, no outputs) of notebook ``name``."""
-  nb = notebook(name[:2], NOTEBOOKS[name])
-  nbformat.validate(nb)
-  return nbformat.writes(nb) + "\n"
+    """The stored text (nbformat JSON, no outputs) of notebook ``name``."""
+    nb = notebook(name[:2], NOTEBOOKS[name])
+    nbformat.validate(nb)
+    return nbformat.writes(nb) + "\n"
 
 
 def main():
-  for name in NOTEBOOKS:
-    path = os.path.join(HERE, name)
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(build(name))
-    print("wrote", path)
+    for name in NOTEBOOKS:
+        path = os.path.join(HERE, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(build(name))
+        print("wrote", path)
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -1,4 +1,5 @@
 """Tests for grpo_jax.advantages.compute: hand values, regressions, properties, transforms."""
+
 import functools
 import math
 
@@ -16,8 +17,9 @@ ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
 def adv(rewards, seg, p, **kw):
-    a, stats = advantages.compute(jnp.asarray(rewards, jnp.float32), jnp.asarray(seg, jnp.int32),
-                                  p, **kw)
+    a, stats = advantages.compute(
+        jnp.asarray(rewards, jnp.float32), jnp.asarray(seg, jnp.int32), p, **kw
+    )
     return np.asarray(a), {k: int(v) for k, v in stats.items()}
 
 
@@ -42,17 +44,19 @@ def reference(rewards, seg, p, estimator, std="unbiased", eps=1e-6):
 
 # ---------------------------------------------------------------- hand-computed values
 
+
 def test_hand_values_one_group():
     r, s = [1.0, 1.0, 1.0, 0.0], [0, 0, 0, 0]
     # mean 0.75, deviations (.25, .25, .25, -.75); unbiased var .75/3 = .25 -> std .5
     a, _ = adv(r, s, 1, estimator="grpo", std="unbiased")
-    np.testing.assert_allclose(a, np.array([.25, .25, .25, -.75]) / (0.5 + 1e-6), rtol=1e-6)
+    np.testing.assert_allclose(a, np.array([0.25, 0.25, 0.25, -0.75]) / (0.5 + 1e-6), rtol=1e-6)
     # population var .75/4 = .1875
     a, _ = adv(r, s, 1, estimator="grpo", std="population")
-    np.testing.assert_allclose(a, np.array([.25, .25, .25, -.75]) / (math.sqrt(.1875) + 1e-6),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        a, np.array([0.25, 0.25, 0.25, -0.75]) / (math.sqrt(0.1875) + 1e-6), rtol=1e-6
+    )
     a, _ = adv(r, s, 1, estimator="dr_grpo")
-    np.testing.assert_allclose(a, [.25, .25, .25, -.75], rtol=1e-6)
+    np.testing.assert_allclose(a, [0.25, 0.25, 0.25, -0.75], rtol=1e-6)
     # rloo: 1 - mean(1, 1, 0) = 1/3; 0 - mean(1, 1, 1) = -1
     a, _ = adv(r, s, 1, estimator="rloo")
     np.testing.assert_allclose(a, [1 / 3, 1 / 3, 1 / 3, -1.0], rtol=1e-6)
@@ -80,22 +84,29 @@ def test_all_equal_group_gives_exact_zeros(estimator, rewards):
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_unequal_groups_shuffled_match_reference(estimator):
     rng = np.random.default_rng(0)
-    seg = np.array([0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3, 4, 4])        # sizes 2, 3, 1, 5, 2
+    seg = np.array([0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3, 4, 4])  # sizes 2, 3, 1, 5, 2
     rewards = rng.integers(0, 3, size=seg.size).astype(np.float64) + rng.normal(size=seg.size)
-    rewards[11:13] = 2.0                                             # group 4 all equal
+    rewards[11:13] = 2.0  # group 4 all equal
     perm = rng.permutation(seg.size)
     for std in ("unbiased", "population"):
         a, stats = adv(rewards[perm], seg[perm], 5, estimator=estimator, std=std)
         np.testing.assert_allclose(
-            a, reference(rewards[perm], seg[perm], 5, estimator, std), rtol=1e-5, atol=1e-6)
-    assert stats == {"num_groups": 5, "num_singleton_groups": 1, "num_zero_std_groups": 1,
-                     "num_nonfinite_rewards": 0, "num_padding_rows": 0, "num_clipped": 0}
+            a, reference(rewards[perm], seg[perm], 5, estimator, std), rtol=1e-5, atol=1e-6
+        )
+    assert stats == {
+        "num_groups": 5,
+        "num_singleton_groups": 1,
+        "num_zero_std_groups": 1,
+        "num_nonfinite_rewards": 0,
+        "num_padding_rows": 0,
+        "num_clipped": 0,
+    }
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_singleton_and_padding_rows_are_zero(estimator):
     r = [1.0, 0.0, 5.0, 7.0, 3.0, 1.0]
-    s = [0, 0, 1, -1, 9, 2]        # group 1 and 2 singletons; -1 and 9 (>= P=3) are padding
+    s = [0, 0, 1, -1, 9, 2]  # group 1 and 2 singletons; -1 and 9 (>= P=3) are padding
     a, stats = adv(r, s, 3, estimator=estimator)
     assert a[0] > 0 and a[1] < 0
     np.testing.assert_array_equal(a[2:], 0.0)
@@ -110,7 +121,7 @@ def test_empty_group_is_not_counted():
 
 
 def test_clip():
-    r = [1.0] + [0.0] * 9                                           # A_0 = 0.9/0.316 = 2.85
+    r = [1.0] + [0.0] * 9  # A_0 = 0.9/0.316 = 2.85
     a, stats = adv(r, [0] * 10, 1, estimator="grpo", clip=1.5)
     ref = reference(r, [0] * 10, 1, "grpo")
     np.testing.assert_allclose(a, np.clip(ref, -1.5, 1.5), rtol=1e-5)
@@ -118,6 +129,7 @@ def test_clip():
 
 
 # ---------------------------------------------------------------- non-finite rewards
+
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nonfinite_raises_by_default(bad):
@@ -134,7 +146,7 @@ def test_nonfinite_on_padding_row_does_not_raise():
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nonfinite_mask_keeps_other_groups_finite(estimator, bad):
     r = np.array([1.0, 0.0, 1.0, 0.5, bad, 0.0, 1.0])
-    s = np.array([0, 0, 0, 1, 1, 1, 1])                             # NaN in group "2" (id 1)
+    s = np.array([0, 0, 0, 1, 1, 1, 1])  # NaN in group "2" (id 1)
     a, stats = adv(r, s, 2, estimator=estimator, nonfinite="mask")
     assert np.all(np.isfinite(a))
     assert a[4] == 0.0
@@ -142,8 +154,7 @@ def test_nonfinite_mask_keeps_other_groups_finite(estimator, bad):
     # group 1 unaffected; group 2 computed from its finite members only
     np.testing.assert_allclose(a[:3], reference(r[:3], s[:3], 1, estimator), rtol=1e-5)
     keep = np.array([3, 5, 6])
-    np.testing.assert_allclose(a[keep], reference(r[keep], s[keep] - 1, 1, estimator),
-                               rtol=1e-5)
+    np.testing.assert_allclose(a[keep], reference(r[keep], s[keep] - 1, 1, estimator), rtol=1e-5)
 
 
 def test_nonfinite_raise_under_jit_masks_instead():
@@ -154,33 +165,40 @@ def test_nonfinite_raise_under_jit_masks_instead():
 
 # ---------------------------------------------------------------- argument validation
 
+
 def test_bad_arguments():
     r, s = jnp.zeros(4), jnp.zeros(4, jnp.int32)
-    for kw in ({"estimator": "ppo"}, {"std": "sample"}, {"nonfinite": "ignore"}, {"eps": -1.0},
-               {"clip": 0.0}):
+    for kw in (
+        {"estimator": "ppo"},
+        {"std": "sample"},
+        {"nonfinite": "ignore"},
+        {"eps": -1.0},
+        {"clip": 0.0},
+    ):
         with pytest.raises(ValueError):
             advantages.compute(r, s, 1, **kw)
     with pytest.raises(ValueError, match="num_segments"):
         advantages.compute(r, s, 1.5)
     with pytest.raises(AssertionError):
-        advantages.compute(r, jnp.zeros(4), 1)                     # float segment ids
+        advantages.compute(r, jnp.zeros(4), 1)  # float segment ids
     with pytest.raises(AssertionError):
         advantages.compute(r, jnp.zeros(3, jnp.int32), 1)
 
 
 # ---------------------------------------------------------------- hypothesis properties
 
-ROWS, GROUPS = 24, 4   # fixed shapes (padding rows get id -1) so eager ops compile once
+ROWS, GROUPS = 24, 4  # fixed shapes (padding rows get id -1) so eager ops compile once
 
 
 @st.composite
 def grouped_rewards(draw):
     sizes = draw(st.lists(st.integers(0, 6), min_size=GROUPS, max_size=GROUPS))
     seg = np.full(ROWS, -1)
-    seg[:sum(sizes)] = np.repeat(np.arange(GROUPS), sizes)
+    seg[: sum(sizes)] = np.repeat(np.arange(GROUPS), sizes)
     # rewards on a 0.25 grid: distinct values differ by >= 0.25, so eps is negligible
-    rewards = np.array(draw(st.lists(st.integers(-8, 8), min_size=ROWS, max_size=ROWS)),
-                       np.float64) / 4
+    rewards = (
+        np.array(draw(st.lists(st.integers(-8, 8), min_size=ROWS, max_size=ROWS)), np.float64) / 4
+    )
     perm = np.array(draw(st.permutations(range(ROWS))))
     return rewards[perm], seg[perm], GROUPS
 
@@ -212,6 +230,7 @@ def test_property_grpo_positive_scale_invariance(data, scale, std):
 
 # ---------------------------------------------------------------- jit / grad / vmap / sharding
 
+
 def test_jit_vmap_grad():
     r = jnp.array([1.0, 0.0, 0.5, 2.0, 1.0, 1.0])
     s = jnp.array([0, 0, 0, 1, 1, 2])
@@ -239,8 +258,11 @@ def test_sharded_over_data_axis_matches_single_device():
     r = rng.integers(0, 3, size=32).astype(np.float32)
     sh = NamedSharding(mesh, PartitionSpec("data"))
     for estimator in ESTIMATORS:
-        f = jax.jit(functools.partial(advantages.compute, num_segments=5, estimator=estimator,
-                                      nonfinite="mask"))
+        f = jax.jit(
+            functools.partial(
+                advantages.compute, num_segments=5, estimator=estimator, nonfinite="mask"
+            )
+        )
         single, s1 = f(jnp.asarray(r), jnp.asarray(seg))
         sharded, s2 = f(jax.device_put(r, sh), jax.device_put(seg, sh))
         np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-6, atol=1e-7)

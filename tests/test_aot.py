@@ -4,6 +4,7 @@ The same config as the paper's runs (bf16 compute, fp32 master weights, remat, K
 reference, mini-batches smaller than R) with a tiny model, compiled on the 8 virtual CPU
 devices of tests/conftest.py with the real mesh rules; nothing is allocated.
 """
+
 import math
 import os
 import subprocess
@@ -22,116 +23,150 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_dapo(arg="8b,rollout_gdro"):
-  c = dapo_qwen3.get_config(arg)
-  o = c.model.overrides
-  o.vocab_size, o.hidden_size, o.intermediate_size, o.num_layers = 256, 64, 128, 2
-  o.num_heads, o.num_kv_heads, o.head_dim = 4, 2, 16
-  c.rollout.prompts_per_step, c.rollout.max_new_tokens = 16, 16
-  c.data.max_prompt_tokens = 16
-  c.algorithm.mini_batch_size = 16      # R = 64: 4 gradient steps, as in the paper (1024 / 256)
-  if c.rollout.generate_batch_size:     # Prompt-GDRO: 2x the prompts in 2 sampler calls, as the paper's
-    c.rollout.prompts_per_step, c.rollout.generate_batch_size = 32, 64
-  return c
+    c = dapo_qwen3.get_config(arg)
+    o = c.model.overrides
+    o.vocab_size, o.hidden_size, o.intermediate_size, o.num_layers = 256, 64, 128, 2
+    o.num_heads, o.num_kv_heads, o.head_dim = 4, 2, 16
+    c.rollout.prompts_per_step, c.rollout.max_new_tokens = 16, 16
+    c.data.max_prompt_tokens = 16
+    c.algorithm.mini_batch_size = 16  # R = 64: 4 gradient steps, as in the paper (1024 / 256)
+    if (
+        c.rollout.generate_batch_size
+    ):  # Prompt-GDRO: 2x the prompts in 2 sampler calls, as the paper's
+        c.rollout.prompts_per_step, c.rollout.generate_batch_size = 32, 64
+    return c
 
 
 def _full_bytes(tree):
-  return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 @pytest.fixture(scope="module")
 def fsdp_result():
-  assert len(jax.devices()) >= 8
-  return aot.compile_steps(tiny_dapo())          # mesh: data 1 x fsdp 8 (the TPU layout)
+    assert len(jax.devices()) >= 8
+    return aot.compile_steps(tiny_dapo())  # mesh: data 1 x fsdp 8 (the TPU layout)
 
 
 def test_update_arguments_are_sharded_over_the_eight_devices(fsdp_result):
-  r = fsdp_result
-  assert r["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
-  exp = build_experiment(tiny_dapo(), with_data=False)
-  state = exp.abstract_state(train.TrainState)
-  full = _full_bytes(state)
-  # every parameter with an "embed" axis (all but the norms) splits 8 ways, and so do Adam's moments
-  assert r["state_bytes"] < full / 8 * 1.1
-  norms = sum(math.prod(x.shape) * x.dtype.itemsize
-              for p, x in jax.tree_util.tree_leaves_with_path(state.params) if "norm" in jax.tree_util.keystr(p))
-  assert r["state_bytes"] == pytest.approx((full - 3 * norms) / 8 + 3 * norms, rel=0.01)
-  mb, L, Lc = 16, 32, 16
-  batch_bytes = (mb * L * (4 + 1) + mb * Lc * 4 * 5 + mb * 4 * 2) / 8    # tokens, mask, 5 [mb, Lc], 2 [mb]
-  update = r["steps"]["update"]
-  # XLA's per-device argument bytes: the state's shards plus the batch's shards
-  assert update["argument"] == pytest.approx(r["state_bytes"] + batch_bytes, rel=0.02)
-  assert update["argument"] < full / 4
-  assert update["alias"] > 0.9 * r["state_bytes"]           # the state is donated (updated in place)
-  assert update["temp"] > 0
+    r = fsdp_result
+    assert r["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    exp = build_experiment(tiny_dapo(), with_data=False)
+    state = exp.abstract_state(train.TrainState)
+    full = _full_bytes(state)
+    # every parameter with an "embed" axis (all but the norms) splits 8 ways, and so do Adam's moments
+    assert r["state_bytes"] < full / 8 * 1.1
+    norms = sum(
+        math.prod(x.shape) * x.dtype.itemsize
+        for p, x in jax.tree_util.tree_leaves_with_path(state.params)
+        if "norm" in jax.tree_util.keystr(p)
+    )
+    assert r["state_bytes"] == pytest.approx((full - 3 * norms) / 8 + 3 * norms, rel=0.01)
+    mb, L, Lc = 16, 32, 16
+    batch_bytes = (
+        mb * L * (4 + 1) + mb * Lc * 4 * 5 + mb * 4 * 2
+    ) / 8  # tokens, mask, 5 [mb, Lc], 2 [mb]
+    update = r["steps"]["update"]
+    # XLA's per-device argument bytes: the state's shards plus the batch's shards
+    assert update["argument"] == pytest.approx(r["state_bytes"] + batch_bytes, rel=0.02)
+    assert update["argument"] < full / 4
+    assert update["alias"] > 0.9 * r["state_bytes"]  # the state is donated (updated in place)
+    assert update["temp"] > 0
 
 
 def test_sampler_and_logprob_pass_compile_with_sharded_parameters(fsdp_result):
-  r = fsdp_result
-  assert set(r["steps"]) == {"update", "sampler", "logprobs"}
-  params = r["params_bytes"]
-  sampler = r["steps"]["sampler"]
-  R, Lp = 64, 16
-  # arguments: parameter shards + the prompt shards (tokens int32, mask bool) + the rng key
-  assert sampler["argument"] == pytest.approx(params + R * Lp * 5 / 8 + 8, rel=0.02)
-  assert r["ref_bytes"] == params                              # kl_coef > 0: a frozen copy
-  # while sampling, the optimizer moments and the reference stay resident
-  assert sampler["resident_extra"] == (r["state_bytes"] - params) + r["ref_bytes"]
-  assert r["peak"] == max(s["peak"] for s in r["steps"].values())
-  assert r["batch"] == {"R": 64, "mini_batch": 16, "micro_batch": 16, "generate_batch": 64,
-                        "prompt_tokens": 16, "new_tokens": 16}
+    r = fsdp_result
+    assert set(r["steps"]) == {"update", "sampler", "logprobs"}
+    params = r["params_bytes"]
+    sampler = r["steps"]["sampler"]
+    R, Lp = 64, 16
+    # arguments: parameter shards + the prompt shards (tokens int32, mask bool) + the rng key
+    assert sampler["argument"] == pytest.approx(params + R * Lp * 5 / 8 + 8, rel=0.02)
+    assert r["ref_bytes"] == params  # kl_coef > 0: a frozen copy
+    # while sampling, the optimizer moments and the reference stay resident
+    assert sampler["resident_extra"] == (r["state_bytes"] - params) + r["ref_bytes"]
+    assert r["peak"] == max(s["peak"] for s in r["steps"].values())
+    assert r["batch"] == {
+        "R": 64,
+        "mini_batch": 16,
+        "micro_batch": 16,
+        "generate_batch": 64,
+        "prompt_tokens": 16,
+        "new_tokens": 16,
+    }
 
 
 def test_tensor_parallel_mesh_and_decode_only_sampler():
-  c = tiny_dapo("4b,prompt_gdro,gpu8")                         # fsdp 4 x tensor 2 (one GPU node)
-  r = aot.compile_steps(c, sampler="decode", update=False, logprobs=False)
-  assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
-  assert set(r["steps"]) == {"prefill", "decode"}
-  exp = build_experiment(c, with_data=False)
-  full = _full_bytes(exp.abstract_state(train.TrainState).params)
-  assert r["params_bytes"] < full / 6                          # 8-way: fsdp x tensor on the matrices
-  # the decode call's arguments hold the whole KV cache shard: 2 layers x G/4 rows x 32 slots,
-  # G = 64 rows per sampler call (Prompt-GDRO's R = 128 in 2 calls)
-  G = 16 * 4
-  assert r["batch"]["R"] == 2 * G and r["batch"]["generate_batch"] == G
-  cache = 2 * 2 * (G // 4) * 32 * 2 * 16 * 2                     # k+v, L, rows/shard, slots, kvh, hd, bf16
-  assert r["steps"]["decode"]["argument"] >= cache
+    c = tiny_dapo("4b,prompt_gdro,gpu8")  # fsdp 4 x tensor 2 (one GPU node)
+    r = aot.compile_steps(c, sampler="decode", update=False, logprobs=False)
+    assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert set(r["steps"]) == {"prefill", "decode"}
+    exp = build_experiment(c, with_data=False)
+    full = _full_bytes(exp.abstract_state(train.TrainState).params)
+    assert r["params_bytes"] < full / 6  # 8-way: fsdp x tensor on the matrices
+    # the decode call's arguments hold the whole KV cache shard: 2 layers x G/4 rows x 32 slots,
+    # G = 64 rows per sampler call (Prompt-GDRO's R = 128 in 2 calls)
+    G = 16 * 4
+    assert r["batch"]["R"] == 2 * G and r["batch"]["generate_batch"] == G
+    cache = 2 * 2 * (G // 4) * 32 * 2 * 16 * 2  # k+v, L, rows/shard, slots, kvh, hd, bf16
+    assert r["steps"]["decode"]["argument"] >= cache
 
 
-@pytest.mark.parametrize("topology,chip,count", [
-    ("v5p-8", "v5p", 4), ("v5p-512", "v5p", 256), ("v4-32", "v4", 16), ("v5e-16", "v5e", 16),
-    ("v5litepod-8", "v5e", 8), ("v6e-8", "v6e", 8), ("8xh100", "h100", 8), ("h200x8", "h200", 8),
-    ("4xa100-40", "a100-40", 4)])
+@pytest.mark.parametrize(
+    "topology,chip,count",
+    [
+        ("v5p-8", "v5p", 4),
+        ("v5p-512", "v5p", 256),
+        ("v4-32", "v4", 16),
+        ("v5e-16", "v5e", 16),
+        ("v5litepod-8", "v5e", 8),
+        ("v6e-8", "v6e", 8),
+        ("8xh100", "h100", 8),
+        ("h200x8", "h200", 8),
+        ("4xa100-40", "a100-40", 4),
+    ],
+)
 def test_topologies(topology, chip, count):
-  c, n = aot.parse_topology(topology)
-  assert c is aot.CHIPS[chip] and n == count
+    c, n = aot.parse_topology(topology)
+    assert c is aot.CHIPS[chip] and n == count
 
 
 def test_bad_topology_names_the_accepted_forms():
-  with pytest.raises(ValueError, match="v5p-8"):
-    aot.parse_topology("tpu-9000")
-  with pytest.raises(ValueError, match="TensorCores"):
-    aot.parse_topology("v5p-3")
+    with pytest.raises(ValueError, match="v5p-8"):
+        aot.parse_topology("tpu-9000")
+    with pytest.raises(ValueError, match="TensorCores"):
+        aot.parse_topology("v5p-3")
 
 
 def test_verdict_and_advice():
-  chip = aot.CHIPS["v5e"]
-  assert aot.verdict(int(15 * aot.GiB), chip, 0.95) == "fits"
-  assert aot.verdict(int(15.5 * aot.GiB), chip, 0.95) == "does not fit"
-  result = {"steps": {"update": {"peak": 1, "what": "u"}, "logprobs": {"peak": 9, "what": "l"}}}
-  assert "mini_batch_size" in aot.advice(result)
-  result["steps"]["update"]["peak"] = 99
-  assert "micro_batch" in aot.advice(result)
+    chip = aot.CHIPS["v5e"]
+    assert aot.verdict(int(15 * aot.GiB), chip, 0.95) == "fits"
+    assert aot.verdict(int(15.5 * aot.GiB), chip, 0.95) == "does not fit"
+    result = {"steps": {"update": {"peak": 1, "what": "u"}, "logprobs": {"peak": 9, "what": "l"}}}
+    assert "mini_batch_size" in aot.advice(result)
+    result["steps"]["update"]["peak"] = 99
+    assert "micro_batch" in aot.advice(result)
 
 
 def test_cli_exits_non_zero_with_a_message_when_it_does_not_fit():
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-  out = subprocess.run(
-      [sys.executable, "-m", "experiments.aot", "--config=configs/arithmetic.py:grpo,smoke",
-       "--topology=v5e-8", "--mesh=1,-1,1", "--sampler=none", "--headroom=0.000001"],
-      cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-  assert out.returncode == 1, out.stderr[-2000:]
-  assert "does not fit on v5e-8" in out.stderr and "largest step" in out.stderr
-  assert "'fsdp': 8" in out.stdout                              # the CLI made 8 virtual devices
-  np.testing.assert_equal("Traceback" in out.stderr, False)
-
-
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.aot",
+            "--config=configs/arithmetic.py:grpo,smoke",
+            "--topology=v5e-8",
+            "--mesh=1,-1,1",
+            "--sampler=none",
+            "--headroom=0.000001",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "does not fit on v5e-8" in out.stderr and "largest step" in out.stderr
+    assert "'fsdp': 8" in out.stdout  # the CLI made 8 virtual devices
+    np.testing.assert_equal("Traceback" in out.stderr, False)

@@ -1,14 +1,25 @@
 """Tests for grpo_jax.data.arithmetic: problems, answers, splits, level mixes, CharTokenizer."""
+
 import collections
 import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from grpo_jax.data.arithmetic import (LEVELS, ArithmeticConfig, CharTokenizer, answer_is_correct,
-                                      answer_reward, evaluate_expression, format_prompt, level_counts,
-                                      make_arithmetic, sft_examples)
+from grpo_jax.data.arithmetic import (
+    LEVELS,
+    ArithmeticConfig,
+    CharTokenizer,
+    answer_is_correct,
+    answer_reward,
+    evaluate_expression,
+    format_prompt,
+    level_counts,
+    make_arithmetic,
+    sft_examples,
+)
 
 LEVEL_PATTERNS = {
     1: r"\d{1,2}\+\d",
@@ -33,11 +44,13 @@ def test_evaluate_expression_hand_values():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(0, 999), min_size=1, max_size=5),
-       st.lists(st.sampled_from("+-*"), min_size=4, max_size=4))
+@given(
+    st.lists(st.integers(0, 999), min_size=1, max_size=5),
+    st.lists(st.sampled_from("+-*"), min_size=4, max_size=4),
+)
 def test_evaluate_expression_matches_python(nums, ops):
     text = str(nums[0]) + "".join(f"{o}{n}" for o, n in zip(ops, nums[1:]))
-    assert evaluate_expression(text) == eval(text)  # noqa: S307  (digits and + - * only)
+    assert evaluate_expression(text) == eval(text)
 
 
 def test_make_arithmetic_shapes_and_answers():
@@ -49,7 +62,7 @@ def test_make_arithmetic_shapes_and_answers():
         for ex in split:
             assert set(ex) == {"id", "problem", "answer", "level", "dataset"}
             assert ex["dataset"] == "arithmetic"
-            assert ex["answer"] == str(eval(ex["problem"]))  # noqa: S307
+            assert ex["answer"] == str(eval(ex["problem"]))
             assert len(format_prompt(ex["problem"])) <= 16
             assert len(ex["answer"]) <= 6
             if ex["level"] in LEVEL_PATTERNS:
@@ -58,8 +71,8 @@ def test_make_arithmetic_shapes_and_answers():
                 ops = re.findall(r"[+\-*]", ex["problem"])
                 assert len(ops) == 3 and ops.count("*") == 1
                 assert re.search(r"\*\d(?!\d)", ex["problem"])
-    assert collections.Counter(ex["level"] for ex in train) == {lv: 100 for lv in range(1, 6)}
-    assert collections.Counter(ex["level"] for ex in evals) == {lv: 20 for lv in range(1, 6)}
+    assert collections.Counter(ex["level"] for ex in train) == dict.fromkeys(range(1, 6), 100)
+    assert collections.Counter(ex["level"] for ex in evals) == dict.fromkeys(range(1, 6), 20)
     assert not {ex["problem"] for ex in train} & {ex["problem"] for ex in evals}
 
 
@@ -77,10 +90,11 @@ def test_level_weights_and_heavy_tail():
     expected = level_counts(1000, w / w.sum())
     assert [counts[lv] for lv in range(1, 6)] == expected
     assert expected[0] > 600 and expected[4] < 40 and sum(expected) == 1000
-    assert collections.Counter(ex["level"] for ex in evals) == {lv: 10 for lv in range(1, 6)}
+    assert collections.Counter(ex["level"] for ex in evals) == dict.fromkeys(range(1, 6), 10)
 
-    train, _ = make_arithmetic(ArithmeticConfig(num_train=90, num_eval=0, levels=(2, 4),
-                                                level_weights=(2.0, 1.0)))
+    train, _ = make_arithmetic(
+        ArithmeticConfig(num_train=90, num_eval=0, levels=(2, 4), level_weights=(2.0, 1.0))
+    )
     assert collections.Counter(ex["level"] for ex in train) == {2: 60, 4: 30}
     cfg = ArithmeticConfig(levels=[2, 4], level_weights=[2, 1])  # lists, as from a ConfigDict
     assert cfg.levels == (2, 4) and cfg.level_weights == (2.0, 1.0) and hash(cfg)
@@ -91,8 +105,10 @@ def test_level_weights_and_heavy_tail():
 
 
 @settings(max_examples=25, deadline=None)
-@given(total=st.integers(0, 10_000),
-       weights=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=6).filter(lambda w: sum(w) > 0))
+@given(
+    total=st.integers(0, 10_000),
+    weights=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=6).filter(lambda w: sum(w) > 0),
+)
 def test_level_counts_exact(total, weights):
     counts = level_counts(total, weights)
     assert sum(counts) == total
@@ -121,7 +137,9 @@ def test_answer_is_correct():
 
 
 def test_answer_reward():
-    np.testing.assert_array_equal(answer_reward(["19", "18", ""], ["19", "19", "0"]), [1.0, -1.0, -1.0])
+    np.testing.assert_array_equal(
+        answer_reward(["19", "18", ""], ["19", "19", "0"]), [1.0, -1.0, -1.0]
+    )
     np.testing.assert_array_equal(answer_reward(["7"], [7], scale="01"), [1.0])
     assert answer_reward(["1"], ["1"]).dtype == np.float32
     with pytest.raises(ValueError):
@@ -145,8 +163,12 @@ def test_char_tokenizer():
     assert tok.decode([5, 13, 2, 4, 0], stop_at_eos=True) == "19"
     assert tok.decode([5, 2], skip_special_tokens=False) == "1<eos>"
     assert tok.encode("A") == [tok.unk_id]
-    assert tok.apply_chat_template([{"role": "system", "content": "s"},
-                                    {"role": "user", "content": "3+4="}]) == "3+4="
+    assert (
+        tok.apply_chat_template(
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "3+4="}]
+        )
+        == "3+4="
+    )
     with pytest.raises(ValueError):
         tok.decode([99])
 

@@ -1,4 +1,5 @@
 """Tests for grpo_jax.data.datasets (JSONL loaders) and grpo_jax.data.builders (TFDS)."""
+
 import json
 import re
 
@@ -10,9 +11,14 @@ SHARED = datasets.default_source_dir()
 needs_data = pytest.mark.skipif(SHARED is None, reason="shared data directory not found")
 
 EXPECTED_ROWS = [
-    ("gsm8k", "train", None, 7473), ("gsm8k", "test", None, 1319), ("math500", "test", None, 500),
-    ("dapo_math", "train", "full", 17917), ("aime24", "test", None, 30),
-    ("aime25", "test", None, 30), ("amc23", "test", None, 40), ("minerva_math", "test", None, 272),
+    ("gsm8k", "train", None, 7473),
+    ("gsm8k", "test", None, 1319),
+    ("math500", "test", None, 500),
+    ("dapo_math", "train", "full", 17917),
+    ("aime24", "test", None, 30),
+    ("aime25", "test", None, 30),
+    ("amc23", "test", None, 40),
+    ("minerva_math", "test", None, 272),
     ("olympiadbench", "test", None, 675),
 ]
 
@@ -37,8 +43,9 @@ def test_gold_fields():
     math = datasets.load("math500")
     assert sorted({ex["level"] for ex in math}) == [1, 2, 3, 4, 5]
     assert datasets.load("aime24")[0]["answer"] == "204"
-    assert all(not ex["answer"].startswith("0") or ex["answer"] == "0"
-               for ex in datasets.load("aime24"))
+    assert all(
+        not ex["answer"].startswith("0") or ex["answer"] == "0" for ex in datasets.load("aime24")
+    )
     assert datasets.load("amc23")[0]["answer"] == "27"
     assert datasets.load("minerva_math")[0]["answer"] == "1.6"
     olympiad = datasets.load("olympiadbench")
@@ -55,8 +62,10 @@ def test_gold_fields():
 @needs_data
 def test_dapo_en_dedup_count():
     examples, stats = datasets.load_with_stats("dapo_math", "train", config="en_dedup")
-    print(f"\nDAPO-Math-17k en_dedup: {len(examples)} rows (dropped {stats['num_dropped_cjk']} CJK, "
-          f"{stats['num_dropped_duplicates']} duplicates; paper's subset: 14,116)")
+    print(
+        f"\nDAPO-Math-17k en_dedup: {len(examples)} rows (dropped {stats['num_dropped_cjk']} CJK, "
+        f"{stats['num_dropped_duplicates']} duplicates; paper's subset: 14,116)"
+    )
     assert len(examples) == 13987
     assert stats["num_dropped_cjk"] == 3432 and stats["num_dropped_duplicates"] == 498
     assert datasets.load("dapo_math", "train") == examples  # en_dedup is the default config
@@ -83,24 +92,33 @@ def _write(path, rows):
 
 @pytest.fixture
 def toy_dir(tmp_path):
-    _write(tmp_path / "gsm8k" / "test.jsonl", [
-        {"question": "Q1?", "answer": "work\n#### 1,000"},
-        {"question": "Q2?", "answer": "work\n#### 2"},
-        {"question": "", "answer": "#### 3"},           # line 3: empty problem
-        "{not json",                                    # line 4: invalid JSON
-        {"question": "Q5?", "answer": "no marker"},     # line 5: no gold
-        {"question": "Q6?", "answer": "#### 6"},
-    ])
+    _write(
+        tmp_path / "gsm8k" / "test.jsonl",
+        [
+            {"question": "Q1?", "answer": "work\n#### 1,000"},
+            {"question": "Q2?", "answer": "work\n#### 2"},
+            {"question": "", "answer": "#### 3"},  # line 3: empty problem
+            "{not json",  # line 4: invalid JSON
+            {"question": "Q5?", "answer": "no marker"},  # line 5: no gold
+            {"question": "Q6?", "answer": "#### 6"},
+        ],
+    )
     _write(tmp_path / "gsm8k" / "train.jsonl", [{"question": "T?", "answer": "#### 1"}])
-    _write(tmp_path / "dapo_math_17k" / "dapo_math_17k.derived.part1.jsonl", [
-        {"problem": "Find x.", "answer": "1", "index": 0},
-        {"problem": "求 x 的值。", "answer": "2", "index": 1},
-        {"problem": "Find  x.\n", "answer": "1", "index": 2},     # whitespace duplicate of 0
-    ])
-    _write(tmp_path / "dapo_math_17k" / "dapo_math_17k.derived.part2.jsonl", [
-        {"problem": "Find y.", "answer": "007", "index": 3},
-        {"problem": "Find x. ", "answer": "1", "index": 4},       # duplicate of 0
-    ])
+    _write(
+        tmp_path / "dapo_math_17k" / "dapo_math_17k.derived.part1.jsonl",
+        [
+            {"problem": "Find x.", "answer": "1", "index": 0},
+            {"problem": "求 x 的值。", "answer": "2", "index": 1},
+            {"problem": "Find  x.\n", "answer": "1", "index": 2},  # whitespace duplicate of 0
+        ],
+    )
+    _write(
+        tmp_path / "dapo_math_17k" / "dapo_math_17k.derived.part2.jsonl",
+        [
+            {"problem": "Find y.", "answer": "007", "index": 3},
+            {"problem": "Find x. ", "answer": "1", "index": 4},  # duplicate of 0
+        ],
+    )
     return tmp_path
 
 
@@ -108,7 +126,9 @@ def test_bad_rows_error_names_file_and_line(toy_dir):
     with pytest.raises(ValueError) as info:
         datasets.load("gsm8k", "test", source_dir=toy_dir)
     msg = str(info.value)
-    assert f"{toy_dir / 'gsm8k' / 'test.jsonl'}:3" in msg and "'question'" in msg and "\n" not in msg
+    assert (
+        f"{toy_dir / 'gsm8k' / 'test.jsonl'}:3" in msg and "'question'" in msg and "\n" not in msg
+    )
     examples, stats = datasets.load_with_stats("gsm8k", "test", source_dir=toy_dir, bad_rows="skip")
     assert stats["num_skipped"] == 3 and stats["num_rows"] == 6
     assert [ex["answer"] for ex in examples] == ["1000", "2", "6"]
@@ -120,7 +140,9 @@ def test_missing_dataset_dir_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as info:
         datasets.load("math500", source_dir=tmp_path)
     msg = str(info.value)
-    assert "\n" not in msg and "'math500'" in msg and str(tmp_path / "math500" / "test.jsonl") in msg
+    assert (
+        "\n" not in msg and "'math500'" in msg and str(tmp_path / "math500" / "test.jsonl") in msg
+    )
     assert "data.source_dir" in msg and "GRPO_JAX_DATA_DIR" in msg
     with pytest.raises(FileNotFoundError, match="data directory not found"):
         datasets.load("aime24", source_dir=tmp_path / "nope")
@@ -164,7 +186,7 @@ def test_arithmetic_through_load():
 def test_no_tensorflow_needed():
     import sys
 
-    from grpo_jax.data import builders  # noqa: F401
+    from grpo_jax.data import builders  # noqa: F401 -- the import is the test
 
     assert "tensorflow" not in sys.modules
 
@@ -173,15 +195,21 @@ def test_tfds_matches_jsonl_on_toy(toy_dir, tmp_path):
     cache = tmp_path / "tfds"
     for config in ("en_dedup", "full"):
         direct = datasets.load_with_stats("dapo_math", "train", source_dir=toy_dir, config=config)
-        via = datasets.load_with_stats("dapo_math", "train", source_dir=toy_dir, config=config,
-                                       use_tfds=True, tfds_data_dir=cache)
+        via = datasets.load_with_stats(
+            "dapo_math",
+            "train",
+            source_dir=toy_dir,
+            config=config,
+            use_tfds=True,
+            tfds_data_dir=cache,
+        )
         assert via == direct
     # Bad rows: the same error (file and line) and the same skip counts as the JSONL path.
     with pytest.raises(ValueError, match=r"test\.jsonl:3"):
         datasets.load("gsm8k", "test", source_dir=toy_dir, use_tfds=True, tfds_data_dir=cache)
-    assert (datasets.load_with_stats("gsm8k", "test", source_dir=toy_dir, bad_rows="skip",
-                                     use_tfds=True, tfds_data_dir=cache)
-            == datasets.load_with_stats("gsm8k", "test", source_dir=toy_dir, bad_rows="skip"))
+    assert datasets.load_with_stats(
+        "gsm8k", "test", source_dir=toy_dir, bad_rows="skip", use_tfds=True, tfds_data_dir=cache
+    ) == datasets.load_with_stats("gsm8k", "test", source_dir=toy_dir, bad_rows="skip")
 
 
 def test_tfds_builder_and_data_source_directly(toy_dir, tmp_path):
@@ -191,9 +219,11 @@ def test_tfds_builder_and_data_source_directly(toy_dir, tmp_path):
 
     builder = GrpoDapoMath(config="en_dedup", data_dir=str(tmp_path / "d"))
     builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=str(toy_dir)))
-    source = tfds.data_source("grpo_dapo_math/en_dedup", split="train",
-                              data_dir=str(tmp_path / "d"), download=False)
+        download_config=tfds.download.DownloadConfig(manual_dir=str(toy_dir))
+    )
+    source = tfds.data_source(
+        "grpo_dapo_math/en_dedup", split="train", data_dir=str(tmp_path / "d"), download=False
+    )
     assert len(source) == 2
     problems = sorted(rec["problem"].decode() for rec in source.__getitems__([0, 1]))
     assert problems == ["Find x.", "Find y."]
@@ -203,5 +233,4 @@ def test_tfds_builder_and_data_source_directly(toy_dir, tmp_path):
 @needs_data
 def test_tfds_matches_jsonl_real_small(tmp_path):
     for name in ("aime24", "olympiadbench"):
-        assert (datasets.load(name, use_tfds=True, tfds_data_dir=tmp_path)
-                == datasets.load(name))
+        assert datasets.load(name, use_tfds=True, tfds_data_dir=tmp_path) == datasets.load(name)

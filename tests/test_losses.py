@@ -1,4 +1,5 @@
 """Tests for grpo_jax.losses: log-probs, policy loss, KL, aggregation, PPO baseline pieces."""
+
 import functools
 import math
 
@@ -17,8 +18,10 @@ F32 = jnp.float32
 
 # Jitted entry points: one compile per shape/static config is much cheaper on CPU than eager
 # op-by-op dispatch. (Float arguments are traced, so their eager checks are tested separately.)
-PL = jax.jit(losses.policy_loss, static_argnames=(
-    "loss_agg_mode", "ratio_level", "kl_kind", "max_len", "dual_clip"))
+PL = jax.jit(
+    losses.policy_loss,
+    static_argnames=("loss_agg_mode", "ratio_level", "kl_kind", "max_len", "dual_clip"),
+)
 TL = jax.jit(losses.token_logprobs, static_argnames=("chunk_size",))
 EL = jax.jit(losses.entropy_from_logits, static_argnames=("chunk_size",))
 LFL = jax.jit(losses.logprobs_from_logits, static_argnames=("chunk_size",))
@@ -52,6 +55,7 @@ def random_logits(seed, shape, dtype=F32, scale=3.0):
 
 # ================================================================ log-probs from logits
 
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_logprobs_from_logits_matches_numpy(dtype):
     logits = random_logits(0, (2, 5, 11), dtype)
@@ -60,8 +64,10 @@ def test_logprobs_from_logits_matches_numpy(dtype):
         out = LFL(logits, targets, temp, chunk_size=2)
         assert out.dtype == jnp.float32 and out.shape == (2, 5)
         ref = np.take_along_axis(
-            np_log_softmax(np.asarray(logits.astype(F32)) / temp), np.asarray(targets)[..., None],
-            -1)[..., 0]
+            np_log_softmax(np.asarray(logits.astype(F32)) / temp),
+            np.asarray(targets)[..., None],
+            -1,
+        )[..., 0]
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -71,8 +77,9 @@ def test_token_logprobs_shift_and_chunking(chunk_size):
     tokens = randint(3, (3, 7), 13)
     out = TL(logits, tokens, 0.8, chunk_size=chunk_size)
     assert out.shape == (3, 6) and out.dtype == jnp.float32
-    ref = np.take_along_axis(np_log_softmax(np.asarray(logits)[:, :-1] / 0.8),
-                             np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    ref = np.take_along_axis(
+        np_log_softmax(np.asarray(logits)[:, :-1] / 0.8), np.asarray(tokens)[:, 1:, None], -1
+    )[..., 0]
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -95,12 +102,12 @@ def test_token_logprobs_gradient_matches_naive(dtype):
     def f(fn, x):
         return jnp.sum(w * fn(x))
 
-    g = jax.jit(jax.grad(functools.partial(
-        f, lambda x: TL(x, tokens, 0.7, chunk_size=4))))(logits)
+    g = jax.jit(jax.grad(functools.partial(f, lambda x: TL(x, tokens, 0.7, chunk_size=4))))(logits)
     g_ref = jax.grad(functools.partial(f, lambda x: naive_token_logprobs(x, tokens, 0.7)))(logits)
     assert g.dtype == dtype and g.shape == logits.shape
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(g_ref, np.float32),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(g, np.float32), np.asarray(g_ref, np.float32), rtol=1e-5, atol=1e-6
+    )
     # the shifted-out last position never receives gradient
     np.testing.assert_array_equal(np.asarray(g[:, -1], np.float32), 0.0)
 
@@ -110,9 +117,10 @@ def test_native_16bit_slicing_path(monkeypatch):
     logits = random_logits(21, (2, 7, 9), jnp.bfloat16)
     tokens = randint(22, (2, 7), 9)
 
-    def run():                     # a fresh function each time: no trace-cache reuse
-        return jax.jit(jax.value_and_grad(
-            lambda x: jnp.sum(losses.token_logprobs(x, tokens, chunk_size=3))))(logits)
+    def run():  # a fresh function each time: no trace-cache reuse
+        return jax.jit(
+            jax.value_and_grad(lambda x: jnp.sum(losses.token_logprobs(x, tokens, chunk_size=3)))
+        )(logits)
 
     ref = run()
     monkeypatch.setattr(losses, "_INT_VIEW_BACKENDS", ())
@@ -125,7 +133,7 @@ def test_native_16bit_slicing_path(monkeypatch):
 
 def test_garbage_logits_at_masked_positions_get_zero_gradient():
     logits = np.array(random_logits(23, (2, 6, 5)))
-    logits[0, 4:] = np.nan                          # positions 4, 5 of row 0: masked below
+    logits[0, 4:] = np.nan  # positions 4, 5 of row 0: masked below
     logits[1, 5] = np.inf
     tokens = randint(24, (2, 6), 5)
     m = jnp.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
@@ -152,20 +160,19 @@ def test_token_logprobs_vmap_matches_loop():
 
 def test_entropy_from_logits():
     v = 9
-    np.testing.assert_allclose(EL(jnp.zeros((2, 3, v))), math.log(v),
-                               rtol=1e-6)
+    np.testing.assert_allclose(EL(jnp.zeros((2, 3, v))), math.log(v), rtol=1e-6)
     np.testing.assert_allclose(
-        EL(1e4 * jax.nn.one_hot(jnp.zeros((2, 3), jnp.int32), v)), 0.0,
-        atol=1e-6)
+        EL(1e4 * jax.nn.one_hot(jnp.zeros((2, 3), jnp.int32), v)), 0.0, atol=1e-6
+    )
     logits = random_logits(10, (2, 5, v))
     p = np.exp(np_log_softmax(np.asarray(logits) / 0.5))
     ref = -(p * np.log(p)).sum(-1)
-    np.testing.assert_allclose(EL(logits, 0.5, chunk_size=2), ref,
-                               rtol=1e-5)
+    np.testing.assert_allclose(EL(logits, 0.5, chunk_size=2), ref, rtol=1e-5)
     # differentiable (entropy bonus): matches autodiff of the unchunked formula
     g = jax.grad(lambda x: jnp.sum(EL(x, chunk_size=2)))(logits)
-    g_ref = jax.grad(lambda x: jnp.sum(-jnp.sum(jax.nn.softmax(x) * jax.nn.log_softmax(x),
-                                                -1)))(logits)
+    g_ref = jax.grad(lambda x: jnp.sum(-jnp.sum(jax.nn.softmax(x) * jax.nn.log_softmax(x), -1)))(
+        logits
+    )
     np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-6)
 
 
@@ -183,25 +190,27 @@ def test_logprob_argument_errors():
 
 # ================================================================ KL estimators
 
+
 def test_kl_hand_values():
-    lp, ref = jnp.array([-1.0, -2.0]), jnp.array([-0.5, -2.5])      # delta = +0.5, -0.5
+    lp, ref = jnp.array([-1.0, -2.0]), jnp.array([-0.5, -2.5])  # delta = +0.5, -0.5
     np.testing.assert_allclose(losses.kl(lp, ref, "k1"), [-0.5, 0.5], rtol=1e-6)
     np.testing.assert_allclose(losses.kl(lp, ref, "k2"), [0.125, 0.125], rtol=1e-6)
-    np.testing.assert_allclose(losses.kl(lp, ref, "k3"),
-                               [math.exp(0.5) - 1.5, math.exp(-0.5) - 0.5], rtol=1e-5)
+    np.testing.assert_allclose(
+        losses.kl(lp, ref, "k3"), [math.exp(0.5) - 1.5, math.exp(-0.5) - 0.5], rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
 @pytest.mark.parametrize("log_ratio", [100.0, -100.0, 1e30])
 def test_kl_extreme_log_ratio_is_finite(kind, log_ratio):
-    lp, ref = jnp.array([0.0]), jnp.array([log_ratio])              # delta = log_ratio
+    lp, ref = jnp.array([0.0]), jnp.array([log_ratio])  # delta = log_ratio
 
     def f(x):
         return jnp.sum(losses.kl(x, ref, kind))
 
     val, grad = jax.value_and_grad(f)(lp)
     assert np.isfinite(val) and np.all(np.isfinite(grad))
-    assert float(grad[0]) != 0.0                                    # straight-through clamp
+    assert float(grad[0]) != 0.0  # straight-through clamp
     d = max(-20.0, min(20.0, log_ratio))
     expect = {"k1": -d, "k2": d * d / 2, "k3": math.exp(d) - d - 1}[kind]
     np.testing.assert_allclose(val, expect, rtol=1e-5)
@@ -211,7 +220,7 @@ def test_kl_gradient_wrt_policy_logprobs():
     lp = jnp.array([-1.0, -2.0, -0.3])
     ref = jnp.array([-0.5, -2.5, -0.3])
     d = np.asarray(ref - lp)
-    expect = {"k1": np.ones(3), "k2": -d, "k3": 1.0 - np.exp(d)}    # d k / d logprobs
+    expect = {"k1": np.ones(3), "k2": -d, "k3": 1.0 - np.exp(d)}  # d k / d logprobs
     for kind, e in expect.items():
         g = jax.grad(lambda x: jnp.sum(losses.kl(x, ref, kind)))(lp)
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
@@ -223,12 +232,11 @@ def test_kl_term_in_policy_loss_has_nonzero_gradient(kind):
     ref = jnp.array([[-0.5, -2.5, jnp.nan]])
     m = jnp.array([[1, 1, 0]])
     d = np.array([0.5, -0.5])
-    per_tok = {"k1": -d, "k2": d ** 2 / 2, "k3": np.exp(d) - d - 1}[kind]
+    per_tok = {"k1": -d, "k2": d**2 / 2, "k3": np.exp(d) - d - 1}[kind]
     dk = {"k1": np.ones(2), "k2": -d, "k3": 1 - np.exp(d)}[kind]
 
     def f(x):
-        return PL(x, x, jnp.zeros(1), m, ref_logprobs=ref, kl_coef=0.1,
-                                  kl_kind=kind)
+        return PL(x, x, jnp.zeros(1), m, ref_logprobs=ref, kl_coef=0.1, kl_kind=kind)
 
     (loss, aux), g = jax.value_and_grad(f, has_aux=True)(lp)
     np.testing.assert_allclose(loss, 0.1 * per_tok.mean(), rtol=1e-5)
@@ -239,6 +247,7 @@ def test_kl_term_in_policy_loss_has_nonzero_gradient(kind):
 
 # ================================================================ policy loss: hand values
 
+
 def _padded_6_and_2s():
     """Two rows whose per-token losses are [[6]] and [[2, 2, 2, 2, 2]] (ratio 1, A = -6, -2)."""
     nan = jnp.nan
@@ -247,13 +256,16 @@ def _padded_6_and_2s():
     return lp, m, jnp.array([-6.0, -2.0])
 
 
-@pytest.mark.parametrize("mode,loss,loss_sum,den,max_len", [
-    ("token-mean", 16 / 6, 16.0, 6.0, None),
-    ("seq-mean-token-mean", 4.0, 8.0, 2.0, None),
-    ("seq-mean-token-sum", 8.0, 16.0, 2.0, None),
-    ("seq-mean-token-sum-norm", 16 / 10, 16.0, 10.0, None),
-    ("seq-mean-token-sum-norm", 1.0, 16.0, 16.0, 8),
-])
+@pytest.mark.parametrize(
+    "mode,loss,loss_sum,den,max_len",
+    [
+        ("token-mean", 16 / 6, 16.0, 6.0, None),
+        ("seq-mean-token-mean", 4.0, 8.0, 2.0, None),
+        ("seq-mean-token-sum", 8.0, 16.0, 2.0, None),
+        ("seq-mean-token-sum-norm", 16 / 10, 16.0, 10.0, None),
+        ("seq-mean-token-sum-norm", 1.0, 16.0, 16.0, 8),
+    ],
+)
 def test_aggregation_modes_hand_values(mode, loss, loss_sum, den, max_len):
     lp, m, a = _padded_6_and_2s()
     out, aux = PL(lp, lp, a, m, loss_agg_mode=mode, max_len=max_len)
@@ -274,20 +286,24 @@ def test_fully_masked_row_does_not_dilute_seq_means():
     assert float(aux["denominator"]) == 2.0 and float(aux["per_rollout_loss"][2]) == 0.0
     out, _ = PL(lp3, lp3, a3, m3)
     np.testing.assert_allclose(out, 16 / 6, rtol=1e-6)
-    out, aux = PL(lp3[2:], lp3[2:], a3[2:], m3[2:])   # nothing in the batch
+    out, aux = PL(lp3[2:], lp3[2:], a3[2:], m3[2:])  # nothing in the batch
     assert float(out) == 0.0 and float(aux["denominator"]) == 0.0
 
 
 def _one_token_rows(ratios, advantages):
     old = jnp.zeros((len(ratios), 1))
-    return jnp.log(jnp.asarray(ratios, F32))[:, None], old, jnp.asarray(advantages, F32), \
-        jnp.ones((len(ratios), 1))
+    return (
+        jnp.log(jnp.asarray(ratios, F32))[:, None],
+        old,
+        jnp.asarray(advantages, F32),
+        jnp.ones((len(ratios), 1)),
+    )
 
 
 def test_clipped_surrogate_and_clip_fraction_hand_values():
     lp, old, a, m = _one_token_rows([0.5, 0.5, 1.5, 1.5], [1.0, -1.0, 1.0, -1.0])
     loss, aux = PL(lp, old, a, m, epsilon_low=0.2, epsilon_high=0.2)
-    per_row = [-0.5, 0.8, -1.2, 1.5]     # max(-A r, -A clip(r, .8, 1.2))
+    per_row = [-0.5, 0.8, -1.2, 1.5]  # max(-A r, -A clip(r, .8, 1.2))
     np.testing.assert_allclose(aux["per_rollout_loss"], per_row, rtol=1e-6)
     np.testing.assert_allclose(loss, np.mean(per_row), rtol=1e-6)
     # clipped: (A=-1, r=.5) and (A=+1, r=1.5); not clipped: (A=+1, r=.5), (A=-1, r=1.5)
@@ -307,8 +323,7 @@ def test_clip_fraction_regression_ratio_half(a, clipped):
 def test_clip_higher_and_dual_clip():
     lp, old, a, m = _one_token_rows([1.25], [1.0])
     np.testing.assert_allclose(PL(lp, old, a, m)[0], -1.2, rtol=1e-6)
-    np.testing.assert_allclose(PL(lp, old, a, m, epsilon_high=0.28)[0], -1.25,
-                               rtol=1e-6)
+    np.testing.assert_allclose(PL(lp, old, a, m, epsilon_high=0.28)[0], -1.25, rtol=1e-6)
     lp, old, a, m = _one_token_rows([5.0, 2.0, 0.1], [-1.0, -1.0, -1.0])
     _, aux = PL(lp, old, a, m)
     np.testing.assert_allclose(aux["per_rollout_loss"], [5.0, 2.0, 0.8], rtol=1e-6)
@@ -316,19 +331,22 @@ def test_clip_higher_and_dual_clip():
     np.testing.assert_allclose(aux["per_rollout_loss"], [3.0, 2.0, 0.8], rtol=1e-6)
     # dual clip leaves positive advantages alone
     lp, old, a, m = _one_token_rows([5.0], [1.0])
-    np.testing.assert_allclose(PL(lp, old, a, m, dual_clip=3.0)[0], -1.2,
-                               rtol=1e-6)
+    np.testing.assert_allclose(PL(lp, old, a, m, dual_clip=3.0)[0], -1.2, rtol=1e-6)
 
 
 def test_per_token_advantages_for_ppo():
     lp, old, a, m = _one_token_rows([0.5, 0.5, 1.5, 1.5], [1.0, -1.0, 1.0, -1.0])
     ref = PL(lp, old, a, m)
-    out = PL(lp, old, a[:, None], m)                  # [R, T] advantages, T = 1
+    out = PL(lp, old, a[:, None], m)  # [R, T] advantages, T = 1
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-6)
     np.testing.assert_allclose(out[1]["clip_fraction"], ref[1]["clip_fraction"])
     # two tokens with different advantages in one row: (-A1 r + -A2 r) / 2 at ratio 1
-    loss, aux = PL(jnp.zeros((1, 3)), jnp.zeros((1, 3)), jnp.array([[2.0, -1.0, jnp.nan]]),
-                   jnp.array([[1, 1, 0]]))
+    loss, aux = PL(
+        jnp.zeros((1, 3)),
+        jnp.zeros((1, 3)),
+        jnp.array([[2.0, -1.0, jnp.nan]]),
+        jnp.array([[1, 1, 0]]),
+    )
     np.testing.assert_allclose(loss, -0.5, rtol=1e-6)
     np.testing.assert_allclose(aux["per_rollout_loss"], [-0.5], rtol=1e-6)
 
@@ -365,30 +383,37 @@ def test_sample_weights_scale_advantages_but_not_kl():
     np.testing.assert_allclose(lw - aux_w["pg_loss"], 0.05 * aux_w["kl"], rtol=1e-5, atol=1e-6)
     # the Prompt-GDRO signal uses the unweighted advantages and no KL
     _, aux_plain = PL(lp, old, a, m)
-    np.testing.assert_allclose(aux_w["per_rollout_loss"], aux_plain["per_rollout_loss"],
-                               rtol=1e-6)
+    np.testing.assert_allclose(aux_w["per_rollout_loss"], aux_plain["per_rollout_loss"], rtol=1e-6)
 
 
 def test_per_rollout_loss_is_stop_gradient():
     lp = jnp.array([[-1.0, -0.5], [-0.2, -0.3]])
-    g = jax.grad(lambda x: jnp.sum(PL(x, x + 0.1, jnp.array([1.0, -1.0]),
-                                                      jnp.ones((2, 2)))[1]["per_rollout_loss"]))(lp)
+    g = jax.grad(
+        lambda x: jnp.sum(
+            PL(x, x + 0.1, jnp.array([1.0, -1.0]), jnp.ones((2, 2)))[1]["per_rollout_loss"]
+        )
+    )(lp)
     np.testing.assert_array_equal(g, 0.0)
 
 
 def test_entropy_metric_from_logits():
     m = jnp.array([[1, 1, 0]])
     logits = jnp.stack([jnp.zeros(5), 1e4 * jax.nn.one_hot(2, 5), jnp.full(5, jnp.nan)])[None]
-    _, aux = PL(jnp.zeros((1, 3)), jnp.zeros((1, 3)), jnp.ones(1), m,
-                                logits=logits)
+    _, aux = PL(jnp.zeros((1, 3)), jnp.zeros((1, 3)), jnp.ones(1), m, logits=logits)
     np.testing.assert_allclose(aux["entropy"], math.log(5) / 2, rtol=1e-6)
 
 
 def test_policy_loss_argument_errors():
     lp, m, a = jnp.zeros((2, 3)), jnp.ones((2, 3)), jnp.zeros(2)
-    bad = [dict(loss_agg_mode="mean"), dict(ratio_level="seq"), dict(kl_kind="k4"),
-           dict(epsilon_low=1.0), dict(epsilon_high=-0.1), dict(dual_clip=1.0),
-           dict(kl_coef=0.1)]
+    bad = [
+        dict(loss_agg_mode="mean"),
+        dict(ratio_level="seq"),
+        dict(kl_kind="k4"),
+        dict(epsilon_low=1.0),
+        dict(epsilon_high=-0.1),
+        dict(dual_clip=1.0),
+        dict(kl_coef=0.1),
+    ]
     for kw in bad:
         with pytest.raises(ValueError):
             losses.policy_loss(lp, lp, a, m, **kw)
@@ -405,7 +430,9 @@ def test_policy_loss_argument_errors():
 R, T = 4, 6
 # every aggregation mode with token ratios, plus sequence ratios and dual clip once each
 CONFIGS = [(mode, "token", None) for mode in MODES] + [
-    ("seq-mean-token-mean", "sequence", None), ("token-mean", "token", 3.0)]
+    ("seq-mean-token-mean", "sequence", None),
+    ("token-mean", "token", 3.0),
+]
 
 
 @jax.jit
@@ -413,15 +440,29 @@ def _losses_and_grads(lp, old, a, m, ref, w):
     """Loss and d loss / d logprobs for every config in CONFIGS (one compile for all)."""
     out = []
     for mode, level, dual in CONFIGS:
-        out.append(jax.value_and_grad(lambda x: losses.policy_loss(
-            x, old, a, m, loss_agg_mode=mode, ratio_level=level, ref_logprobs=ref, kl_coef=0.1,
-            sample_weights=w, dual_clip=dual, epsilon_high=0.28)[0])(lp))
+        out.append(
+            jax.value_and_grad(
+                lambda x: losses.policy_loss(
+                    x,
+                    old,
+                    a,
+                    m,
+                    loss_agg_mode=mode,
+                    ratio_level=level,
+                    ref_logprobs=ref,
+                    kl_coef=0.1,
+                    sample_weights=w,
+                    dual_clip=dual,
+                    epsilon_high=0.28,
+                )[0]
+            )(lp)
+        )
     return out
 
 
 @st.composite
 def batch(draw):
-    seed = draw(st.integers(0, 2 ** 16))
+    seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     lens = np.array(draw(st.lists(st.integers(0, T), min_size=R, max_size=R)))
     m = (np.arange(T)[None] < lens[:, None]).astype(np.float32)
@@ -437,7 +478,7 @@ GARBAGE = [np.nan, np.inf, -np.inf, 1e30, -1e30]
 
 
 @settings(max_examples=15, deadline=None)
-@given(batch(), st.integers(0, 2 ** 16))
+@given(batch(), st.integers(0, 2**16))
 def test_property_masked_garbage_changes_neither_loss_nor_gradient(data, seed):
     lp, old, a, m, ref, w = data
     rng = np.random.default_rng(seed)
@@ -466,14 +507,28 @@ def _accumulate(lp, old, a, m, ref, w):
     given the full batch's denominator (one compile for all modes)."""
     out = {}
     for mode in MODES:
+
         def f(lp, old, a, m, ref, w, den):
-            return losses.policy_loss(lp, old, a, m, loss_agg_mode=mode, ref_logprobs=ref,
-                                      kl_coef=0.1, sample_weights=w, max_len=8, denominator=den)
+            return losses.policy_loss(
+                lp,
+                old,
+                a,
+                m,
+                loss_agg_mode=mode,
+                ref_logprobs=ref,
+                kl_coef=0.1,
+                sample_weights=w,
+                max_len=8,
+                denominator=den,
+            )
+
         vg = jax.value_and_grad(f, has_aux=True)
         den = losses.loss_denominator(m, mode, max_len=8)
         full = vg(lp, old, a, m, ref, w, None)
-        micro = [vg(lp[s], old[s], a[s], m[s], ref[s], w[s], den)
-                 for s in (slice(0, R // 2), slice(R // 2, R))]
+        micro = [
+            vg(lp[s], old[s], a[s], m[s], ref[s], w[s], den)
+            for s in (slice(0, R // 2), slice(R // 2, R))
+        ]
         out[mode] = (den, full, micro)
     return out
 
@@ -487,8 +542,9 @@ def test_property_microbatch_accumulation_equals_full_batch(data):
         np.testing.assert_allclose(den, aux_full["denominator"])
         total = sum(lm for (lm, _), _ in micro)
         np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.concatenate([g for _, g in micro]), g_full, rtol=1e-5,
-                                   atol=1e-7)
+        np.testing.assert_allclose(
+            np.concatenate([g for _, g in micro]), g_full, rtol=1e-5, atol=1e-7
+        )
         sums = sum(aux["loss_sum"] for (_, aux), _ in micro)
         dens = sum(aux["denominator"] for (_, aux), _ in micro)
         np.testing.assert_allclose(dens, den)
@@ -499,10 +555,12 @@ def _reinforce_loss(lp, a, m, mode, max_len):
     """Independent aggregation formulas for the REINFORCE loss -A * logprob."""
     s = jnp.sum(jnp.where(m > 0, -a[:, None] * lp, 0.0), axis=1)
     n = jnp.sum(m, axis=1)
-    return {"token-mean": jnp.sum(s) / jnp.sum(n),
-            "seq-mean-token-mean": jnp.mean(s / n),
-            "seq-mean-token-sum": jnp.mean(s),
-            "seq-mean-token-sum-norm": jnp.sum(s) / (lp.shape[0] * max_len)}[mode]
+    return {
+        "token-mean": jnp.sum(s) / jnp.sum(n),
+        "seq-mean-token-mean": jnp.mean(s / n),
+        "seq-mean-token-sum": jnp.mean(s),
+        "seq-mean-token-sum-norm": jnp.sum(s) / (lp.shape[0] * max_len),
+    }[mode]
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -514,10 +572,18 @@ def test_ratio_one_gradient_equals_reinforce_every_mode(level):
     m = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], F32)
 
     @jax.jit
-    def grads(lp):                                   # all modes in one compile
-        return [(jax.grad(lambda x: losses.policy_loss(x, x, a, m, loss_agg_mode=mode,
-                                                       ratio_level=level)[0])(lp),
-                 jax.grad(lambda x: _reinforce_loss(x, a, m, mode, 5))(lp)) for mode in MODES]
+    def grads(lp):  # all modes in one compile
+        return [
+            (
+                jax.grad(
+                    lambda x: losses.policy_loss(x, x, a, m, loss_agg_mode=mode, ratio_level=level)[
+                        0
+                    ]
+                )(lp),
+                jax.grad(lambda x: _reinforce_loss(x, a, m, mode, 5))(lp),
+            )
+            for mode in MODES
+        ]
 
     for g, g_ref in grads(lp):
         assert float(jnp.max(jnp.abs(g_ref))) > 1e-2
@@ -548,6 +614,7 @@ def test_ratio_one_gradient_equals_reinforce_through_model():
 
 # ================================================================ transforms and sharding
 
+
 def _example(r=8, t=5, seed=9):
     rng = np.random.default_rng(seed)
     lens = rng.integers(1, t + 1, size=r)
@@ -561,8 +628,9 @@ def _example(r=8, t=5, seed=9):
 
 def test_jit_and_vmap():
     lp, old, a, m, ref = _example()
-    f = functools.partial(losses.policy_loss, loss_agg_mode="seq-mean-token-mean",
-                          kl_coef=0.1, dual_clip=3.0)
+    f = functools.partial(
+        losses.policy_loss, loss_agg_mode="seq-mean-token-mean", kl_coef=0.1, dual_clip=3.0
+    )
     eager, aux_e = f(lp, old, a, m, ref_logprobs=ref)
     f = jax.jit(f)
     jitted, aux_j = f(lp, old, a, m, ref_logprobs=ref)
@@ -572,11 +640,13 @@ def test_jit_and_vmap():
     # vmap over a leading axis of micro-batches
     stack = lambda x: x.reshape(2, 4, *x.shape[1:])
     out, _ = jax.jit(jax.vmap(lambda *xs: f(*xs[:4], ref_logprobs=xs[4])))(
-        *map(stack, (lp, old, a, m, ref)))
+        *map(stack, (lp, old, a, m, ref))
+    )
     for i in range(2):
         sl = slice(4 * i, 4 * i + 4)
-        np.testing.assert_allclose(out[i], f(lp[sl], old[sl], a[sl], m[sl],
-                                             ref_logprobs=ref[sl])[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            out[i], f(lp[sl], old[sl], a[sl], m[sl], ref_logprobs=ref[sl])[0], rtol=1e-6
+        )
 
 
 def test_sharded_over_data_axis_matches_single_device():
@@ -587,8 +657,9 @@ def test_sharded_over_data_axis_matches_single_device():
 
     def f(logits, old, a, m, ref):
         lp = TL(logits, tokens, chunk_size=4)
-        return PL(lp, old, a, m, ref_logprobs=ref, kl_coef=0.1,
-                                  loss_agg_mode="seq-mean-token-mean")[0]
+        return PL(
+            lp, old, a, m, ref_logprobs=ref, kl_coef=0.1, loss_agg_mode="seq-mean-token-mean"
+        )[0]
 
     fg = jax.jit(jax.value_and_grad(f))
     single = fg(logits, old, a, m, ref)
@@ -600,6 +671,7 @@ def test_sharded_over_data_axis_matches_single_device():
 
 
 # ================================================================ PPO baseline pieces
+
 
 def np_gae(r, v, m, gamma, lam):
     """Reference: GAE over the masked-in positions only (a gap is skipped)."""
@@ -652,8 +724,9 @@ def test_whiten():
     np.testing.assert_allclose(out[m > 0], (sel - sel.mean()) / sel.std(ddof=1), rtol=1e-5)
     assert np.all(out[m == 0] == 0)
     out = np.asarray(losses.whiten(xd, m, shift_mean=False))
-    np.testing.assert_allclose(out[m > 0], (sel - sel.mean()) / sel.std(ddof=1) + sel.mean(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        out[m > 0], (sel - sel.mean()) / sel.std(ddof=1) + sel.mean(), rtol=1e-5
+    )
 
 
 def test_value_loss_hand_values():

@@ -1,4 +1,5 @@
 """Tests for grpo_jax.metrics: pass@k (vs exact binomials), mean@k, maj@k."""
+
 from math import comb
 
 import numpy as np
@@ -19,8 +20,8 @@ def test_pass_at_k_regressions():
     assert metrics.pass_at_k(10, 0, 1) == 0.0
     assert metrics.pass_at_k(10, 10, 5) == 1.0
     assert metrics.pass_at_k(5, 2, 2) == pytest.approx(0.7, abs=1e-12)
-    assert metrics.pass_at_k(10, 3, 1) == pytest.approx(0.3, abs=1e-12)   # pass@1 = c / n
-    assert metrics.pass_at_k(8, 1, 8) == 1.0                               # n - c < k
+    assert metrics.pass_at_k(10, 3, 1) == pytest.approx(0.3, abs=1e-12)  # pass@1 = c / n
+    assert metrics.pass_at_k(8, 1, 8) == 1.0  # n - c < k
     assert isinstance(metrics.pass_at_k(5, 2, 2), float)
 
 
@@ -31,12 +32,15 @@ def test_pass_at_k_vectorised_over_prompts():
     assert out.shape == (5,)
     np.testing.assert_allclose(out, [exact_pass_at_k(a, b, 4) for a, b in zip(n, c)], rtol=1e-12)
     # k broadcasts too
-    np.testing.assert_allclose(metrics.pass_at_k(8, 2, np.array([1, 2, 8])),
-                               [exact_pass_at_k(8, 2, k) for k in (1, 2, 8)], rtol=1e-12)
+    np.testing.assert_allclose(
+        metrics.pass_at_k(8, 2, np.array([1, 2, 8])),
+        [exact_pass_at_k(8, 2, k) for k in (1, 2, 8)],
+        rtol=1e-12,
+    )
 
 
 def test_pass_at_k_errors():
-    with pytest.raises(ValueError, match="k = 8 > n = 4"):     # any prompt with k > n raises
+    with pytest.raises(ValueError, match="k = 8 > n = 4"):  # any prompt with k > n raises
         metrics.pass_at_k(np.array([8, 4]), np.array([1, 1]), 8)
     for n, c, k in [(4, 5, 1), (4, -1, 1), (4, 1, 0), (0, 0, 1), (4.5, 1, 1), (4, 1, 1.5)]:
         with pytest.raises(ValueError):
@@ -44,14 +48,17 @@ def test_pass_at_k_errors():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 60).flatmap(
-    lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+@given(
+    st.integers(1, 60).flatmap(
+        lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))
+    )
+)
 def test_property_pass_at_k_equals_exact_binomial(nck):
     n, c, k = nck
     got = metrics.pass_at_k(n, c, k)
     assert got == pytest.approx(exact_pass_at_k(n, c, k), abs=1e-9)
     assert 0.0 <= got <= 1.0
-    if k < n:                                                  # monotone in k
+    if k < n:  # monotone in k
         assert metrics.pass_at_k(n, c, k + 1) >= got - 1e-12
 
 
@@ -59,8 +66,9 @@ def test_mean_at_k():
     correct = np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
     np.testing.assert_allclose(metrics.mean_at_k(correct), [0.5, 0.0, 1.0])
     # mean@k averaged over prompts equals pass@1 averaged over prompts
-    np.testing.assert_allclose(metrics.mean_at_k(correct).mean(),
-                               metrics.pass_at_k(4, correct.sum(1), 1).mean())
+    np.testing.assert_allclose(
+        metrics.mean_at_k(correct).mean(), metrics.pass_at_k(4, correct.sum(1), 1).mean()
+    )
     with pytest.raises(ValueError):
         metrics.mean_at_k(np.zeros(4))
     with pytest.raises(ValueError):
@@ -69,11 +77,11 @@ def test_mean_at_k():
 
 def test_maj_at_k():
     answers = [
-        ["4", "5", "4", "6"],          # majority "4", correct
-        ["4", "5", "5", "4"],          # tie 4/5: first occurrence "4" wins, "4" wrong
-        ["7", None, None, None],       # None does not vote: "7" wins
-        [None, None],                  # no answer at all
-        ["1/2", "0.5", "1/2"],         # majority "1/2"; correct flag set on one of its samples
+        ["4", "5", "4", "6"],  # majority "4", correct
+        ["4", "5", "5", "4"],  # tie 4/5: first occurrence "4" wins, "4" wrong
+        ["7", None, None, None],  # None does not vote: "7" wins
+        [None, None],  # no answer at all
+        ["1/2", "0.5", "1/2"],  # majority "1/2"; correct flag set on one of its samples
     ]
     correct = [
         [True, False, True, False],

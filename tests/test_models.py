@@ -1,5 +1,4 @@
 """Decoder model: presets, parameter layout, KV cache, padding, dtypes, remat, critic."""
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +6,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from grpo_jax.models import (PRESETS, CriticModel, ModelConfig, Transformer, get_preset,
-                             init_cache, positions_from_mask)
+from grpo_jax.models import (
+    PRESETS,
+    CriticModel,
+    ModelConfig,
+    Transformer,
+    get_preset,
+    init_cache,
+    positions_from_mask,
+)
 from grpo_jax.models.transformer import apply_rope, random_params, rms_norm, swiglu
 
 LOGICAL = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "norm", None}
@@ -44,9 +50,18 @@ def test_presets_and_param_counts():
         n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
         assert n == cfg.num_params, name
     q = get_preset("qwen3-1.7b")
-    assert (q.hidden_size, q.intermediate_size, q.num_layers, q.num_heads, q.num_kv_heads,
-            q.head_dim, q.vocab_size, q.rope_theta, q.tie_word_embeddings, q.qk_norm) == (
-        2048, 6144, 28, 16, 8, 128, 151936, 1e6, True, True)
+    assert (
+        q.hidden_size,
+        q.intermediate_size,
+        q.num_layers,
+        q.num_heads,
+        q.num_kv_heads,
+        q.head_dim,
+        q.vocab_size,
+        q.rope_theta,
+        q.tie_word_embeddings,
+        q.qk_norm,
+    ) == (2048, 6144, 28, 16, 8, 128, 151936, 1e6, True, True)
     assert get_preset("tiny", num_layers=3).num_layers == 3
     hash(get_preset("tiny"))  # static jit argument
 
@@ -61,14 +76,25 @@ def test_bad_preset_and_config_errors():
     with pytest.raises(ValueError, match="unsupported HF model_type"):
         ModelConfig.from_hf_config({"model_type": "gpt2"})
     with pytest.raises(ValueError, match="rope_scaling"):
-        ModelConfig.from_hf_config({"model_type": "llama", "vocab_size": 8, "hidden_size": 8,
-                                    "intermediate_size": 8, "num_hidden_layers": 1,
-                                    "num_attention_heads": 2,
-                                    "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+        ModelConfig.from_hf_config(
+            {
+                "model_type": "llama",
+                "vocab_size": 8,
+                "hidden_size": 8,
+                "intermediate_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+            }
+        )
 
 
 def test_from_hf_config_roundtrip():
-    for cfg in (PRESETS["smollm2-135m"], PRESETS["qwen3-8b"], FULL.replace(family="qwen2", qk_norm=False)):
+    for cfg in (
+        PRESETS["smollm2-135m"],
+        PRESETS["qwen3-8b"],
+        FULL.replace(family="qwen2", qk_norm=False),
+    ):
         assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg
     # transformers>=5 writes rope_theta under rope_parameters
     d = PRESETS["smollm2-135m"].to_hf_config()
@@ -89,14 +115,20 @@ def test_param_logical_axes_cover_every_dim():
         n += 1
     assert n == 17  # embed, final_norm, lm_head, 2 norms, q/k/v/o, 3 biases, 2 qk norms, 3 mlp
     spec = nnx.get_partition_spec(params)
-    assert tuple(spec["model"]["layers"]["attn"]["q_proj"].get_value()) == (None, "embed", "heads", "head_dim")
+    assert tuple(spec["model"]["layers"]["attn"]["q_proj"].get_value()) == (
+        None,
+        "embed",
+        "heads",
+        "head_dim",
+    )
     assert tuple(spec["model"]["embed"].get_value()) == ("vocab", "embed")
 
 
 def test_rms_norm_and_rope_closed_forms():
     x = jnp.array([[3.0, 4.0]])
-    np.testing.assert_allclose(rms_norm(x, jnp.array([1.0, 2.0]), 0.0),
-                               [[3 / np.sqrt(12.5), 8 / np.sqrt(12.5)]], rtol=1e-6)
+    np.testing.assert_allclose(
+        rms_norm(x, jnp.array([1.0, 2.0]), 0.0), [[3 / np.sqrt(12.5), 8 / np.sqrt(12.5)]], rtol=1e-6
+    )
     # RoPE with D=2: a plain rotation by position * theta^0 = position radians.
     v = jnp.array([1.0, 0.0]).reshape(1, 1, 1, 2)
     out = apply_rope(v, jnp.array([[2]]), 10000.0)
@@ -104,7 +136,9 @@ def test_rms_norm_and_rope_closed_forms():
     # relative: <rope(q, m), rope(k, n)> depends only on m - n
     q = jax.random.normal(jax.random.key(0), (1, 1, 1, 8))
     k = jax.random.normal(jax.random.key(1), (1, 1, 1, 8))
-    dot = lambda m, n: jnp.sum(apply_rope(q, jnp.array([[m]]), 100.0) * apply_rope(k, jnp.array([[n]]), 100.0))
+    dot = lambda m, n: jnp.sum(
+        apply_rope(q, jnp.array([[m]]), 100.0) * apply_rope(k, jnp.array([[n]]), 100.0)
+    )
     np.testing.assert_allclose(dot(5, 3), dot(9, 7), rtol=1e-5)
 
 
@@ -112,12 +146,14 @@ def test_swiglu_value_and_custom_vjp_match_autodiff():
     # closed form: silu(g) u = g sigmoid(g) u; its gradient by autodiff of the plain expression
     # (what the custom VJP replaces), including large |g| where sigmoid saturates
     rng = np.random.default_rng(0)
-    g = jnp.asarray(np.concatenate([rng.normal(size=60) * 3, [-40.0, -12.0, 0.0, 12.0, 40.0]]),
-                    jnp.float32)
+    g = jnp.asarray(
+        np.concatenate([rng.normal(size=60) * 3, [-40.0, -12.0, 0.0, 12.0, 40.0]]), jnp.float32
+    )
     u = jnp.asarray(rng.normal(size=g.shape), jnp.float32)
     w = jnp.asarray(rng.normal(size=g.shape), jnp.float32)
-    np.testing.assert_allclose(swiglu(g, u), np.asarray(g) / (1 + np.exp(-np.asarray(g))) * u,
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        swiglu(g, u), np.asarray(g) / (1 + np.exp(-np.asarray(g))) * u, rtol=1e-6, atol=1e-7
+    )
     ref = jax.grad(lambda g, u: jnp.sum(w * jax.nn.silu(g) * u), argnums=(0, 1))(g, u)
     got = jax.grad(lambda g, u: jnp.sum(w * swiglu(g, u)), argnums=(0, 1))(g, u)
     for a, b in zip(got, ref):
@@ -159,7 +195,7 @@ def test_kv_cache_decoding_matches_full_forward():
     logits, cache = model(toks[:, :5], pos[:, :5], mask[:, :5], cache=cache)
     outs = [logits]
     for t in range(5, T):
-        logits, cache = model(toks[:, t:t + 1], pos[:, t:t + 1], cache=cache)
+        logits, cache = model(toks[:, t : t + 1], pos[:, t : t + 1], cache=cache)
         outs.append(logits)
     assert int(cache.index) == T
     got = jnp.concatenate(outs, axis=1)
@@ -182,10 +218,14 @@ def test_bfloat16_close_to_float32_and_dtypes():
     l16, _ = _jit(model16)(toks, pos)
     assert l32.dtype == jnp.float32 and l16.dtype == jnp.bfloat16
     assert model16.model.embed.get_value().dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(l16, np.float32), l32, atol=0.05 * float(jnp.abs(l32).max()) + 1e-3)
+    np.testing.assert_allclose(
+        np.asarray(l16, np.float32), l32, atol=0.05 * float(jnp.abs(l32).max()) + 1e-3
+    )
     # bf16 compute over fp32 params (mixed precision)
-    g_mixed, _ = nnx.split(nnx.eval_shape(lambda: Transformer(FULL.replace(dtype="bfloat16"),
-                                                              rngs=nnx.Rngs(0))), nnx.Param)
+    g_mixed, _ = nnx.split(
+        nnx.eval_shape(lambda: Transformer(FULL.replace(dtype="bfloat16"), rngs=nnx.Rngs(0))),
+        nnx.Param,
+    )
     lm, _ = _jit(nnx.merge(g_mixed, p))(toks, pos)
     assert lm.dtype == jnp.bfloat16
 
@@ -193,7 +233,9 @@ def test_bfloat16_close_to_float32_and_dtypes():
 def test_remat_same_value_and_grad():
     model = _model(scale=5.0)
     g, p = nnx.split(model, nnx.Param)
-    g_r, _ = nnx.split(nnx.eval_shape(lambda: Transformer(FULL.replace(remat=True), rngs=nnx.Rngs(0))), nnx.Param)
+    g_r, _ = nnx.split(
+        nnx.eval_shape(lambda: Transformer(FULL.replace(remat=True), rngs=nnx.Rngs(0))), nnx.Param
+    )
     toks = jax.random.randint(jax.random.key(0), (2, 5), 0, FULL.vocab_size)
     pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
 

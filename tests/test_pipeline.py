@@ -1,7 +1,9 @@
 """Tests for grpo_jax.data.pipeline.PromptSource and grpo_jax.data.templates."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_jax.data.arithmetic import ArithmeticConfig, CharTokenizer, make_arithmetic
 from grpo_jax.data.pipeline import PromptSource, reindex
@@ -9,8 +11,10 @@ from grpo_jax.data.templates import DAPO_SUFFIX, render_prompt
 
 
 def _examples(n):
-    return [{"id": i, "problem": f"p{i}", "answer": str(i), "level": i % 3, "dataset": "toy"}
-            for i in range(n)]
+    return [
+        {"id": i, "problem": f"p{i}", "answer": str(i), "level": i % 3, "dataset": "toy"}
+        for i in range(n)
+    ]
 
 
 def _ids(batch):
@@ -55,12 +59,20 @@ def test_state_resumes_exact_sequence_both_modes():
     src.next_by_bin(q, bins)
     state = src.get_state()
     assert all(isinstance(v, int) for v in state.values())
-    expected = [_ids(src.next()), _ids(src.next_by_bin(q, bins)), _ids(src.next()),
-                _ids(src.next_by_bin(q, bins))]
+    expected = [
+        _ids(src.next()),
+        _ids(src.next_by_bin(q, bins)),
+        _ids(src.next()),
+        _ids(src.next_by_bin(q, bins)),
+    ]
     fresh = PromptSource(ex, 6, seed=7)
     fresh.set_state(dict(state))
-    got = [_ids(fresh.next()), _ids(fresh.next_by_bin(q, bins)), _ids(fresh.next()),
-           _ids(fresh.next_by_bin(q, bins))]
+    got = [
+        _ids(fresh.next()),
+        _ids(fresh.next_by_bin(q, bins)),
+        _ids(fresh.next()),
+        _ids(fresh.next_by_bin(q, bins)),
+    ]
     assert got == expected
 
 
@@ -74,13 +86,19 @@ def test_set_state_rejects_mismatch():
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 40), per_host=st.integers(1, 6), hosts=st.sampled_from([1, 2, 4]),
-       seed=st.integers(0, 2**31 - 1), steps=st.integers(1, 4))
+@given(
+    n=st.integers(1, 40),
+    per_host=st.integers(1, 6),
+    hosts=st.sampled_from([1, 2, 4]),
+    seed=st.integers(0, 2**31 - 1),
+    steps=st.integers(1, 4),
+)
 def test_host_shards_disjoint_and_covering(n, per_host, hosts, seed, steps):
     ex = _examples(n)
     p = per_host * hosts
-    sources = [PromptSource(ex, p, seed=seed, process_index=h, process_count=hosts)
-               for h in range(hosts)]
+    sources = [
+        PromptSource(ex, p, seed=seed, process_index=h, process_count=hosts) for h in range(hosts)
+    ]
     ref = PromptSource(ex, p, seed=seed)
     for step in range(steps):
         global_ids = _ids(ref.next())
@@ -131,7 +149,9 @@ def test_next_by_bin_host_shards_cover_global_draw():
     ref = PromptSource(ex, 8, seed=2)
     hosts = [PromptSource(ex, 8, seed=2, process_index=h, process_count=2) for h in range(2)]
     for _ in range(3):
-        assert sum((_ids(h.next_by_bin(q, bins)) for h in hosts), []) == _ids(ref.next_by_bin(q, bins))
+        assert sum((_ids(h.next_by_bin(q, bins)) for h in hosts), []) == _ids(
+            ref.next_by_bin(q, bins)
+        )
 
 
 def test_ids_must_equal_positions_and_reindex():
@@ -139,7 +159,12 @@ def test_ids_must_equal_positions_and_reindex():
     with pytest.raises(ValueError, match="reindex"):
         PromptSource(ex, 2, seed=0)
     fixed = reindex(ex)
-    assert [e["id"] for e in fixed] == [0, 1, 2, 3] and [e["source_id"] for e in fixed] == [1, 2, 3, 4]
+    assert [e["id"] for e in fixed] == [0, 1, 2, 3] and [e["source_id"] for e in fixed] == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert ex[0]["id"] == 1  # input untouched
     with pytest.raises(ValueError, match="divisible"):
         PromptSource(_examples(5), 3, seed=0, process_count=2)
@@ -171,8 +196,10 @@ def test_render_prompt_templates():
             assert add_generation_prompt and not tokenize
             return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
 
-    assert (render_prompt("Q", template="chat", tokenizer=FakeTok(), system="S", suffix="X")
-            == "system:S|user:Q X|assistant:")
+    assert (
+        render_prompt("Q", template="chat", tokenizer=FakeTok(), system="S", suffix="X")
+        == "system:S|user:Q X|assistant:"
+    )
     assert render_prompt("Q", template="chat", tokenizer=CharTokenizer(), suffix="") == "Q"
     with pytest.raises(ValueError, match="tokenizer"):
         render_prompt("Q", template="chat")

@@ -8,6 +8,7 @@ bad input is one ``error: ...`` line on stderr with a non-zero exit and no trace
 The end-to-end fault tests drive ``python -m experiments.run`` in subprocesses that share a
 persistent compilation cache (only the first run of a configuration compiles).
 """
+
 import glob
 import json
 import os
@@ -25,15 +26,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-from grpo_jax import checkpointing
-from grpo_jax import config_utils
-from grpo_jax import experiment
-from grpo_jax import rewards
-from grpo_jax import train
-from grpo_jax import writers
-from grpo_jax.data import arithmetic
 from test_train import REPO, deterministic_rows, smoke_config
+
+from grpo_jax import checkpointing, config_utils, experiment, rewards, train, writers
+from grpo_jax.data import arithmetic
 
 _LOG_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl / glog lines (orbax, jax) on stderr
 _CLI_SMOKE = ["--config.mesh.num_devices=1", "--config.logging.tensorboard=False"]
@@ -44,137 +40,148 @@ _BUDGET = 8  # prompt budget (tokens) under which some smoke prompts are overlon
 
 
 def _tree(i):
-  return {"w": jax.random.normal(jax.random.PRNGKey(i), (256, 256)) + i,
-          "step": jnp.int32(i), "mask": jnp.arange(8) % 2 == 0}
+    return {
+        "w": jax.random.normal(jax.random.PRNGKey(i), (256, 256)) + i,
+        "step": jnp.int32(i),
+        "mask": jnp.arange(8) % 2 == 0,
+    }
 
 
 def _largest_data_file(step_dir):
-  files = glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*"))
-  return max(files, key=os.path.getsize)
+    files = glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*"))
+    return max(files, key=os.path.getsize)
 
 
 def _corrupt(step_dir, how):
-  """Damages a finalised checkpoint directory the way a failing disk or a bad copy would."""
-  if how == "truncate":
-    path = _largest_data_file(step_dir)
-    with open(path, "r+b") as f:
-      f.truncate(os.path.getsize(path) // 2)
-  elif how == "flip_bits":  # Orbax reads this back without an error: only the checksum sees it
-    path = _largest_data_file(step_dir)
-    middle = os.path.getsize(path) // 2
-    with open(path, "r+b") as f:
-      f.seek(middle)
-      data = f.read(8)
-      f.seek(middle)
-      f.write(bytes(b ^ 0x01 for b in data))
-  elif how == "delete_state":
-    shutil.rmtree(os.path.join(step_dir, "state"))
-  elif how == "empty_files":
-    for path in glob.glob(os.path.join(step_dir, "**", "*"), recursive=True):
-      if os.path.isfile(path):
-        open(path, "w").close()
-  else:
-    raise ValueError(how)
+    """Damages a finalised checkpoint directory the way a failing disk or a bad copy would."""
+    if how == "truncate":
+        path = _largest_data_file(step_dir)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    elif how == "flip_bits":  # Orbax reads this back without an error: only the checksum sees it
+        path = _largest_data_file(step_dir)
+        middle = os.path.getsize(path) // 2
+        with open(path, "r+b") as f:
+            f.seek(middle)
+            data = f.read(8)
+            f.seek(middle)
+            f.write(bytes(b ^ 0x01 for b in data))
+    elif how == "delete_state":
+        shutil.rmtree(os.path.join(step_dir, "state"))
+    elif how == "empty_files":
+        for path in glob.glob(os.path.join(step_dir, "**", "*"), recursive=True):
+            if os.path.isfile(path):
+                open(path, "w").close()
+    else:
+        raise ValueError(how)
 
 
 def _warnings(text):
-  return [line for line in text.splitlines() if line.startswith("WARNING: ")]
+    return [line for line in text.splitlines() if line.startswith("WARNING: ")]
 
 
 @pytest.mark.parametrize("how", ["truncate", "flip_bits", "delete_state", "empty_files"])
 def test_damaged_latest_checkpoint_warns_and_falls_back_to_the_previous_one(tmp_path, capsys, how):
-  d = str(tmp_path / "checkpoints")
-  ck = checkpointing.Checkpointer(d, keep=3)
-  for s in (1, 2):
-    ck.save(s, _tree(s), {"data": {"position": s}})
-  ck.close()
-  _corrupt(os.path.join(d, "2"), how)
+    d = str(tmp_path / "checkpoints")
+    ck = checkpointing.Checkpointer(d, keep=3)
+    for s in (1, 2):
+        ck.save(s, _tree(s), {"data": {"position": s}})
+    ck.close()
+    _corrupt(os.path.join(d, "2"), how)
 
-  ck = checkpointing.Checkpointer(d, keep=3)
-  step, tree, meta = ck.restore_latest(checkpointing.abstract_like(_tree(0)))
-  assert step == 1 and meta == {"data": {"position": 1}}
-  np.testing.assert_array_equal(tree["w"], _tree(1)["w"])
-  warnings = _warnings(capsys.readouterr().out)
-  assert "checkpoint 2 in" in warnings[0] and "is unreadable" in warnings[0]
-  assert warnings[0].endswith("falling back to checkpoint 1")
-  assert "resuming from checkpoint 1" in warnings[1]
-  if how == "flip_bits":
-    assert "checksum mismatch (corrupted data) in 1 array(s), first ['w']" in warnings[0]
+    ck = checkpointing.Checkpointer(d, keep=3)
+    step, tree, meta = ck.restore_latest(checkpointing.abstract_like(_tree(0)))
+    assert step == 1 and meta == {"data": {"position": 1}}
+    np.testing.assert_array_equal(tree["w"], _tree(1)["w"])
+    warnings = _warnings(capsys.readouterr().out)
+    assert "checkpoint 2 in" in warnings[0] and "is unreadable" in warnings[0]
+    assert warnings[0].endswith("falling back to checkpoint 1")
+    assert "resuming from checkpoint 1" in warnings[1]
+    if how == "flip_bits":
+        assert "checksum mismatch (corrupted data) in 1 array(s), first ['w']" in warnings[0]
 
-  # The run goes on: step 2 is written again; the unreadable one is kept aside, not overwritten.
-  ck.save(2, _tree(22), {"data": {"position": 22}})
-  ck.close()
-  assert sorted(os.listdir(d)) == ["1", "2", "2" + checkpointing.UNREADABLE_SUFFIX]
-  step, tree, meta = checkpointing.Checkpointer(d).restore_latest(
-      checkpointing.abstract_like(_tree(0)))
-  assert step == 2 and meta["data"]["position"] == 22
-  np.testing.assert_array_equal(tree["w"], _tree(22)["w"])
+    # The run goes on: step 2 is written again; the unreadable one is kept aside, not overwritten.
+    ck.save(2, _tree(22), {"data": {"position": 22}})
+    ck.close()
+    assert sorted(os.listdir(d)) == ["1", "2", "2" + checkpointing.UNREADABLE_SUFFIX]
+    step, tree, meta = checkpointing.Checkpointer(d).restore_latest(
+        checkpointing.abstract_like(_tree(0))
+    )
+    assert step == 2 and meta["data"]["position"] == 22
+    np.testing.assert_array_equal(tree["w"], _tree(22)["w"])
 
 
 def test_interrupted_save_is_reported_discarded_and_the_step_saved_again(tmp_path, capsys):
-  d = str(tmp_path / "checkpoints")
-  ck = checkpointing.Checkpointer(d)
-  for s in (1, 2):
-    ck.save(s, _tree(s), {"data": {"position": s}})
-  ck.close()
-  # What a SIGKILL in the middle of saving step 3 leaves: Orbax's half-written temporary dir.
-  partial = os.path.join(d, "3" + checkpointing.TMP_MARK)
-  shutil.copytree(os.path.join(d, "2"), partial)
-  os.remove(_largest_data_file(partial))
+    d = str(tmp_path / "checkpoints")
+    ck = checkpointing.Checkpointer(d)
+    for s in (1, 2):
+        ck.save(s, _tree(s), {"data": {"position": s}})
+    ck.close()
+    # What a SIGKILL in the middle of saving step 3 leaves: Orbax's half-written temporary dir.
+    partial = os.path.join(d, "3" + checkpointing.TMP_MARK)
+    shutil.copytree(os.path.join(d, "2"), partial)
+    os.remove(_largest_data_file(partial))
 
-  ck = checkpointing.Checkpointer(d)
-  step, _, _ = ck.restore_latest(checkpointing.abstract_like(_tree(0)))
-  assert step == 2
-  (warning,) = _warnings(capsys.readouterr().out)
-  assert "1 incomplete checkpoint(s)" in warning and "3" + checkpointing.TMP_MARK in warning
-  ck.save(3, _tree(3), {"data": {"position": 3}})
-  ck.close()
-  assert sorted(os.listdir(d)) == ["1", "2", "3"]
+    ck = checkpointing.Checkpointer(d)
+    step, _, _ = ck.restore_latest(checkpointing.abstract_like(_tree(0)))
+    assert step == 2
+    (warning,) = _warnings(capsys.readouterr().out)
+    assert "1 incomplete checkpoint(s)" in warning and "3" + checkpointing.TMP_MARK in warning
+    ck.save(3, _tree(3), {"data": {"position": 3}})
+    ck.close()
+    assert sorted(os.listdir(d)) == ["1", "2", "3"]
 
 
 def test_no_readable_checkpoint_is_an_error_never_a_silent_fresh_start(tmp_path):
-  d = str(tmp_path / "checkpoints")
-  ck = checkpointing.Checkpointer(d)
-  for s in (1, 2):
-    ck.save(s, _tree(s), {})
-  ck.close()
-  for s in (1, 2):
-    _corrupt(os.path.join(d, str(s)), "delete_state")
-  with pytest.raises(checkpointing.CheckpointError, match="no readable checkpoint") as e:
-    checkpointing.Checkpointer(d).restore_latest(checkpointing.abstract_like(_tree(0)))
-  assert "\n" not in str(e.value) and "--config.checkpoint.overwrite=True" in str(e.value)
-  assert sorted(os.listdir(d)) == ["1", "2"]  # restoring never moves or deletes anything
+    d = str(tmp_path / "checkpoints")
+    ck = checkpointing.Checkpointer(d)
+    for s in (1, 2):
+        ck.save(s, _tree(s), {})
+    ck.close()
+    for s in (1, 2):
+        _corrupt(os.path.join(d, str(s)), "delete_state")
+    with pytest.raises(checkpointing.CheckpointError, match="no readable checkpoint") as e:
+        checkpointing.Checkpointer(d).restore_latest(checkpointing.abstract_like(_tree(0)))
+    assert "\n" not in str(e.value) and "--config.checkpoint.overwrite=True" in str(e.value)
+    assert sorted(os.listdir(d)) == ["1", "2"]  # restoring never moves or deletes anything
 
 
 def test_fingerprint_is_independent_of_sharding_and_sees_every_word():
-  rng = np.random.default_rng(0)
-  host = {"x": rng.standard_normal((8, 6)).astype(np.float32), "i": np.arange(5, dtype=np.int32),
-          "b": np.array([True, False]), "h": np.ones((3,), jnp.bfloat16), "s": np.float32(3.0)}
-  mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
-  sharded = {**jax.tree.map(jnp.asarray, host),
-             "x": jax.device_put(host["x"], NamedSharding(mesh, PartitionSpec("a", "b")))}
-  fp = checkpointing.fingerprint(host)
-  assert checkpointing.fingerprint(sharded) == fp
-  assert checkpointing.fingerprint(jax.tree.map(jnp.asarray, host)) == fp
-  # by hand: words 0..4; sum = 10; sum of w * (2 * index + 1) = 0 + 3 + 10 + 21 + 36 = 70
-  assert fp["['i']"] == "%08x%08x" % (10, 70)
-  for i, j in [(0, 0), (3, 4), (7, 5)]:  # one flipped bit anywhere changes the checksum
-    bad = host["x"].copy()
-    bad.view(np.uint32)[i, j] ^= 1
-    assert checkpointing.fingerprint({**host, "x": bad})["['x']"] != fp["['x']"]
-  swapped = host["x"].copy()
-  swapped[[0, 1]] = swapped[[1, 0]]  # same words, other places: the weighted sum sees it
-  assert checkpointing.fingerprint({**host, "x": swapped})["['x']"] != fp["['x']"]
+    rng = np.random.default_rng(0)
+    host = {
+        "x": rng.standard_normal((8, 6)).astype(np.float32),
+        "i": np.arange(5, dtype=np.int32),
+        "b": np.array([True, False]),
+        "h": np.ones((3,), jnp.bfloat16),
+        "s": np.float32(3.0),
+    }
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+    sharded = {
+        **jax.tree.map(jnp.asarray, host),
+        "x": jax.device_put(host["x"], NamedSharding(mesh, PartitionSpec("a", "b"))),
+    }
+    fp = checkpointing.fingerprint(host)
+    assert checkpointing.fingerprint(sharded) == fp
+    assert checkpointing.fingerprint(jax.tree.map(jnp.asarray, host)) == fp
+    # by hand: words 0..4; sum = 10; sum of w * (2 * index + 1) = 0 + 3 + 10 + 21 + 36 = 70
+    assert fp["['i']"] == f"{10:08x}{70:08x}"
+    for i, j in [(0, 0), (3, 4), (7, 5)]:  # one flipped bit anywhere changes the checksum
+        bad = host["x"].copy()
+        bad.view(np.uint32)[i, j] ^= 1
+        assert checkpointing.fingerprint({**host, "x": bad})["['x']"] != fp["['x']"]
+    swapped = host["x"].copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # same words, other places: the weighted sum sees it
+    assert checkpointing.fingerprint({**host, "x": swapped})["['x']"] != fp["['x']"]
 
 
 def test_metrics_line_torn_by_a_kill_is_dropped_on_resume(tmp_path):
-  path = tmp_path / "metrics.jsonl"
-  rows = "".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in range(3))
-  path.write_text(rows + '{"step": 3, "loss": 0.')  # killed in the middle of writing row 3
-  writer = writers.MetricsWriter(str(tmp_path), tensorboard=False, resume_step=3)
-  writer.write(3, {"loss": 1.0})
-  writer.close()
-  assert [r["step"] for r in writers.read_jsonl(str(path))] == [0, 1, 2, 3]
+    path = tmp_path / "metrics.jsonl"
+    rows = "".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in range(3))
+    path.write_text(rows + '{"step": 3, "loss": 0.')  # killed in the middle of writing row 3
+    writer = writers.MetricsWriter(str(tmp_path), tensorboard=False, resume_step=3)
+    writer.write(3, {"loss": 1.0})
+    writer.close()
+    assert [r["step"] for r in writers.read_jsonl(str(path))] == [0, 1, 2, 3]
 
 
 # ============================================================================ numerics and rewards
@@ -182,404 +189,528 @@ def test_metrics_line_torn_by_a_kill_is_dropped_on_resume(tmp_path):
 
 @pytest.fixture(scope="module")
 def built():
-  """The smoke experiment and its jitted step functions (compiled once for this module)."""
-  exp = experiment.build_experiment(smoke_config("grpo"))
-  fns = train._jit_functions(exp)  # noqa: SLF001 -- drive the loop's own pieces
-  yield exp, fns
-  exp.close()
+    """The smoke experiment and its jitted step functions (compiled once for this module)."""
+    exp = experiment.build_experiment(smoke_config("grpo"))
+    fns = train._jit_functions(exp)
+    yield exp, fns
+    exp.close()
 
 
 def _batch(exp, advantages, completion_mask, seed=0):
-  R, lc = advantages.shape[0], exp.max_new_tokens
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(3, exp.tokenizer.vocab_size, (R, exp.prompt_len + lc)).astype(np.int32)
-  zeros = jnp.zeros((R, lc), jnp.float32)
-  return train.Batch(tokens=jnp.asarray(tokens), attention_mask=jnp.ones(tokens.shape, bool),
-                     completion_mask=jnp.asarray(completion_mask, jnp.float32),
-                     advantages=jnp.asarray(advantages, jnp.float32),
-                     sample_weights=jnp.ones((R,), jnp.float32), old_logprobs=zeros,
-                     ref_logprobs=zeros, returns=zeros, old_values=zeros)
+    R, lc = advantages.shape[0], exp.max_new_tokens
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, exp.tokenizer.vocab_size, (R, exp.prompt_len + lc)).astype(np.int32)
+    zeros = jnp.zeros((R, lc), jnp.float32)
+    return train.Batch(
+        tokens=jnp.asarray(tokens),
+        attention_mask=jnp.ones(tokens.shape, bool),
+        completion_mask=jnp.asarray(completion_mask, jnp.float32),
+        advantages=jnp.asarray(advantages, jnp.float32),
+        sample_weights=jnp.ones((R,), jnp.float32),
+        old_logprobs=zeros,
+        ref_logprobs=zeros,
+        returns=zeros,
+        old_values=zeros,
+    )
 
 
 def _tree_equal(a, b):
-  return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.mark.slow
 def test_nonfinite_update_is_skipped_counted_and_the_count_resets(built):
-  exp, fns = built
-  R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
-  state = exp.init_state(make_state=train.TrainState)
-  start = jax.device_get(state.params)
-  adv = np.random.default_rng(1).standard_normal(R).astype(np.float32)
-  mask = np.ones((R, exp.max_new_tokens), np.float32)
+    exp, fns = built
+    R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
+    state = exp.init_state(make_state=train.TrainState)
+    start = jax.device_get(state.params)
+    adv = np.random.default_rng(1).standard_normal(R).astype(np.float32)
+    mask = np.ones((R, exp.max_new_tokens), np.float32)
 
-  nan_in = adv.copy()
-  nan_in[1] = np.nan                      # a NaN advantage on masked-in tokens
-  for skips in (1, 2):
-    state, m = fns["update"](state, _batch(exp, nan_in, mask))
-    assert not bool(m["update_ok"]) and not np.isfinite(float(m["loss"]))
-    assert int(state.skips) == skips
-    assert _tree_equal(jax.device_get(state.params), start)  # nothing applied
+    nan_in = adv.copy()
+    nan_in[1] = np.nan  # a NaN advantage on masked-in tokens
+    for skips in (1, 2):
+        state, m = fns["update"](state, _batch(exp, nan_in, mask))
+        assert not bool(m["update_ok"]) and not np.isfinite(float(m["loss"]))
+        assert int(state.skips) == skips
+        assert _tree_equal(jax.device_get(state.params), start)  # nothing applied
 
-  nan_out, mask_out = adv.copy(), mask.copy()
-  nan_out[0], mask_out[0] = np.nan, 0.0   # NaN only on a fully masked-out rollout: harmless
-  state, m = fns["update"](state, _batch(exp, nan_out, mask_out))
-  assert bool(m["update_ok"]) and np.isfinite(float(m["loss"])) and int(state.skips) == 0
-  assert not _tree_equal(jax.device_get(state.params), start)
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
+    nan_out, mask_out = adv.copy(), mask.copy()
+    nan_out[0], mask_out[0] = np.nan, 0.0  # NaN only on a fully masked-out rollout: harmless
+    state, m = fns["update"](state, _batch(exp, nan_out, mask_out))
+    assert bool(m["update_ok"]) and np.isfinite(float(m["loss"])) and int(state.skips) == 0
+    assert not _tree_equal(jax.device_get(state.params), start)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
 
 
 @pytest.mark.slow
 def test_hung_and_crashing_verifiers_score_wrong_are_counted_and_training_goes_on(built):
-  exp, fns = built
-  R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
-  verifier = rewards.RewardFn(rewards.RewardConfig(task="math", timeout_s=0.5, num_workers=2,
-                                                   checker="faulty_checker:check"))
-  tags = ("hang", "die", "raise", None)   # None: the gold answer, verified correct
-  scored = []
+    exp, fns = built
+    R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
+    verifier = rewards.RewardFn(
+        rewards.RewardConfig(
+            task="math", timeout_s=0.5, num_workers=2, checker="faulty_checker:check"
+        )
+    )
+    tags = ("hang", "die", "raise", None)  # None: the gold answer, verified correct
+    scored = []
 
-  def reward_fn(texts, golds):  # the policy's completions, dressed as faults for the checker
-    dressed = ["\\boxed{%s}" % (tags[i % 4] or g) for i, g in enumerate(golds)]
-    scored.append(verifier(dressed, golds))
-    return scored[-1]
+    def reward_fn(texts, golds):  # the policy's completions, dressed as faults for the checker
+        dressed = ["\\boxed{%s}" % (tags[i % 4] or g) for i, g in enumerate(golds)]
+        scored.append(verifier(dressed, golds))
+        return scored[-1]
 
-  original, exp.reward_fn = exp.reward_fn, reward_fn
-  try:
-    state = exp.init_state(make_state=train.TrainState)
-    exp.set_ref_params(None, state)
-    ctrl, source = train.init_controllers(exp), exp.make_source()
-    for step in (1, 2):
-      state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-      assert int(state.step) == step
-      rewards_, correct, _ = scored[-1]
-      np.testing.assert_array_equal(correct, np.arange(R) % 4 == 3)
-      np.testing.assert_array_equal(rewards_, np.where(np.arange(R) % 4 == 3, 1.0, -1.0))
-      assert row["reward/num_timeouts"] == R // 4
-      assert row["reward/num_crashes"] == R // 2          # the worker died, or the check raised
-      assert row["reward_mean"] == pytest.approx(-0.5) and row["pass_rate"] == 0.25
-      assert np.isfinite(row["loss"]) and row["skipped_updates"] == 0
-  finally:
-    exp.reward_fn = original
-    verifier.close()
+    original, exp.reward_fn = exp.reward_fn, reward_fn
+    try:
+        state = exp.init_state(make_state=train.TrainState)
+        exp.set_ref_params(None, state)
+        ctrl, source = train.init_controllers(exp), exp.make_source()
+        for step in (1, 2):
+            state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
+            assert int(state.step) == step
+            rewards_, correct, _ = scored[-1]
+            np.testing.assert_array_equal(correct, np.arange(R) % 4 == 3)
+            np.testing.assert_array_equal(rewards_, np.where(np.arange(R) % 4 == 3, 1.0, -1.0))
+            assert row["reward/num_timeouts"] == R // 4
+            assert row["reward/num_crashes"] == R // 2  # the worker died, or the check raised
+            assert row["reward_mean"] == pytest.approx(-0.5) and row["pass_rate"] == 0.25
+            assert np.isfinite(row["loss"]) and row["skipped_updates"] == 0
+    finally:
+        exp.reward_fn = original
+        verifier.close()
 
 
 # ============================================================================ bad input
 
 
 def _cli(args, workdir, env=None, timeout=600):
-  return subprocess.run([sys.executable, "-m", "experiments.run", *args, f"--workdir={workdir}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                        env=env or dict(os.environ, PYTHONUNBUFFERED="1"))
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args, f"--workdir={workdir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def _the_error_line(out, returncode=2):
-  """The single non-log stderr line of a failed run (asserts there is exactly one)."""
-  assert out.returncode == returncode, (out.returncode, out.stderr[-3000:])
-  assert "Traceback" not in out.stderr, out.stderr[-3000:]
-  lines = [l for l in out.stderr.splitlines() if l.strip() and not _LOG_LINE.match(l)]
-  assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
-  return lines[0]
+    """The single non-log stderr line of a failed run (asserts there is exactly one)."""
+    assert out.returncode == returncode, (out.returncode, out.stderr[-3000:])
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = [l for l in out.stderr.splitlines() if l.strip() and not _LOG_LINE.match(l)]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    return lines[0]
 
 
 def _gsm8k_dir(root, bad_row=False):
-  """A user's own data directory in the GSM8K layout (3 good rows; optionally one without answer)."""
-  folder = root / "gsm8k"
-  folder.mkdir(parents=True)
-  rows = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
-          for a, b in [(2, 3), (4, 5), (6, 7)]]
-  text = "".join(json.dumps(r) + "\n" for r in rows)
-  (folder / "train.jsonl").write_text(text + ('{"question": "What is 1 + 1?"}\n' if bad_row else ""))
-  (folder / "test.jsonl").write_text(text)
-  return str(root)
+    """A user's own data directory in the GSM8K layout (3 good rows; optionally one without answer)."""
+    folder = root / "gsm8k"
+    folder.mkdir(parents=True)
+    rows = [
+        {"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
+        for a, b in [(2, 3), (4, 5), (6, 7)]
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (folder / "train.jsonl").write_text(
+        text + ('{"question": "What is 1 + 1?"}\n' if bad_row else "")
+    )
+    (folder / "test.jsonl").write_text(text)
+    return str(root)
 
 
 _BAD_INPUT = {  # name: (config argument, overrides, what the one line must say)
-    "value of the wrong type": ("grpo", ["--config.steps=abc"],
-                                ["--config.steps=abc", "takes a value of type int", "--config.steps=3"]),
-    "unknown key, nothing close": ("grpo", ["--config.zzz_qqq=1"],
-                                   ["unknown config key config.zzz_qqq", "configs/common.py"]),
-    "value outside its choices": ("grpo", ["--config.algorithm.name=grpo2"],
-                                  ["config.algorithm.name='grpo2' is not one of"]),
-    "n_min < 2": ("rollout_gdro", ["--config.gdro.n_min=1"],
-                  ["config.gdro.n_min=1 must be >= 2"]),
-    "mesh vs devices": ("grpo", ["--config.mesh.num_devices=2", "--config.mesh.data=4"],
-                        ["config.mesh", "needs 4 devices but 2 are available", "config.mesh.data/fsdp/tensor"]),
-    "batch vs mesh": ("grpo", ["--config.mesh.num_devices=2", "--config.mesh.data=2",
-                               "--config.rollout.prompts_per_step=3", "--config.rollout.rollouts_per_prompt=3"],
-                      ["= 9 rollouts do not divide", "make R a multiple of 2"]),
-    "missing dataset directory": ("grpo", ["--config.data.name=gsm8k",
-                                           "--config.data.source_dir=/nonexistent/data"],
-                                  ["dataset 'gsm8k'", "/nonexistent/data", "data.source_dir"]),
-    "missing config file": (None, ["--config=configs/no_such_config.py:grpo"],
-                            ["no_such_config.py", "--config=configs/arithmetic.py:grpo"]),
+    "value of the wrong type": (
+        "grpo",
+        ["--config.steps=abc"],
+        ["--config.steps=abc", "takes a value of type int", "--config.steps=3"],
+    ),
+    "unknown key, nothing close": (
+        "grpo",
+        ["--config.zzz_qqq=1"],
+        ["unknown config key config.zzz_qqq", "configs/common.py"],
+    ),
+    "value outside its choices": (
+        "grpo",
+        ["--config.algorithm.name=grpo2"],
+        ["config.algorithm.name='grpo2' is not one of"],
+    ),
+    "n_min < 2": ("rollout_gdro", ["--config.gdro.n_min=1"], ["config.gdro.n_min=1 must be >= 2"]),
+    "mesh vs devices": (
+        "grpo",
+        ["--config.mesh.num_devices=2", "--config.mesh.data=4"],
+        ["config.mesh", "needs 4 devices but 2 are available", "config.mesh.data/fsdp/tensor"],
+    ),
+    "batch vs mesh": (
+        "grpo",
+        [
+            "--config.mesh.num_devices=2",
+            "--config.mesh.data=2",
+            "--config.rollout.prompts_per_step=3",
+            "--config.rollout.rollouts_per_prompt=3",
+        ],
+        ["= 9 rollouts do not divide", "make R a multiple of 2"],
+    ),
+    "missing dataset directory": (
+        "grpo",
+        ["--config.data.name=gsm8k", "--config.data.source_dir=/nonexistent/data"],
+        ["dataset 'gsm8k'", "/nonexistent/data", "data.source_dir"],
+    ),
+    "missing config file": (
+        None,
+        ["--config=configs/no_such_config.py:grpo"],
+        ["no_such_config.py", "--config=configs/arithmetic.py:grpo"],
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(_BAD_INPUT))
 def test_bad_input_is_one_error_line_and_leaves_nothing_behind(tmp_path, case):
-  algorithm, overrides, expected = _BAD_INPUT[case]
-  config = [] if algorithm is None else [f"--config=configs/arithmetic.py:{algorithm},smoke"]
-  line = _the_error_line(_cli(config + _CLI_SMOKE + overrides, tmp_path / "run"))
-  for text in expected:
-    assert text in line, line
-  # nothing ran, so the corrected command is not refused as "a run with another config"
-  assert not (tmp_path / "run" / "config.json").exists()
+    algorithm, overrides, expected = _BAD_INPUT[case]
+    config = [] if algorithm is None else [f"--config=configs/arithmetic.py:{algorithm},smoke"]
+    line = _the_error_line(_cli(config + _CLI_SMOKE + overrides, tmp_path / "run"))
+    for text in expected:
+        assert text in line, line
+    # nothing ran, so the corrected command is not refused as "a run with another config"
+    assert not (tmp_path / "run" / "config.json").exists()
 
 
 def test_missing_tokenizer_and_dataset_row_without_answer_are_one_line_errors(tmp_path):
-  good = _gsm8k_dir(tmp_path / "good")
-  line = _the_error_line(_cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE,
-                               "--config.data.name=gsm8k", f"--config.data.source_dir={good}",
-                               "--config.model.gguf_path=/nonexistent/model.gguf"], tmp_path / "a"))
-  assert "config.model.gguf_path" in line and "GGUF file not found: /nonexistent/model.gguf" in line
+    good = _gsm8k_dir(tmp_path / "good")
+    line = _the_error_line(
+        _cli(
+            [
+                "--config=configs/arithmetic.py:grpo,smoke",
+                *_CLI_SMOKE,
+                "--config.data.name=gsm8k",
+                f"--config.data.source_dir={good}",
+                "--config.model.gguf_path=/nonexistent/model.gguf",
+            ],
+            tmp_path / "a",
+        )
+    )
+    assert (
+        "config.model.gguf_path" in line and "GGUF file not found: /nonexistent/model.gguf" in line
+    )
 
-  bad = _gsm8k_dir(tmp_path / "bad", bad_row=True)
-  line = _the_error_line(_cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE,
-                               "--config.data.name=gsm8k", f"--config.data.source_dir={bad}"],
-                              tmp_path / "b"))
-  assert f"bad row at {bad}/gsm8k/train.jsonl:4: missing or empty 'answer'" in line
-  assert "--config.data.bad_rows=skip" in line
+    bad = _gsm8k_dir(tmp_path / "bad", bad_row=True)
+    line = _the_error_line(
+        _cli(
+            [
+                "--config=configs/arithmetic.py:grpo,smoke",
+                *_CLI_SMOKE,
+                "--config.data.name=gsm8k",
+                f"--config.data.source_dir={bad}",
+            ],
+            tmp_path / "b",
+        )
+    )
+    assert f"bad row at {bad}/gsm8k/train.jsonl:4: missing or empty 'answer'" in line
+    assert "--config.data.bad_rows=skip" in line
 
 
 def test_workdir_with_another_run_is_refused_and_left_untouched(tmp_path):
-  other = smoke_config("grpo")
-  other.optimizer.learning_rate = 0.5
-  config_utils.check_workdir(other, str(tmp_path))
-  before = (tmp_path / "config.json").read_text()
-  line = _the_error_line(_cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE], tmp_path))
-  lr = smoke_config("grpo").optimizer.learning_rate
-  assert f"{tmp_path} holds a run with another config (optimizer.learning_rate: 0.5 -> {lr})" in line
-  assert "--config.checkpoint.overwrite=True" in line
-  assert (tmp_path / "config.json").read_text() == before
+    other = smoke_config("grpo")
+    other.optimizer.learning_rate = 0.5
+    config_utils.check_workdir(other, str(tmp_path))
+    before = (tmp_path / "config.json").read_text()
+    line = _the_error_line(
+        _cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE], tmp_path)
+    )
+    lr = smoke_config("grpo").optimizer.learning_rate
+    assert (
+        f"{tmp_path} holds a run with another config (optimizer.learning_rate: 0.5 -> {lr})" in line
+    )
+    assert "--config.checkpoint.overwrite=True" in line
+    assert (tmp_path / "config.json").read_text() == before
 
 
 def test_bad_rows_skipped_are_counted(tmp_path, monkeypatch):
-  cfg = smoke_config("grpo", **{"data.name": "gsm8k", "data.bad_rows": "skip",
-                                "data.source_dir": _gsm8k_dir(tmp_path, bad_row=True),
-                                "data.max_prompt_tokens": 64, "eval.datasets": ("gsm8k",),
-                                "reward.num_workers": 1})
-  # the data path under test, without loading real weights: the character tokenizer
-  monkeypatch.setattr(experiment, "_load_tokenizer", lambda config: arithmetic.CharTokenizer())
-  exp = experiment.build_experiment(cfg)
-  try:
-    assert exp.data_stats["bad_rows_skipped"] == 1 and exp.data_stats["train_examples"] == 3
-    assert exp.num_prompt_ids == 3
-  finally:
-    exp.close()
+    cfg = smoke_config(
+        "grpo",
+        **{
+            "data.name": "gsm8k",
+            "data.bad_rows": "skip",
+            "data.source_dir": _gsm8k_dir(tmp_path, bad_row=True),
+            "data.max_prompt_tokens": 64,
+            "eval.datasets": ("gsm8k",),
+            "reward.num_workers": 1,
+        },
+    )
+    # the data path under test, without loading real weights: the character tokenizer
+    monkeypatch.setattr(experiment, "_load_tokenizer", lambda config: arithmetic.CharTokenizer())
+    exp = experiment.build_experiment(cfg)
+    try:
+        assert exp.data_stats["bad_rows_skipped"] == 1 and exp.data_stats["train_examples"] == 3
+        assert exp.num_prompt_ids == 3
+    finally:
+        exp.close()
 
 
 @pytest.mark.parametrize("mode", ["skip", "truncate"])
 def test_overlong_prompts_are_skipped_or_truncated_and_counted(mode):
-  budget = _BUDGET
-  cfg = smoke_config("grpo", **{"data.max_prompt_tokens": budget, "data.overlong_prompts": mode})
-  exp = experiment.build_experiment(cfg)
-  exp.close()
-  # independently: the arithmetic prompt is problem + "=", one token per character
-  train_set, _ = arithmetic.make_arithmetic(arithmetic.ArithmeticConfig(**cfg.data.arithmetic.to_dict()))
-  over = sum(len(ex["problem"]) + 1 > budget for ex in train_set)
-  assert 0 < over < len(train_set)
-  skipped = over if mode == "skip" else 0
-  assert exp.data_stats == {"train_examples": len(train_set), "overlong_prompts": over,
-                            "overlong_prompts_skipped": skipped, "bad_rows_skipped": 0,
-                            "prompt_tokens_padded_to": budget}
-  assert exp.num_prompt_ids == len(train_set) - skipped
-  assert exp.prompt_tokens.shape == (len(train_set) - skipped, budget)
+    budget = _BUDGET
+    cfg = smoke_config("grpo", **{"data.max_prompt_tokens": budget, "data.overlong_prompts": mode})
+    exp = experiment.build_experiment(cfg)
+    exp.close()
+    # independently: the arithmetic prompt is problem + "=", one token per character
+    train_set, _ = arithmetic.make_arithmetic(
+        arithmetic.ArithmeticConfig(**cfg.data.arithmetic.to_dict())
+    )
+    over = sum(len(ex["problem"]) + 1 > budget for ex in train_set)
+    assert 0 < over < len(train_set)
+    skipped = over if mode == "skip" else 0
+    assert exp.data_stats == {
+        "train_examples": len(train_set),
+        "overlong_prompts": over,
+        "overlong_prompts_skipped": skipped,
+        "bad_rows_skipped": 0,
+        "prompt_tokens_padded_to": budget,
+    }
+    assert exp.num_prompt_ids == len(train_set) - skipped
+    assert exp.prompt_tokens.shape == (len(train_set) - skipped, budget)
 
 
 # ============================================================================ process death, end to end
 
 # One Rollout-GDRO configuration (the most controller state) for every end-to-end fault; the
 # prompt budget makes some prompts overlong, so their count must reach the summary too.
-_E2E = ["--config=configs/arithmetic.py:rollout_gdro,smoke", *_CLI_SMOKE, "--config.steps=6",
-        f"--config.data.max_prompt_tokens={_BUDGET}"]
+_E2E = [
+    "--config=configs/arithmetic.py:rollout_gdro,smoke",
+    *_CLI_SMOKE,
+    "--config.steps=6",
+    f"--config.data.max_prompt_tokens={_BUDGET}",
+]
 
 
 @pytest.fixture(scope="module")
 def cli_env(tmp_path_factory):
-  cache = tmp_path_factory.mktemp("jax_compilation_cache")
-  return dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(cache),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    cache = tmp_path_factory.mktemp("jax_compilation_cache")
+    return dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        JAX_COMPILATION_CACHE_DIR=str(cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
 
 
 class _Run:
-  """`python -m experiments.run` in the background; stdout/stderr go to files (no pipe stalls)."""
+    """`python -m experiments.run` in the background; stdout/stderr go to files (no pipe stalls)."""
 
-  def __init__(self, workdir, env, extra, tag):
-    self.out_path, self.err_path = f"{workdir}.{tag}.out", f"{workdir}.{tag}.err"
-    with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-      self.proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *_E2E, *extra,
-                                    f"--workdir={workdir}"], cwd=REPO, env=env, stdout=out, stderr=err)
+    def __init__(self, workdir, env, extra, tag):
+        self.out_path, self.err_path = f"{workdir}.{tag}.out", f"{workdir}.{tag}.err"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "experiments.run", *_E2E, *extra, f"--workdir={workdir}"],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=err,
+            )
 
-  def wait(self, timeout=900):
-    try:
-      return self.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      self.proc.kill()
-      raise
+    def wait(self, timeout=900):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
 
-  @property
-  def out(self):
-    return open(self.out_path).read()
+    @property
+    def out(self):
+        return open(self.out_path).read()
 
-  @property
-  def err(self):
-    return open(self.err_path).read()
+    @property
+    def err(self):
+        return open(self.err_path).read()
 
 
 def _complete_steps(workdir):
-  d = os.path.join(workdir, "checkpoints")
-  return sorted(int(n) for n in os.listdir(d) if n.isdigit())
+    d = os.path.join(workdir, "checkpoints")
+    return sorted(int(n) for n in os.listdir(d) if n.isdigit())
 
 
 def _saved_state(workdir, step):
-  """The raw saved state tree (numpy-comparable arrays), read without a template."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Sharding info not provided")
-    return ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
+    """The raw saved state tree (numpy-comparable arrays), read without a template."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sharding info not provided")
+        return ocp.PyTreeCheckpointer().restore(
+            os.path.join(workdir, "checkpoints", str(step), "state")
+        )
 
 
 def _assert_same_run(reference, workdir):
-  """Metrics, evaluation and the final state (params, optimizer, RNG, controllers) are identical."""
-  a, b = deterministic_rows(str(reference)), deterministic_rows(str(workdir))
-  assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(7))
-  assert a == b
-  sa = json.load(open(os.path.join(reference, "summary.json")))
-  sb = json.load(open(os.path.join(workdir, "summary.json")))
-  assert sa["eval_after"] == sb["eval_after"] and sa["data"] == sb["data"]
-  ta, tb = _saved_state(reference, 6), _saved_state(workdir, 6)
-  assert jax.tree.structure(ta) == jax.tree.structure(tb)
-  assert _tree_equal(ta, tb)
+    """Metrics, evaluation and the final state (params, optimizer, RNG, controllers) are identical."""
+    a, b = deterministic_rows(str(reference)), deterministic_rows(str(workdir))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(7))
+    assert a == b
+    sa = json.load(open(os.path.join(reference, "summary.json")))
+    sb = json.load(open(os.path.join(workdir, "summary.json")))
+    assert sa["eval_after"] == sb["eval_after"] and sa["data"] == sb["data"]
+    ta, tb = _saved_state(reference, 6), _saved_state(workdir, 6)
+    assert jax.tree.structure(ta) == jax.tree.structure(tb)
+    assert _tree_equal(ta, tb)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, cli_env):
-  """The uninterrupted run every interrupted one must reproduce."""
-  workdir = tmp_path_factory.mktemp("reference") / "run"
-  run = _Run(workdir, cli_env, ["--config.checkpoint.every_steps=1"], "straight")
-  assert run.wait() == 0, run.err[-3000:]
-  return workdir
+    """The uninterrupted run every interrupted one must reproduce."""
+    workdir = tmp_path_factory.mktemp("reference") / "run"
+    run = _Run(workdir, cli_env, ["--config.checkpoint.every_steps=1"], "straight")
+    assert run.wait() == 0, run.err[-3000:]
+    return workdir
 
 
 @pytest.mark.slow
 def test_reference_run_reports_the_overlong_prompts(reference):
-  summary = json.load(open(reference / "summary.json"))
-  cfg = smoke_config("rollout_gdro")
-  train_set, _ = arithmetic.make_arithmetic(arithmetic.ArithmeticConfig(**cfg.data.arithmetic.to_dict()))
-  over = sum(len(ex["problem"]) + 1 > _BUDGET for ex in train_set)
-  assert summary["data"]["overlong_prompts"] == summary["data"]["overlong_prompts_skipped"] == over > 0
-  (row0,) = [r for r in writers.read_jsonl(str(reference / "metrics.jsonl")) if r["step"] == 0]
-  assert row0["data/overlong_prompts"] == over
+    summary = json.load(open(reference / "summary.json"))
+    cfg = smoke_config("rollout_gdro")
+    train_set, _ = arithmetic.make_arithmetic(
+        arithmetic.ArithmeticConfig(**cfg.data.arithmetic.to_dict())
+    )
+    over = sum(len(ex["problem"]) + 1 > _BUDGET for ex in train_set)
+    assert (
+        summary["data"]["overlong_prompts"]
+        == summary["data"]["overlong_prompts_skipped"]
+        == over
+        > 0
+    )
+    (row0,) = [r for r in writers.read_jsonl(str(reference / "metrics.jsonl")) if r["step"] == 0]
+    assert row0["data/overlong_prompts"] == over
 
 
 def _wait_for_row(workdir, step, proc, timeout=900):
-  path, t0 = os.path.join(workdir, "metrics.jsonl"), time.monotonic()
-  while time.monotonic() - t0 < timeout:
-    assert proc.poll() is None, "the run ended before the signal"
-    if os.path.exists(path) and any(r.get("step") == step and "reward_mean" in r
-                                    for r in writers.read_jsonl(path)):
-      return
-    time.sleep(0.05)
-  pytest.fail(f"no metrics row for step {step} after {timeout} s")
+    path, t0 = os.path.join(workdir, "metrics.jsonl"), time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        assert proc.poll() is None, "the run ended before the signal"
+        if os.path.exists(path) and any(
+            r.get("step") == step and "reward_mean" in r for r in writers.read_jsonl(path)
+        ):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"no metrics row for step {step} after {timeout} s")
 
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_0_and_the_resumed_run_is_identical(tmp_path, cli_env, reference):
-  workdir = tmp_path / "run"
-  args = ["--config.checkpoint.every_steps=100"]   # only SIGTERM and the end write checkpoints
-  run = _Run(workdir, cli_env, args, "interrupted")
-  _wait_for_row(workdir, 3, run.proc)
-  run.proc.send_signal(signal.SIGTERM)
-  assert run.wait() == 0, run.err[-3000:]
-  stopped = int(re.search(r"SIGTERM: checkpoint written at step (\d+); exiting", run.out).group(1))
-  assert 3 <= stopped < 6
-  assert _complete_steps(workdir)[-1] == stopped
-  assert not (workdir / "summary.json").exists()
+    workdir = tmp_path / "run"
+    args = ["--config.checkpoint.every_steps=100"]  # only SIGTERM and the end write checkpoints
+    run = _Run(workdir, cli_env, args, "interrupted")
+    _wait_for_row(workdir, 3, run.proc)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0, run.err[-3000:]
+    stopped = int(
+        re.search(r"SIGTERM: checkpoint written at step (\d+); exiting", run.out).group(1)
+    )
+    assert 3 <= stopped < 6
+    assert _complete_steps(workdir)[-1] == stopped
+    assert not (workdir / "summary.json").exists()
 
-  resumed = _Run(workdir, cli_env, args, "resumed")
-  assert resumed.wait() == 0, resumed.err[-3000:]
-  assert f"Resuming from checkpoint at step {stopped} in" in resumed.out
-  _assert_same_run(reference, workdir)
+    resumed = _Run(workdir, cli_env, args, "resumed")
+    assert resumed.wait() == 0, resumed.err[-3000:]
+    assert f"Resuming from checkpoint at step {stopped} in" in resumed.out
+    _assert_same_run(reference, workdir)
 
 
 def _kill_while_saving(proc, checkpoints, step, timeout=900):
-  """SIGKILLs `proc` the moment Orbax's temporary directory for `step` appears."""
-  want, t0 = f"{step}{checkpointing.TMP_MARK}", time.monotonic()
-  while proc.poll() is None:
-    if time.monotonic() - t0 > timeout:
-      proc.kill()
-      pytest.fail(f"no save of step {step} within {timeout} s")
-    try:
-      names = os.listdir(checkpoints)
-    except FileNotFoundError:
-      names = []
-    if any(n.startswith(want) for n in names):
-      proc.kill()
-      proc.wait()
-      return
-    time.sleep(0.001)
-  pytest.fail(f"the run ended (rc={proc.returncode}) before saving step {step}")
+    """SIGKILLs `proc` the moment Orbax's temporary directory for `step` appears."""
+    want, t0 = f"{step}{checkpointing.TMP_MARK}", time.monotonic()
+    while proc.poll() is None:
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            pytest.fail(f"no save of step {step} within {timeout} s")
+        try:
+            names = os.listdir(checkpoints)
+        except FileNotFoundError:
+            names = []
+        if any(n.startswith(want) for n in names):
+            proc.kill()
+            proc.wait()
+            return
+        time.sleep(0.001)
+    pytest.fail(f"the run ended (rc={proc.returncode}) before saving step {step}")
 
 
 @pytest.mark.slow
-def test_sigkill_mid_save_and_a_corrupted_latest_checkpoint_lose_nothing(tmp_path, cli_env, reference):
-  workdir = tmp_path / "run"
-  checkpoints = workdir / "checkpoints"
-  args = ["--config.checkpoint.every_steps=1"]
-  expect = None        # (last complete step, a partial save was left) after the previous kill
-  partial_seen = 0
-  for n, target in enumerate((2, 4, 5)):
-    if n == 2 and partial_seen:
-      break            # two kills, at least one of them mid-save: enough
-    run = _Run(workdir, cli_env, args, f"killed{n}")
-    _kill_while_saving(run.proc, checkpoints, target)
-    if expect is not None:
-      _assert_resumed(run.out, *expect)
-    partial = [x for x in os.listdir(checkpoints) if checkpointing.TMP_MARK in x]
-    partial_seen += bool(partial)
-    expect = (_complete_steps(workdir)[-1], bool(partial))
-    assert expect[0] < target + (not partial)   # the interrupted step is never taken as complete
-  assert partial_seen, "no kill landed inside a save"
+def test_sigkill_mid_save_and_a_corrupted_latest_checkpoint_lose_nothing(
+    tmp_path, cli_env, reference
+):
+    workdir = tmp_path / "run"
+    checkpoints = workdir / "checkpoints"
+    args = ["--config.checkpoint.every_steps=1"]
+    expect = None  # (last complete step, a partial save was left) after the previous kill
+    partial_seen = 0
+    for n, target in enumerate((2, 4, 5)):
+        if n == 2 and partial_seen:
+            break  # two kills, at least one of them mid-save: enough
+        run = _Run(workdir, cli_env, args, f"killed{n}")
+        _kill_while_saving(run.proc, checkpoints, target)
+        if expect is not None:
+            _assert_resumed(run.out, *expect)
+        partial = [x for x in os.listdir(checkpoints) if checkpointing.TMP_MARK in x]
+        partial_seen += bool(partial)
+        expect = (_complete_steps(workdir)[-1], bool(partial))
+        assert expect[0] < target + (not partial)  # the interrupted step is never taken as complete
+    assert partial_seen, "no kill landed inside a save"
 
-  final = _Run(workdir, cli_env, args, "completed")
-  assert final.wait() == 0, final.err[-3000:]
-  _assert_resumed(final.out, *expect)
-  assert not [x for x in os.listdir(checkpoints) if checkpointing.TMP_MARK in x]
-  _assert_same_run(reference, workdir)
+    final = _Run(workdir, cli_env, args, "completed")
+    assert final.wait() == 0, final.err[-3000:]
+    _assert_resumed(final.out, *expect)
+    assert not [x for x in os.listdir(checkpoints) if checkpointing.TMP_MARK in x]
+    _assert_same_run(reference, workdir)
 
-  # Now damage the newest checkpoint (silently: flipped bits) and run the same command again.
-  _corrupt(str(checkpoints / "6"), "flip_bits")
-  again = _Run(workdir, cli_env, args, "after_corruption")
-  assert again.wait() == 0, again.err[-3000:]
-  warnings = _warnings(again.out)
-  assert any("checkpoint 6 in" in w and "checksum mismatch" in w and
-             w.endswith("falling back to checkpoint 5") for w in warnings), warnings
-  assert "Resuming from checkpoint at step 5 in" in again.out
-  assert (checkpoints / ("6" + checkpointing.UNREADABLE_SUFFIX)).is_dir()
-  _assert_same_run(reference, workdir)
+    # Now damage the newest checkpoint (silently: flipped bits) and run the same command again.
+    _corrupt(str(checkpoints / "6"), "flip_bits")
+    again = _Run(workdir, cli_env, args, "after_corruption")
+    assert again.wait() == 0, again.err[-3000:]
+    warnings = _warnings(again.out)
+    assert any(
+        "checkpoint 6 in" in w
+        and "checksum mismatch" in w
+        and w.endswith("falling back to checkpoint 5")
+        for w in warnings
+    ), warnings
+    assert "Resuming from checkpoint at step 5 in" in again.out
+    assert (checkpoints / ("6" + checkpointing.UNREADABLE_SUFFIX)).is_dir()
+    _assert_same_run(reference, workdir)
 
 
 def _assert_resumed(out, step, partial):
-  assert f"Resuming from checkpoint at step {step} in" in out, out[-3000:]
-  if partial:
-    assert any("incomplete checkpoint(s)" in w and "from an interrupted save" in w
-               for w in _warnings(out)), out[-3000:]
+    assert f"Resuming from checkpoint at step {step} in" in out, out[-3000:]
+    if partial:
+        assert any(
+            "incomplete checkpoint(s)" in w and "from an interrupted save" in w
+            for w in _warnings(out)
+        ), out[-3000:]
 
 
 @pytest.mark.slow
-def test_nonfinite_updates_stop_the_run_with_one_line_after_checkpointing_finite_params(tmp_path, cli_env):
-  workdir = tmp_path / "run"
-  out = _cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE, "--config.steps=8",
-              "--config.optimizer.max_consecutive_skips=2",
-              "--config.optimizer.learning_rate=inf"],          # every update overflows
-             workdir, env=cli_env)
-  line = _the_error_line(out, returncode=1)
-  assert line.startswith("error: step 2: 2 consecutive updates had a non-finite loss, gradient or update")
-  assert "config.optimizer.learning_rate" in line and str(workdir / "checkpoints") in line
-  rows = [r for r in writers.read_jsonl(str(workdir / "metrics.jsonl")) if r["step"] > 0]
-  assert [(r["step"], r["skipped_updates"], r["consecutive_skips"]) for r in rows] == [(1, 1, 1), (2, 1, 2)]
-  assert _complete_steps(workdir)[-1] == 2 and not (workdir / "summary.json").exists()
-  start, last = _saved_state(workdir, 0)["train"], _saved_state(workdir, 2)["train"]
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(last["params"]))
-  assert _tree_equal(last["params"], start["params"])   # the last good parameters
+def test_nonfinite_updates_stop_the_run_with_one_line_after_checkpointing_finite_params(
+    tmp_path, cli_env
+):
+    workdir = tmp_path / "run"
+    out = _cli(
+        [
+            "--config=configs/arithmetic.py:grpo,smoke",
+            *_CLI_SMOKE,
+            "--config.steps=8",
+            "--config.optimizer.max_consecutive_skips=2",
+            "--config.optimizer.learning_rate=inf",
+        ],  # every update overflows
+        workdir,
+        env=cli_env,
+    )
+    line = _the_error_line(out, returncode=1)
+    assert line.startswith(
+        "error: step 2: 2 consecutive updates had a non-finite loss, gradient or update"
+    )
+    assert "config.optimizer.learning_rate" in line and str(workdir / "checkpoints") in line
+    rows = [r for r in writers.read_jsonl(str(workdir / "metrics.jsonl")) if r["step"] > 0]
+    assert [(r["step"], r["skipped_updates"], r["consecutive_skips"]) for r in rows] == [
+        (1, 1, 1),
+        (2, 1, 2),
+    ]
+    assert _complete_steps(workdir)[-1] == 2 and not (workdir / "summary.json").exists()
+    start, last = _saved_state(workdir, 0)["train"], _saved_state(workdir, 2)["train"]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(last["params"]))
+    assert _tree_equal(last["params"], start["params"])  # the last good parameters

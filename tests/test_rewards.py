@@ -1,16 +1,23 @@
 """Tests for grpo_jax.rewards: extraction, math-verify equivalences, the killable pool, datasets' golds."""
+
 import os
 import threading
 import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_jax.data import datasets
 from grpo_jax.rewards import GoldParseError, RewardConfig, RewardFn, compute_rewards
-from grpo_jax.rewards.extract import (answer_line, extract_answer, gsm8k_marker, last_boxed,
-                                      last_number)
+from grpo_jax.rewards.extract import (
+    answer_line,
+    extract_answer,
+    gsm8k_marker,
+    last_boxed,
+    last_number,
+)
 from grpo_jax.rewards.verify import VerifierPool, math_verify_check
 
 HAVE_DATA = datasets.default_source_dir() is not None
@@ -95,20 +102,21 @@ def test_extract_answer_orders():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(-10**6, 10**6), min_size=1, max_size=4))
+@given(st.lists(st.integers(-(10**6), 10**6), min_size=1, max_size=4))
 def test_last_boxed_property(values):
     text = " ".join(f"step \\boxed{{{v}}}" for v in values)
     assert last_boxed(text) == str(values[-1])
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(-10**5, 10**5), st.integers(-10**5, 10**5), st.booleans())
+@given(st.integers(-(10**5), 10**5), st.integers(-(10**5), 10**5), st.booleans())
 def test_integer_fast_path_agrees_with_math_verify(a, b, pad):
     """RewardFn compares integer answers in-process; math-verify must make the same decision."""
     pred = f"0{a}" if pad and a >= 0 else str(a)  # a leading zero, like AIME's "025"
     assert math_verify_check(pred, str(b)) == (a == b)
-    _, correct, stats = compute_rewards([f"\\boxed{{{pred}}}"], [str(b)],
-                                        RewardConfig(task="math", num_workers=1))
+    _, correct, stats = compute_rewards(
+        [f"\\boxed{{{pred}}}"], [str(b)], RewardConfig(task="math", num_workers=1)
+    )
     assert correct[0] == (a == b) and stats["num_fast_path"] == 1
 
 
@@ -126,10 +134,16 @@ def test_equivalences(math_fn):
         (r"\boxed{(0,1)}", "(0,1)", True),
         (r"\boxed{01}", "(0,1)", False),
         (r"\boxed{(0,1)}", "1", False),
-        ("\\boxed{\\begin{pmatrix} 1 \\\\\n 2 \\end{pmatrix}}",
-         r"\begin{pmatrix}1\\2\end{pmatrix}", True),
-        ("\\boxed{\\begin{pmatrix} 1 \\\\\n 3 \\end{pmatrix}}",
-         r"\begin{pmatrix}1\\2\end{pmatrix}", False),
+        (
+            "\\boxed{\\begin{pmatrix} 1 \\\\\n 2 \\end{pmatrix}}",
+            r"\begin{pmatrix}1\\2\end{pmatrix}",
+            True,
+        ),
+        (
+            "\\boxed{\\begin{pmatrix} 1 \\\\\n 3 \\end{pmatrix}}",
+            r"\begin{pmatrix}1\\2\end{pmatrix}",
+            False,
+        ),
         (r"\boxed{3\sqrt{2}}", r"\sqrt{18}", True),
         (r"\boxed{025}", "25", True),
         ("", "3", False),
@@ -147,8 +161,14 @@ def test_equivalences(math_fn):
 
 
 def test_gsm8k_commas_and_formats(gsm8k_fn):
-    completions = ["... #### 1,000", "#### 1000", "so \\boxed{1,000}", "She has 1,000 apples.",
-                   "#### 1,001", "nothing numeric"]
+    completions = [
+        "... #### 1,000",
+        "#### 1000",
+        "so \\boxed{1,000}",
+        "She has 1,000 apples.",
+        "#### 1,001",
+        "nothing numeric",
+    ]
     _, correct, stats = gsm8k_fn(completions, ["1000", "1,000", "1000", "1000", "1000", "1000"])
     np.testing.assert_array_equal(correct, [True, True, True, True, False, False])
     assert stats["num_format_ok"] == 4  # ####/boxed; the last-number fallback is not the format
@@ -166,8 +186,14 @@ def test_scale_and_format_reward():
 
 def test_multi_part_gold(math_fn):
     golds = [["69", "84"]] * 4 + [["(1,2)", "(3,4)"]] * 2
-    completions = [r"\boxed{69, 84}", r"\boxed{84, 69}", r"\boxed{69}", r"\boxed{69, 85}",
-                   r"\boxed{(3,4), (1,2)}", r"\boxed{(1,2)}"]
+    completions = [
+        r"\boxed{69, 84}",
+        r"\boxed{84, 69}",
+        r"\boxed{69}",
+        r"\boxed{69, 85}",
+        r"\boxed{(3,4), (1,2)}",
+        r"\boxed{(1,2)}",
+    ]
     _, correct, _ = math_fn(completions, golds)
     np.testing.assert_array_equal(correct, [True, True, False, False, True, False])
 
@@ -199,7 +225,8 @@ def test_arithmetic_task_exact_integer():
     golds = ["19", "19", "19", "19", "-5", "-5", "0", 19, "19", "19"]
     rewards, correct, stats = compute_rewards(completions, golds, RewardConfig(task="arithmetic"))
     np.testing.assert_array_equal(
-        correct, [True, True, True, False, True, False, False, True, False, False])
+        correct, [True, True, True, False, True, False, False, True, False, False]
+    )
     np.testing.assert_array_equal(rewards, np.where(correct, 1.0, -1.0))
     assert stats["num_no_answer"] == 1
     assert stats["num_format_ok"] == 6
@@ -210,8 +237,16 @@ def test_arithmetic_task_exact_integer():
 # -------------------------------------------------------------------------------------------
 def test_hang_and_crash_from_a_thread():
     cfg = RewardConfig(task="math", num_workers=2, timeout_s=1.5, checker=CHECKER)
-    completions = [r"\boxed{hang}", r"\boxed{a}", r"\boxed{die}", r"\boxed{b}", r"\boxed{raise}",
-                   r"\boxed{c}", r"\boxed{hang}", r"\boxed{x}"]
+    completions = [
+        r"\boxed{hang}",
+        r"\boxed{a}",
+        r"\boxed{die}",
+        r"\boxed{b}",
+        r"\boxed{raise}",
+        r"\boxed{c}",
+        r"\boxed{hang}",
+        r"\boxed{x}",
+    ]
     golds = ["hang", "a", "die", "b", "raise", "c", "other", "y"]
     out = {}
 

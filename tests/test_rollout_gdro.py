@@ -1,4 +1,5 @@
 """Rollout-GDRO (spec gdro.md s.3; paper Eq. 17-21, Thm 4.2)."""
+
 import itertools
 import math
 
@@ -19,29 +20,30 @@ SQRT = gdro.RolloutGDROConfig(allocator="sqrt")
 
 
 def check_allocation(cfg, alloc, num_prompts, total=None):
-  n = np.asarray(alloc.rollouts_per_prompt)
-  seg = np.asarray(alloc.segment_ids)
-  r = num_prompts * cfg.n_bar if total is None else total
-  assert n.shape == (num_prompts,) and n.dtype == np.int32
-  assert int(n.sum()) == r and seg.shape == (r,)
-  assert n.min() >= cfg.n_min and n.max() <= cfg.n_max
-  np.testing.assert_array_equal(seg, np.repeat(np.arange(num_prompts), n))   # sorted, contiguous
+    n = np.asarray(alloc.rollouts_per_prompt)
+    seg = np.asarray(alloc.segment_ids)
+    r = num_prompts * cfg.n_bar if total is None else total
+    assert n.shape == (num_prompts,) and n.dtype == np.int32
+    assert int(n.sum()) == r and seg.shape == (r,)
+    assert n.min() >= cfg.n_min and n.max() <= cfg.n_max
+    np.testing.assert_array_equal(seg, np.repeat(np.arange(num_prompts), n))  # sorted, contiguous
 
 
 @st.composite
 def batches(draw, num_bins=(1, 3, 10), num_prompts=(1, 7, 40)):
-  # Few distinct shapes (the jitted sqrt allocator compiles once per (P, B)); any bin counts.
-  b = draw(st.sampled_from(num_bins))
-  p = draw(st.sampled_from(num_prompts))
-  bins = np.asarray(draw(st.lists(st.integers(0, b - 1), min_size=p, max_size=p)), np.int32)
-  seed = draw(st.integers(0, 2**31 - 1))
-  return b, bins, np.random.default_rng(seed)
+    # Few distinct shapes (the jitted sqrt allocator compiles once per (P, B)); any bin counts.
+    b = draw(st.sampled_from(num_bins))
+    p = draw(st.sampled_from(num_prompts))
+    bins = np.asarray(draw(st.lists(st.integers(0, b - 1), min_size=p, max_size=p)), np.int32)
+    seed = draw(st.integers(0, 2**31 - 1))
+    return b, bins, np.random.default_rng(seed)
 
 
 def random_state(cfg, b, rng, scale=2.0):
-  return gdro.rollout_gdro_init(cfg, b).replace(
-      scores=jnp.asarray(rng.normal(0, scale, (b, cfg.num_arms)), jnp.float32),
-      mu=jnp.asarray(rng.normal(), jnp.float32))
+    return gdro.rollout_gdro_init(cfg, b).replace(
+        scores=jnp.asarray(rng.normal(0, scale, (b, cfg.num_arms)), jnp.float32),
+        mu=jnp.asarray(rng.normal(), jnp.float32),
+    )
 
 
 # ----------------------------------------------------------------------------- budget
@@ -50,96 +52,104 @@ def random_state(cfg, b, rng, scale=2.0):
 @settings(max_examples=25, deadline=None)
 @given(batch=batches(), allocator=st.sampled_from(["bandit", "sqrt"]))
 def test_exact_budget_and_bounds(batch, allocator):
-  b, bins, rng = batch
-  cfg = gdro.RolloutGDROConfig(allocator=allocator)
-  state = random_state(cfg, b, rng)
-  alloc = gdro.allocate(cfg, state, bins, bin_success=rng.random(b))
-  check_allocation(cfg, alloc, len(bins))
-  assert not bool(alloc.fallback)
+    b, bins, rng = batch
+    cfg = gdro.RolloutGDROConfig(allocator=allocator)
+    state = random_state(cfg, b, rng)
+    alloc = gdro.allocate(cfg, state, bins, bin_success=rng.random(b))
+    check_allocation(cfg, alloc, len(bins))
+    assert not bool(alloc.fallback)
 
 
 @settings(max_examples=25, deadline=None)
 @given(batch=batches(num_bins=(3, 10), num_prompts=(7, 40)))
 def test_sqrt_within_one_of_continuous_neyman_when_no_bound_binds(batch):
-  b, bins, rng = batch
-  n_bar = 5
-  cfg = gdro.RolloutGDROConfig(allocator="sqrt", n_min=2, n_max=20, n_bar=n_bar, v_floor=0.01)
-  p = rng.uniform(0.0, 1.0, b) ** rng.choice([0.5, 1.0, 2.0])
-  share = np.bincount(bins, minlength=b) / len(bins)
-  sv = np.sqrt(p * (1 - p) + cfg.v_floor)
-  n_star = n_bar * sv / np.sum(share * sv)                     # Thm 4.2, continuous
-  present = share > 0
-  assume(np.all((n_star[present] > cfg.n_min) & (n_star[present] < cfg.n_max)))
-  alloc = gdro.allocate(cfg, gdro.rollout_gdro_init(cfg, b), bins, bin_success=p)
-  check_allocation(cfg, alloc, len(bins))
-  n = np.asarray(alloc.rollouts_per_prompt)
-  assert np.all(np.abs(n - n_star[bins]) < 1.0 + 1e-4)
-  np.testing.assert_allclose(rollout_gdro.sqrt_targets(cfg, np.bincount(bins, minlength=b), p)
-                             [present], n_star[present], rtol=1e-4)
+    b, bins, rng = batch
+    n_bar = 5
+    cfg = gdro.RolloutGDROConfig(allocator="sqrt", n_min=2, n_max=20, n_bar=n_bar, v_floor=0.01)
+    p = rng.uniform(0.0, 1.0, b) ** rng.choice([0.5, 1.0, 2.0])
+    share = np.bincount(bins, minlength=b) / len(bins)
+    sv = np.sqrt(p * (1 - p) + cfg.v_floor)
+    n_star = n_bar * sv / np.sum(share * sv)  # Thm 4.2, continuous
+    present = share > 0
+    assume(np.all((n_star[present] > cfg.n_min) & (n_star[present] < cfg.n_max)))
+    alloc = gdro.allocate(cfg, gdro.rollout_gdro_init(cfg, b), bins, bin_success=p)
+    check_allocation(cfg, alloc, len(bins))
+    n = np.asarray(alloc.rollouts_per_prompt)
+    assert np.all(np.abs(n - n_star[bins]) < 1.0 + 1e-4)
+    np.testing.assert_allclose(
+        rollout_gdro.sqrt_targets(cfg, np.bincount(bins, minlength=b), p)[present],
+        n_star[present],
+        rtol=1e-4,
+    )
 
 
 def test_sqrt_gives_more_rollouts_to_uncertain_bins_and_respects_bounds():
-  cfg = gdro.RolloutGDROConfig(allocator="sqrt", n_min=2, n_max=6, n_bar=4)
-  bins = np.array([0] * 4 + [5] * 4 + [9] * 4)
-  p = np.zeros(10)
-  p[5] = 0.5
-  p[9] = 1.0
-  alloc = gdro.allocate(cfg, gdro.rollout_gdro_init(cfg, 10), bins, bin_success=p)
-  check_allocation(cfg, alloc, 12)
-  n = np.asarray(alloc.rollouts_per_prompt)
-  assert np.all(n[4:8] == 6)            # the bound binds for the p = 0.5 bin
-  assert np.all(n[:4] + n[8:] == 6)     # the remaining 24 rollouts split 3 / 3
+    cfg = gdro.RolloutGDROConfig(allocator="sqrt", n_min=2, n_max=6, n_bar=4)
+    bins = np.array([0] * 4 + [5] * 4 + [9] * 4)
+    p = np.zeros(10)
+    p[5] = 0.5
+    p[9] = 1.0
+    alloc = gdro.allocate(cfg, gdro.rollout_gdro_init(cfg, 10), bins, bin_success=p)
+    check_allocation(cfg, alloc, 12)
+    n = np.asarray(alloc.rollouts_per_prompt)
+    assert np.all(n[4:8] == 6)  # the bound binds for the p = 0.5 bin
+    assert np.all(n[:4] + n[8:] == 6)  # the remaining 24 rollouts split 3 / 3
 
 
 def test_infeasible_budget_falls_back_with_exact_sum():
-  state = gdro.rollout_gdro_init(BANDIT, 10)
-  alloc = gdro.allocate(BANDIT, state, np.array([0, 0, 0]), total=13)   # 3 a = 13: no integer a
-  assert bool(alloc.fallback)
-  check_allocation(BANDIT, alloc, 3, total=13)
-  np.testing.assert_array_equal(np.sort(alloc.rollouts_per_prompt), [4, 4, 5])
-  alloc = gdro.allocate(BANDIT, state, np.array([1, 1, 4, 4]), total=17)  # even counts, odd R
-  assert bool(alloc.fallback)
-  check_allocation(BANDIT, alloc, 4, total=17)
-  alloc = gdro.allocate(SQRT, state, np.array([1, 1, 4, 4]), bin_success=np.full(10, 0.5),
-                        total=17)
-  check_allocation(SQRT, alloc, 4, total=17)
-  with pytest.raises(ValueError, match="outside"):
-    gdro.allocate(BANDIT, state, np.array([0, 0]), total=3)              # < P * n_min
-  with pytest.raises(ValueError, match="outside"):
-    gdro.allocate(BANDIT, state, np.array([0, 0]), total=25)             # > P * n_max
+    state = gdro.rollout_gdro_init(BANDIT, 10)
+    alloc = gdro.allocate(BANDIT, state, np.array([0, 0, 0]), total=13)  # 3 a = 13: no integer a
+    assert bool(alloc.fallback)
+    check_allocation(BANDIT, alloc, 3, total=13)
+    np.testing.assert_array_equal(np.sort(alloc.rollouts_per_prompt), [4, 4, 5])
+    alloc = gdro.allocate(BANDIT, state, np.array([1, 1, 4, 4]), total=17)  # even counts, odd R
+    assert bool(alloc.fallback)
+    check_allocation(BANDIT, alloc, 4, total=17)
+    alloc = gdro.allocate(
+        SQRT, state, np.array([1, 1, 4, 4]), bin_success=np.full(10, 0.5), total=17
+    )
+    check_allocation(SQRT, alloc, 4, total=17)
+    with pytest.raises(ValueError, match="outside"):
+        gdro.allocate(BANDIT, state, np.array([0, 0]), total=3)  # < P * n_min
+    with pytest.raises(ValueError, match="outside"):
+        gdro.allocate(BANDIT, state, np.array([0, 0]), total=25)  # > P * n_max
 
 
 def test_initial_bandit_allocation_is_uniform():
-  alloc = gdro.allocate(BANDIT, gdro.rollout_gdro_init(BANDIT, 10),
-                        np.array([0, 3, 3, 7, 9, 9, 9]))
-  np.testing.assert_array_equal(alloc.rollouts_per_prompt, 4)
+    alloc = gdro.allocate(
+        BANDIT, gdro.rollout_gdro_init(BANDIT, 10), np.array([0, 3, 3, 7, 9, 9, 9])
+    )
+    np.testing.assert_array_equal(alloc.rollouts_per_prompt, 4)
 
 
 # ----------------------------------------------------------------------------- the DP
 
 
 @settings(max_examples=25, deadline=None)
-@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=3),
-       seed=st.integers(0, 10_000), extra=st.integers(-3, 3))
+@given(
+    counts=st.lists(st.integers(0, 4), min_size=1, max_size=3),
+    seed=st.integers(0, 10_000),
+    extra=st.integers(-3, 3),
+)
 def test_dp_matches_brute_force(counts, seed, extra):
-  counts = np.asarray(counts)
-  assume(counts.sum() > 0)
-  arms = np.arange(2, 6)
-  rng = np.random.default_rng(seed)
-  logp = np.log(rng.dirichlet(np.ones(len(arms)), size=len(counts)))
-  total = int(counts.sum()) * 3 + extra
-  got = gdro.solve_arms_dp(logp, counts, arms, total, 3)
-  live = np.flatnonzero(counts > 0)
-  best = -np.inf
-  for ks in itertools.product(range(len(arms)), repeat=len(live)):
-    if sum(counts[b] * arms[k] for b, k in zip(live, ks)) == total:
-      best = max(best, sum(logp[b, k] for b, k in zip(live, ks)))
-  if not np.isfinite(best):
-    assert got is None
-    return
-  assert got is not None and np.all(got[counts == 0] == -1)
-  assert sum(counts[b] * arms[got[b]] for b in live) == total
-  assert sum(logp[b, got[b]] for b in live) == pytest.approx(best, abs=1e-5)
+    counts = np.asarray(counts)
+    assume(counts.sum() > 0)
+    arms = np.arange(2, 6)
+    rng = np.random.default_rng(seed)
+    logp = np.log(rng.dirichlet(np.ones(len(arms)), size=len(counts)))
+    total = int(counts.sum()) * 3 + extra
+    got = gdro.solve_arms_dp(logp, counts, arms, total, 3)
+    live = np.flatnonzero(counts > 0)
+    best = -np.inf
+    for ks in itertools.product(range(len(arms)), repeat=len(live)):
+        if sum(counts[b] * arms[k] for b, k in zip(live, ks)) == total:
+            best = max(best, sum(logp[b, k] for b, k in zip(live, ks)))
+    if not np.isfinite(best):
+        assert got is None
+        return
+    assert got is not None and np.all(got[counts == 0] == -1)
+    assert sum(counts[b] * arms[got[b]] for b in live) == total
+    assert sum(logp[b, got[b]] for b in live) == pytest.approx(best, abs=1e-5)
 
 
 # ----------------------------------------------------------------------------- order and bins
@@ -148,192 +158,211 @@ def test_dp_matches_brute_force(counts, seed, extra):
 @settings(max_examples=25, deadline=None)
 @given(batch=batches(), allocator=st.sampled_from(["bandit", "sqrt"]))
 def test_batch_order_does_not_change_any_prompts_allocation(batch, allocator):
-  b, bins, rng = batch
-  cfg = gdro.RolloutGDROConfig(allocator=allocator)
-  state = random_state(cfg, b, rng)
-  success = rng.random(b)
-  ids = rng.permutation(1000)[:len(bins)]
-  a = gdro.allocate(cfg, state, bins, success, prompt_ids=ids)
-  perm = rng.permutation(len(bins))
-  a2 = gdro.allocate(cfg, state, bins[perm], success, prompt_ids=ids[perm])
-  np.testing.assert_array_equal(np.asarray(a2.rollouts_per_prompt),
-                                np.asarray(a.rollouts_per_prompt)[perm])
+    b, bins, rng = batch
+    cfg = gdro.RolloutGDROConfig(allocator=allocator)
+    state = random_state(cfg, b, rng)
+    success = rng.random(b)
+    ids = rng.permutation(1000)[: len(bins)]
+    a = gdro.allocate(cfg, state, bins, success, prompt_ids=ids)
+    perm = rng.permutation(len(bins))
+    a2 = gdro.allocate(cfg, state, bins[perm], success, prompt_ids=ids[perm])
+    np.testing.assert_array_equal(
+        np.asarray(a2.rollouts_per_prompt), np.asarray(a.rollouts_per_prompt)[perm]
+    )
 
 
 @settings(max_examples=25, deadline=None)
 @given(batch=batches(), allocator=st.sampled_from(["bandit", "sqrt"]))
 def test_relabelling_bins_does_not_change_any_prompts_allocation(batch, allocator):
-  # The patch's defect: its allocation depended on the order in which bins were listed.
-  b, bins, rng = batch
-  cfg = gdro.RolloutGDROConfig(allocator=allocator)
-  state = random_state(cfg, b, rng)
-  success = rng.random(b)
-  ids = np.arange(len(bins))
-  a = gdro.allocate(cfg, state, bins, success, prompt_ids=ids)
-  relabel = rng.permutation(b)                        # old bin j is listed as relabel[j]
-  inv = np.argsort(relabel)
-  state2 = state.replace(scores=state.scores[inv])
-  a2 = gdro.allocate(cfg, state2, relabel[bins], success[inv], prompt_ids=ids)
-  np.testing.assert_array_equal(a2.rollouts_per_prompt, a.rollouts_per_prompt)
+    # The patch's defect: its allocation depended on the order in which bins were listed.
+    b, bins, rng = batch
+    cfg = gdro.RolloutGDROConfig(allocator=allocator)
+    state = random_state(cfg, b, rng)
+    success = rng.random(b)
+    ids = np.arange(len(bins))
+    a = gdro.allocate(cfg, state, bins, success, prompt_ids=ids)
+    relabel = rng.permutation(b)  # old bin j is listed as relabel[j]
+    inv = np.argsort(relabel)
+    state2 = state.replace(scores=state.scores[inv])
+    a2 = gdro.allocate(cfg, state2, relabel[bins], success[inv], prompt_ids=ids)
+    np.testing.assert_array_equal(a2.rollouts_per_prompt, a.rollouts_per_prompt)
 
 
 def preferring(cfg, arm_of_bin, b):
-  scores = np.full((b, cfg.num_arms), 5.0, np.float32)
-  for bin_, arm in arm_of_bin.items():
-    scores[bin_, arm - cfg.n_min] = -5.0
-  return gdro.rollout_gdro_init(cfg, b).replace(scores=jnp.asarray(scores))
+    scores = np.full((b, cfg.num_arms), 5.0, np.float32)
+    for bin_, arm in arm_of_bin.items():
+        scores[bin_, arm - cfg.n_min] = -5.0
+    return gdro.rollout_gdro_init(cfg, b).replace(scores=jnp.asarray(scores))
 
 
 def test_allocation_goes_to_the_current_prompts_own_bins():
-  state = preferring(BANDIT, {0: 3, 1: 6, 2: 4}, 3)
-  a = gdro.allocate(BANDIT, state, np.array([1, 0, 2, 0]))
-  np.testing.assert_array_equal(a.rollouts_per_prompt, [6, 3, 4, 3])
-  np.testing.assert_array_equal(a.arm, [3, 6, 4])
-  b = gdro.allocate(BANDIT, state, np.array([0, 0, 2, 1]))          # next batch: its own bins
-  np.testing.assert_array_equal(b.rollouts_per_prompt, [3, 3, 4, 6])
-  with pytest.raises(ValueError, match="prompt_bins"):               # stale labels are rejected
-    gdro.rollout_gdro_update(BANDIT, state, b, np.array([1, 0, 2, 0]), np.zeros(16))
+    state = preferring(BANDIT, {0: 3, 1: 6, 2: 4}, 3)
+    a = gdro.allocate(BANDIT, state, np.array([1, 0, 2, 0]))
+    np.testing.assert_array_equal(a.rollouts_per_prompt, [6, 3, 4, 3])
+    np.testing.assert_array_equal(a.arm, [3, 6, 4])
+    b = gdro.allocate(BANDIT, state, np.array([0, 0, 2, 1]))  # next batch: its own bins
+    np.testing.assert_array_equal(b.rollouts_per_prompt, [3, 3, 4, 6])
+    with pytest.raises(ValueError, match="prompt_bins"):  # stale labels are rejected
+        gdro.rollout_gdro_update(BANDIT, state, b, np.array([1, 0, 2, 0]), np.zeros(16))
 
 
 # ----------------------------------------------------------------------------- update
 
 
 def test_update_changes_arm_scores_and_mu_by_hand():
-  b = 3
-  state = gdro.rollout_gdro_init(BANDIT, b)
-  bins = np.array([0, 0, 2, 2])
+    b = 3
+    state = gdro.rollout_gdro_init(BANDIT, b)
+    bins = np.array([0, 0, 2, 2])
 
-  def loss_rows(alloc):                        # bin 0's rollouts lose 1, bin 2's lose 0.5
-    return np.where(bins[np.asarray(alloc.segment_ids)] == 0, 1.0, 0.5).astype(np.float32)
+    def loss_rows(alloc):  # bin 0's rollouts lose 1, bin 2's lose 0.5
+        return np.where(bins[np.asarray(alloc.segment_ids)] == 0, 1.0, 0.5).astype(np.float32)
 
-  alloc = gdro.allocate(BANDIT, state, bins)                      # uniform learners -> all 4
-  np.testing.assert_array_equal(alloc.arm, [4, -1, 4])
-  new, diag = gdro.rollout_gdro_update(BANDIT, state, alloc, bins, loss_rows(alloc))
-  want = np.zeros((b, BANDIT.num_arms))
-  want[0, 2] = 0.6 * 1.0                              # (1 - ema_decay) * (-J_b), arm 4 = index 2
-  want[2, 2] = 0.6 * 0.5
-  np.testing.assert_allclose(new.scores, want, rtol=1e-6)
-  assert float(new.mu) == pytest.approx(0.05 * (7.0 - 4.0), rel=1e-5)   # E[a] = 7 under uniform
-  assert int(new.step) == 1 and diag["rollout_gdro/mu"] == pytest.approx(0.15, rel=1e-5)
-  # Price on every arm: p_b(a) = 0.99 softmax(-0.65 (s_b + mu a)) + 0.01 / 11.
-  arms = BANDIT.arms
-  logits = -0.65 * (want[0] + 0.15 * arms)
-  p0 = 0.99 * np.exp(logits) / np.exp(logits).sum() + 0.01 / 11
-  np.testing.assert_allclose(gdro.arm_probs(BANDIT, new)[0], p0, rtol=1e-5)
-  # Second step: EMA on the newly chosen arms, dual ascent with the learners that allocated.
-  alloc2 = gdro.allocate(BANDIT, new, bins)
-  new2, _ = gdro.rollout_gdro_update(BANDIT, new, alloc2, bins, loss_rows(alloc2))
-  for bin_, loss in ((0, 1.0), (2, 0.5)):
-    k = int(alloc2.arm[bin_]) - BANDIT.n_min
-    assert float(new2.scores[bin_, k]) == pytest.approx(0.4 * want[bin_, k] + 0.6 * loss, rel=1e-5)
-  probs = gdro.arm_probs(BANDIT, new)
-  n_hat = 0.5 * probs[0] @ arms + 0.5 * probs[2] @ arms
-  assert float(new2.mu) == pytest.approx(0.15 + 0.05 * (n_hat - 4), rel=1e-5)
-  assert float(new2.mu) != float(new.mu)
+    alloc = gdro.allocate(BANDIT, state, bins)  # uniform learners -> all 4
+    np.testing.assert_array_equal(alloc.arm, [4, -1, 4])
+    new, diag = gdro.rollout_gdro_update(BANDIT, state, alloc, bins, loss_rows(alloc))
+    want = np.zeros((b, BANDIT.num_arms))
+    want[0, 2] = 0.6 * 1.0  # (1 - ema_decay) * (-J_b), arm 4 = index 2
+    want[2, 2] = 0.6 * 0.5
+    np.testing.assert_allclose(new.scores, want, rtol=1e-6)
+    assert float(new.mu) == pytest.approx(0.05 * (7.0 - 4.0), rel=1e-5)  # E[a] = 7 under uniform
+    assert int(new.step) == 1 and diag["rollout_gdro/mu"] == pytest.approx(0.15, rel=1e-5)
+    # Price on every arm: p_b(a) = 0.99 softmax(-0.65 (s_b + mu a)) + 0.01 / 11.
+    arms = BANDIT.arms
+    logits = -0.65 * (want[0] + 0.15 * arms)
+    p0 = 0.99 * np.exp(logits) / np.exp(logits).sum() + 0.01 / 11
+    np.testing.assert_allclose(gdro.arm_probs(BANDIT, new)[0], p0, rtol=1e-5)
+    # Second step: EMA on the newly chosen arms, dual ascent with the learners that allocated.
+    alloc2 = gdro.allocate(BANDIT, new, bins)
+    new2, _ = gdro.rollout_gdro_update(BANDIT, new, alloc2, bins, loss_rows(alloc2))
+    for bin_, loss in ((0, 1.0), (2, 0.5)):
+        k = int(alloc2.arm[bin_]) - BANDIT.n_min
+        assert float(new2.scores[bin_, k]) == pytest.approx(
+            0.4 * want[bin_, k] + 0.6 * loss, rel=1e-5
+        )
+    probs = gdro.arm_probs(BANDIT, new)
+    n_hat = 0.5 * probs[0] @ arms + 0.5 * probs[2] @ arms
+    assert float(new2.mu) == pytest.approx(0.15 + 0.05 * (n_hat - 4), rel=1e-5)
+    assert float(new2.mu) != float(new.mu)
 
 
 def test_price_pulls_expected_arm_towards_budget():
-  state = gdro.rollout_gdro_init(BANDIT, 2)
-  bins = np.array([0, 0, 1, 1])
-  rng = np.random.default_rng(0)
-  for _ in range(300):
-    alloc = gdro.allocate(BANDIT, state, bins)
-    check_allocation(BANDIT, alloc, 4)
-    state, _ = gdro.rollout_gdro_update(BANDIT, state, alloc, bins,
-                                        rng.normal(0, 0.1, 16).astype(np.float32))
-  n_hat = float(np.mean(gdro.arm_probs(BANDIT, state) @ BANDIT.arms))
-  assert float(state.mu) > 0 and abs(n_hat - 4) < 0.25         # started at E[a] = 7
+    state = gdro.rollout_gdro_init(BANDIT, 2)
+    bins = np.array([0, 0, 1, 1])
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        alloc = gdro.allocate(BANDIT, state, bins)
+        check_allocation(BANDIT, alloc, 4)
+        state, _ = gdro.rollout_gdro_update(
+            BANDIT, state, alloc, bins, rng.normal(0, 0.1, 16).astype(np.float32)
+        )
+    n_hat = float(np.mean(gdro.arm_probs(BANDIT, state) @ BANDIT.arms))
+    assert float(state.mu) > 0 and abs(n_hat - 4) < 0.25  # started at E[a] = 7
 
 
 def test_sqrt_update_leaves_bandit_state():
-  state = gdro.rollout_gdro_init(SQRT, 3)
-  bins = np.array([0, 2])
-  alloc = gdro.allocate(SQRT, state, bins, bin_success=np.array([0.2, 0.5, 0.5]))
-  new, diag = gdro.rollout_gdro_update(SQRT, state, alloc, bins, np.ones(8),
-                                       rewards=np.array([1, 0, 1, 0, 1, 1, 0, 0.0]))
-  np.testing.assert_array_equal(new.scores, state.scores)
-  assert float(new.mu) == 0.0 and int(new.step) == 1
-  assert "rollout_gdro/wse_pooled" in diag and "rollout_gdro/wse" not in diag
+    state = gdro.rollout_gdro_init(SQRT, 3)
+    bins = np.array([0, 2])
+    alloc = gdro.allocate(SQRT, state, bins, bin_success=np.array([0.2, 0.5, 0.5]))
+    new, diag = gdro.rollout_gdro_update(
+        SQRT, state, alloc, bins, np.ones(8), rewards=np.array([1, 0, 1, 0, 1, 1, 0, 0.0])
+    )
+    np.testing.assert_array_equal(new.scores, state.scores)
+    assert float(new.mu) == 0.0 and int(new.step) == 1
+    assert "rollout_gdro/wse_pooled" in diag and "rollout_gdro/wse" not in diag
 
 
 def test_diagnostics_hand_values():
-  cfg = gdro.RolloutGDROConfig(n_bar=3)
-  state = preferring(cfg, {0: 2, 1: 4}, 2)
-  bins = np.array([0, 1])
-  alloc = gdro.allocate(cfg, state, bins)
-  np.testing.assert_array_equal(alloc.rollouts_per_prompt, [2, 4])
-  rewards = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])     # var: 0.5 (n=2), 1/3 (n=4)
-  d = gdro.rollout_gdro_diagnostics(cfg, state, alloc, rewards=rewards)
-  np.testing.assert_allclose(d["rollout_gdro/budget_share"], [2 / 6, 4 / 6], rtol=1e-6)
-  np.testing.assert_allclose(d["rollout_gdro/n_b"], [2, 4])
-  s0, s1 = math.sqrt(0.5), math.sqrt(1 / 3)
-  assert d["rollout_gdro/wse_pooled"] == pytest.approx(0.5 * (s0 / math.sqrt(2) + s1 / 2))
-  assert d["rollout_gdro/wse_pooled_uniform"] == pytest.approx(0.5 * (s0 + s1) / math.sqrt(3))
-  assert "rollout_gdro/wse" not in d
-  np.testing.assert_allclose(d["gdro/bin_reward"], [0.5, 0.5])
-  d = gdro.rollout_gdro_diagnostics(cfg, state, alloc, bin_success=np.array([0.5, 0.1]))
-  assert d["rollout_gdro/wse"] == pytest.approx(0.5 * (0.5 / math.sqrt(2) + 0.3 / 2))
-  assert d["rollout_gdro/wse_uniform"] == pytest.approx(0.5 * (0.5 + 0.3) / math.sqrt(3))
-  assert d["rollout_gdro/wse_ratio"] == pytest.approx(
-      d["rollout_gdro/wse"] / d["rollout_gdro/wse_uniform"])
-  assert d["rollout_gdro/alloc_entropy"] == pytest.approx(
-      -(1 / 3 * math.log(1 / 3) + 2 / 3 * math.log(2 / 3)))
+    cfg = gdro.RolloutGDROConfig(n_bar=3)
+    state = preferring(cfg, {0: 2, 1: 4}, 2)
+    bins = np.array([0, 1])
+    alloc = gdro.allocate(cfg, state, bins)
+    np.testing.assert_array_equal(alloc.rollouts_per_prompt, [2, 4])
+    rewards = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # var: 0.5 (n=2), 1/3 (n=4)
+    d = gdro.rollout_gdro_diagnostics(cfg, state, alloc, rewards=rewards)
+    np.testing.assert_allclose(d["rollout_gdro/budget_share"], [2 / 6, 4 / 6], rtol=1e-6)
+    np.testing.assert_allclose(d["rollout_gdro/n_b"], [2, 4])
+    s0, s1 = math.sqrt(0.5), math.sqrt(1 / 3)
+    assert d["rollout_gdro/wse_pooled"] == pytest.approx(0.5 * (s0 / math.sqrt(2) + s1 / 2))
+    assert d["rollout_gdro/wse_pooled_uniform"] == pytest.approx(0.5 * (s0 + s1) / math.sqrt(3))
+    assert "rollout_gdro/wse" not in d
+    np.testing.assert_allclose(d["gdro/bin_reward"], [0.5, 0.5])
+    d = gdro.rollout_gdro_diagnostics(cfg, state, alloc, bin_success=np.array([0.5, 0.1]))
+    assert d["rollout_gdro/wse"] == pytest.approx(0.5 * (0.5 / math.sqrt(2) + 0.3 / 2))
+    assert d["rollout_gdro/wse_uniform"] == pytest.approx(0.5 * (0.5 + 0.3) / math.sqrt(3))
+    assert d["rollout_gdro/wse_ratio"] == pytest.approx(
+        d["rollout_gdro/wse"] / d["rollout_gdro/wse_uniform"]
+    )
+    assert d["rollout_gdro/alloc_entropy"] == pytest.approx(
+        -(1 / 3 * math.log(1 / 3) + 2 / 3 * math.log(2 / 3))
+    )
 
 
 # ----------------------------------------------------------------------------- jit, state, config
 
 
 def test_sqrt_allocator_is_jittable_with_static_shapes():
-  cfg = SQRT
+    cfg = SQRT
 
-  @jax.jit
-  def alloc(bins, success):
-    n = gdro.sqrt_allocation(cfg, bins, success, jnp.arange(bins.shape[0]), 10)
-    return n, jnp.repeat(jnp.arange(bins.shape[0]), n, total_repeat_length=bins.shape[0] * 4)
+    @jax.jit
+    def alloc(bins, success):
+        n = gdro.sqrt_allocation(cfg, bins, success, jnp.arange(bins.shape[0]), 10)
+        return n, jnp.repeat(jnp.arange(bins.shape[0]), n, total_repeat_length=bins.shape[0] * 4)
 
-  rng = np.random.default_rng(0)
-  for _ in range(3):
-    bins = jnp.asarray(rng.integers(0, 10, 16), jnp.int32)
-    n, seg = alloc(bins, jnp.asarray(rng.random(10), jnp.float32))
-    assert int(n.sum()) == 64 and seg.shape == (64,)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        bins = jnp.asarray(rng.integers(0, 10, 16), jnp.int32)
+        n, seg = alloc(bins, jnp.asarray(rng.random(10), jnp.float32))
+        assert int(n.sum()) == 64 and seg.shape == (64,)
 
 
 def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
-  state = random_state(BANDIT, 10, np.random.default_rng(3))
-  ckptr = ocp.StandardCheckpointer()
-  ckptr.save(tmp_path / "ckpt", state)
-  ckptr.wait_until_finished()
-  r = ckptr.restore(tmp_path / "ckpt", jax.tree.map(ocp.utils.to_shape_dtype_struct, state))
-  assert isinstance(r, gdro.RolloutGDROState)
-  for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(r)):
-    assert np.asarray(x).dtype == np.asarray(y).dtype
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  bins = np.array([0, 4, 4, 9])
-  np.testing.assert_array_equal(gdro.allocate(BANDIT, state, bins).rollouts_per_prompt,
-                                gdro.allocate(BANDIT, r, bins).rollouts_per_prompt)
+    state = random_state(BANDIT, 10, np.random.default_rng(3))
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(tmp_path / "ckpt", state)
+    ckptr.wait_until_finished()
+    r = ckptr.restore(tmp_path / "ckpt", jax.tree.map(ocp.utils.to_shape_dtype_struct, state))
+    assert isinstance(r, gdro.RolloutGDROState)
+    for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(r)):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    bins = np.array([0, 4, 4, 9])
+    np.testing.assert_array_equal(
+        gdro.allocate(BANDIT, state, bins).rollouts_per_prompt,
+        gdro.allocate(BANDIT, r, bins).rollouts_per_prompt,
+    )
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(n_min=1), "n_min"), (dict(n_min=0, n_bar=2), "n_min"),
-    (dict(n_bar=13), "n_bar"), (dict(n_min=3, n_bar=2), "n_bar"), (dict(n_bar=4.5), "n_bar"),
-    (dict(n_min=6, n_max=5, n_bar=5), "n_max"), (dict(allocator="greedy"), "allocator"),
-    (dict(eta=0.0), "eta"), (dict(gamma=2.0), "gamma"), (dict(ema_decay=1.0), "ema_decay"),
-    (dict(v_floor=0.0), "v_floor"), (dict(signal="x"), "signal"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(n_min=1), "n_min"),
+        (dict(n_min=0, n_bar=2), "n_min"),
+        (dict(n_bar=13), "n_bar"),
+        (dict(n_min=3, n_bar=2), "n_bar"),
+        (dict(n_bar=4.5), "n_bar"),
+        (dict(n_min=6, n_max=5, n_bar=5), "n_max"),
+        (dict(allocator="greedy"), "allocator"),
+        (dict(eta=0.0), "eta"),
+        (dict(gamma=2.0), "gamma"),
+        (dict(ema_decay=1.0), "ema_decay"),
+        (dict(v_floor=0.0), "v_floor"),
+        (dict(signal="x"), "signal"),
+    ],
+)
 def test_config_validation_names_the_field(kwargs, field):
-  with pytest.raises(ValueError, match=field):
-    gdro.RolloutGDROConfig(**kwargs)
+    with pytest.raises(ValueError, match=field):
+        gdro.RolloutGDROConfig(**kwargs)
 
 
 def test_unsorted_edges_raise_at_config_time():
-  with pytest.raises(ValueError, match="edges"):
-    gdro.ClassifierConfig(edges=(0.3, 0.1, 0.5))
+    with pytest.raises(ValueError, match="edges"):
+        gdro.ClassifierConfig(edges=(0.3, 0.1, 0.5))
 
 
 def test_config_defaults_and_configdict():
-  c = gdro.RolloutGDROConfig()
-  assert (c.allocator, c.n_min, c.n_max, c.n_bar) == ("bandit", 2, 12, 4)
-  assert (c.eta, c.gamma, c.ema_decay, c.alpha_mu, c.mu_0) == (0.65, 0.01, 0.4, 0.05, 0.0)
-  section = ml_collections.ConfigDict(dict(allocator="sqrt", n_bar=8))
-  assert gdro.RolloutGDROConfig(**section) == gdro.RolloutGDROConfig.from_dict(section)
-  hash(c)
+    c = gdro.RolloutGDROConfig()
+    assert (c.allocator, c.n_min, c.n_max, c.n_bar) == ("bandit", 2, 12, 4)
+    assert (c.eta, c.gamma, c.ema_decay, c.alpha_mu, c.mu_0) == (0.65, 0.01, 0.4, 0.05, 0.0)
+    section = ml_collections.ConfigDict(dict(allocator="sqrt", n_bar=8))
+    assert gdro.RolloutGDROConfig(**section) == gdro.RolloutGDROConfig.from_dict(section)
+    hash(c)

@@ -1,4 +1,5 @@
 """Sampler: distribution statistics, truncation rules, EOS/masks, batching, log-probs, sharding."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,8 +25,8 @@ def _left_pad(prompts, width, pad=0):
     toks = np.full((len(prompts), width), pad, np.int32)
     mask = np.zeros((len(prompts), width), bool)
     for i, p in enumerate(prompts):
-        toks[i, width - len(p):] = p
-        mask[i, width - len(p):] = True
+        toks[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = True
     return jnp.asarray(toks), jnp.asarray(mask)
 
 
@@ -74,8 +75,18 @@ def test_sample_frequencies_match_softmax(temperature):
         assert _chi2_pvalue(counts, wrong) < 1e-6
 
 
-@pytest.mark.parametrize("top_p,support", [(0.0, [0]), (0.4, [0]), (0.6, [0, 1]),
-                                           (0.79, [0, 1]), (0.81, [0, 1, 2]), (0.9, [0, 1, 2]), (0.97, [0, 1, 2, 3])])
+@pytest.mark.parametrize(
+    "top_p,support",
+    [
+        (0.0, [0]),
+        (0.4, [0]),
+        (0.6, [0, 1]),
+        (0.79, [0, 1]),
+        (0.81, [0, 1, 2]),
+        (0.9, [0, 1, 2]),
+        (0.97, [0, 1, 2, 3]),
+    ],
+)
 def test_top_p_keeps_the_crossing_token(top_p, support):
     logits = np.log(PROBS4)[[2, 0, 3, 1]]  # shuffled: the sampler must sort
     perm = np.array([2, 0, 3, 1])  # position j holds PROBS4[perm[j]]
@@ -106,8 +117,12 @@ def test_top_k_keeps_exactly_k_and_composes_with_top_p():
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 2**16), top_k=st.integers(0, 8), top_p=st.floats(0.0, 1.0),
-       temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+@given(
+    seed=st.integers(0, 2**16),
+    top_k=st.integers(0, 8),
+    top_p=st.floats(0.0, 1.0),
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+)
 def test_sampled_token_always_in_reference_kept_set(seed, top_k, top_p, temperature):
     logits = np.random.default_rng(seed).normal(0, 2, (4, 8)).astype(np.float32)
     cfg = SamplingConfig(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -156,8 +171,9 @@ def test_batched_greedy_equals_each_prompt_alone():
     batched = generate(G, P, toks, mask, jax.random.key(0), cfg)
     assert batched.tokens.shape == (3, 15) and batched.completion_tokens.shape == (3, 8)
     for i, p in enumerate(PROMPTS[:2]):  # (the third prompt has no padding)
-        alone = generate(G, P, jnp.asarray([p], jnp.int32), jnp.ones((1, len(p)), bool),
-                         jax.random.key(0), cfg)
+        alone = generate(
+            G, P, jnp.asarray([p], jnp.int32), jnp.ones((1, len(p)), bool), jax.random.key(0), cfg
+        )
         np.testing.assert_array_equal(batched.completion_tokens[i], alone.completion_tokens[0])
         np.testing.assert_allclose(batched.logprobs[i], alone.logprobs[0], atol=1e-5)
     # greedy = argmax of a full forward pass over prompt + completion at every step
@@ -189,6 +205,7 @@ def test_prefill_once_per_group_gives_the_same_rollouts():
 def _token_logprobs(logits, tokens, temperature):
     try:
         from grpo_jax.losses import token_logprobs
+
         return token_logprobs(logits, tokens, temperature)
     except ImportError:
         lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, -1)
@@ -198,8 +215,9 @@ def _token_logprobs(logits, tokens, temperature):
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, 5, 0.9), (0.0, 0, 1.0)])
 def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p):
     toks, mask = _left_pad(PROMPTS * 2, 7)
-    cfg = SamplingConfig(max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
-                         eos_ids=(2, 7))
+    cfg = SamplingConfig(
+        max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=(2, 7)
+    )
     out = generate(G, P, toks, mask, jax.random.key(1), cfg)
     full_mask = jnp.concatenate([mask, out.completion_mask > 0], axis=1)
     logits = _forward(P, out.tokens, full_mask)
@@ -211,7 +229,9 @@ def test_logprobs_equal_full_forward_recomputation(temperature, top_k, top_p):
 
 def test_eos_masks_lengths_and_truncation():
     toks, mask = _left_pad(PROMPTS, 7)
-    free = generate(G, P, toks, mask, jax.random.key(0), SamplingConfig(max_new_tokens=8, temperature=0.0))
+    free = generate(
+        G, P, toks, mask, jax.random.key(0), SamplingConfig(max_new_tokens=8, temperature=0.0)
+    )
     ct = np.asarray(free.completion_tokens)
     assert np.all(np.asarray(free.truncated)) and np.all(np.asarray(free.lengths) == 8)
     np.testing.assert_array_equal(free.completion_mask, np.ones((3, 8)))
@@ -219,8 +239,14 @@ def test_eos_masks_lengths_and_truncation():
     e0, e1 = int(ct[0, 2]), int(ct[1, 4])
     eos = tuple(e for e in (e0, e1))
     pad = 31
-    out = generate(G, P, toks, mask, jax.random.key(0),
-                   SamplingConfig(max_new_tokens=8, temperature=0.0, eos_ids=eos, pad_id=pad))
+    out = generate(
+        G,
+        P,
+        toks,
+        mask,
+        jax.random.key(0),
+        SamplingConfig(max_new_tokens=8, temperature=0.0, eos_ids=eos, pad_id=pad),
+    )
     for r in range(3):
         hits = [j for j in range(8) if ct[r, j] in eos]
         length = hits[0] + 1 if hits else 8
@@ -256,7 +282,8 @@ def test_sharded_batch_matches_unsharded():
     ref = generate(G, P, toks, mask, jax.random.key(0), cfg)
     batch = NamedSharding(mesh, PartitionSpec("data"))
     params = jax.device_put(P, NamedSharding(mesh, PartitionSpec()))
-    out = generate(G, params, jax.device_put(toks, batch), jax.device_put(mask, batch),
-                   jax.random.key(0), cfg)
+    out = generate(
+        G, params, jax.device_put(toks, batch), jax.device_put(mask, batch), jax.random.key(0), cfg
+    )
     np.testing.assert_array_equal(out.completion_tokens, ref.completion_tokens)
     assert len(out.completion_tokens.sharding.device_set) == 4

@@ -12,6 +12,7 @@ arenas, and each new arena shows up as a ~27 MiB step in RSS that is fragmentati
 (measured: with two arenas RSS is flat to the MiB over 300 steps, and the object count is the
 same). ``python tests/test_soak.py DIR`` runs the soak alone and prints its numbers.
 """
+
 import gc
 import json
 import os
@@ -27,104 +28,134 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def _rss_bytes() -> int:
-  """Current resident set size (Linux /proc), else the peak from getrusage."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Current resident set size (Linux /proc), else the peak from getrusage."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def soak(workdir: str) -> dict:
-  """Runs the soak in this process; returns per-step RSS, object counts and compilations."""
-  import jax
-  import numpy as np
-  from grpo_jax import checkpointing, evaluation, train, writers
-  from grpo_jax.experiment import build_experiment
-  from test_train import smoke_config
+    """Runs the soak in this process; returns per-step RSS, object counts and compilations."""
+    import jax
+    import numpy as np
+    from test_train import smoke_config
 
-  phase = {"step": 0}
-  compiled = []  # (step during which it happened, function name)
+    from grpo_jax import checkpointing, evaluation, train, writers
+    from grpo_jax.experiment import build_experiment
 
-  def on_event(event, duration, **kwargs):
-    del duration
-    if event == _COMPILE_EVENT:
-      compiled.append((phase["step"], kwargs.get("fun_name", "?")))
+    phase = {"step": 0}
+    compiled = []  # (step during which it happened, function name)
 
-  jax.monitoring.register_event_duration_secs_listener(on_event)
-  try:
-    cfg = smoke_config("grpo", steps=STEPS, **{"checkpoint.every_steps": CHECKPOINT_EVERY,
-                                               "eval.max_examples": 8})
-    exp = build_experiment(cfg)
-    state = exp.init_state(make_state=train.TrainState)
-    exp.set_ref_params(None, state)
-    fns = train._jit_functions(exp)  # noqa: SLF001 -- the loop's own pieces, observed per step
-    ctrl = train.init_controllers(exp)
-    source = exp.make_source()
-    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep)
-    writer = writers.MetricsWriter(workdir, tensorboard=False)
-    eval_key = jax.random.PRNGKey(cfg.seed + 7)
-    rss, objects, evals, skipped = {}, {}, [], 0
-    for step in range(1, STEPS + 1):
-      phase["step"] = step
-      state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-      assert int(state.step) == step
-      skipped += row["skipped_updates"]
-      writer.write(step, row)
-      if step == 2 or step % CHECKPOINT_EVERY == 0:
-        ckpt.save(step, {"train": state, "controllers": ctrl, "ref_params": None},
-                  {"data": source.get_state(), "config": cfg.to_dict()})
-      if step == 2 or step % EVAL_EVERY == 0:
-        evals.append(evaluation.evaluate(exp, state.params, eval_key)["mean_at_1"])
-      if step % 10 == 0:
-        gc.collect()
-        objects[step] = len(gc.get_objects())
-      rss[step] = _rss_bytes()
-    writer.close()
-    ckpt.close()
-    exp.close()
-  finally:
-    jax.monitoring.unregister_event_duration_listener(on_event)
-  losses = [r["loss"] for r in writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
-  return {"rss": rss, "objects": objects, "compiled": compiled, "evals": evals,
-          "skipped": skipped, "finite_losses": int(np.isfinite(losses).sum()),
-          "checkpoints": sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints"))
-                                if n.isdigit())}
+    def on_event(event, duration, **kwargs):
+        del duration
+        if event == _COMPILE_EVENT:
+            compiled.append((phase["step"], kwargs.get("fun_name", "?")))
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        cfg = smoke_config(
+            "grpo",
+            steps=STEPS,
+            **{"checkpoint.every_steps": CHECKPOINT_EVERY, "eval.max_examples": 8},
+        )
+        exp = build_experiment(cfg)
+        state = exp.init_state(make_state=train.TrainState)
+        exp.set_ref_params(None, state)
+        fns = train._jit_functions(exp)
+        ctrl = train.init_controllers(exp)
+        source = exp.make_source()
+        ckpt = checkpointing.Checkpointer(
+            os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep
+        )
+        writer = writers.MetricsWriter(workdir, tensorboard=False)
+        eval_key = jax.random.PRNGKey(cfg.seed + 7)
+        rss, objects, evals, skipped = {}, {}, [], 0
+        for step in range(1, STEPS + 1):
+            phase["step"] = step
+            state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
+            assert int(state.step) == step
+            skipped += row["skipped_updates"]
+            writer.write(step, row)
+            if step == 2 or step % CHECKPOINT_EVERY == 0:
+                ckpt.save(
+                    step,
+                    {"train": state, "controllers": ctrl, "ref_params": None},
+                    {"data": source.get_state(), "config": cfg.to_dict()},
+                )
+            if step == 2 or step % EVAL_EVERY == 0:
+                evals.append(evaluation.evaluate(exp, state.params, eval_key)["mean_at_1"])
+            if step % 10 == 0:
+                gc.collect()
+                objects[step] = len(gc.get_objects())
+            rss[step] = _rss_bytes()
+        writer.close()
+        ckpt.close()
+        exp.close()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    losses = [r["loss"] for r in writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+    return {
+        "rss": rss,
+        "objects": objects,
+        "compiled": compiled,
+        "evals": evals,
+        "skipped": skipped,
+        "finite_losses": int(np.isfinite(losses).sum()),
+        "checkpoints": sorted(
+            int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()
+        ),
+    }
 
 
 @pytest.mark.slow
 def test_200_steps_memory_stays_flat_and_nothing_recompiles(tmp_path):
-  env = dict(os.environ, MALLOC_ARENA_MAX="2",
-             PYTHONPATH=os.pathsep.join([os.path.dirname(_TESTS), _TESTS, os.environ.get("PYTHONPATH", "")]))
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path)], env=env,
-                       cwd=os.path.dirname(_TESTS), capture_output=True, text=True, timeout=1200)
-  assert out.returncode == 0, out.stderr[-5000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
-  rss = {int(k): v for k, v in result["rss"].items()}
-  objects = {int(k): v for k, v in result["objects"].items()}
+    env = dict(
+        os.environ,
+        MALLOC_ARENA_MAX="2",
+        PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(_TESTS), _TESTS, os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), str(tmp_path)],
+        env=env,
+        cwd=os.path.dirname(_TESTS),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert out.returncode == 0, out.stderr[-5000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    rss = {int(k): v for k, v in result["rss"].items()}
+    objects = {int(k): v for k, v in result["objects"].items()}
 
-  late = [(s, name) for s, name in result["compiled"] if s > 2]
-  assert not late, f"recompiled after step 2: {late}"
-  assert any(s == 1 for s, _ in result["compiled"])  # the listener does see compilations
+    late = [(s, name) for s, name in result["compiled"] if s > 2]
+    assert not late, f"recompiled after step 2: {late}"
+    assert any(s == 1 for s, _ in result["compiled"])  # the listener does see compilations
 
-  growth = rss[STEPS] / rss[WARMUP] - 1
-  print(f"RSS step {WARMUP}: {rss[WARMUP] / 2**20:.0f} MiB, step {STEPS}: {rss[STEPS] / 2**20:.0f} MiB "
+    growth = rss[STEPS] / rss[WARMUP] - 1
+    print(
+        f"RSS step {WARMUP}: {rss[WARMUP] / 2**20:.0f} MiB, step {STEPS}: {rss[STEPS] / 2**20:.0f} MiB "
         f"({100 * growth:+.1f}%), max {max(rss.values()) / 2**20:.0f} MiB; live objects "
-        f"{objects[WARMUP]} -> {objects[STEPS]}; {len(result['compiled'])} compilations, all in steps <= 2")
-  assert growth < 0.10, {s: rss[s] // 2**20 for s in range(WARMUP, STEPS + 1, 20)}
-  assert objects[STEPS] < 1.01 * objects[WARMUP], objects
+        f"{objects[WARMUP]} -> {objects[STEPS]}; {len(result['compiled'])} compilations, all in steps <= 2"
+    )
+    assert growth < 0.10, {s: rss[s] // 2**20 for s in range(WARMUP, STEPS + 1, 20)}
+    assert objects[STEPS] < 1.01 * objects[WARMUP], objects
 
-  assert result["skipped"] == 0 and result["finite_losses"] == STEPS
-  assert len(result["evals"]) == 1 + STEPS // EVAL_EVERY
-  assert result["checkpoints"] == [STEPS - 2 * CHECKPOINT_EVERY, STEPS - CHECKPOINT_EVERY, STEPS]
+    assert result["skipped"] == 0 and result["finite_losses"] == STEPS
+    assert len(result["evals"]) == 1 + STEPS // EVAL_EVERY
+    assert result["checkpoints"] == [STEPS - 2 * CHECKPOINT_EVERY, STEPS - CHECKPOINT_EVERY, STEPS]
 
 
 if __name__ == "__main__":
-  import logging
-  logging.getLogger("absl").setLevel(logging.ERROR)
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  print(json.dumps(soak(sys.argv[1])))
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    print(json.dumps(soak(sys.argv[1])))

@@ -17,6 +17,7 @@ completion positions only (`return_hidden=True` + `model.logits` on the last Lc 
 of to every position, the change this profile suggests for `train.completion_logprobs`.
 `--trace_dir` additionally writes a jax.profiler trace of one update call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,130 +27,169 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 sys.path.insert(0, common.REPO)
 
 
 def timeit(fn, repeats):
-  import jax
-  jax.block_until_ready(fn())                 # compile
-  out = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    out.append(time.perf_counter() - t)
-  return statistics.median(out)
+    import jax
+
+    jax.block_until_ready(fn())  # compile
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
 
 
 def main(argv=None):
-  parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--trace_dir", default="")
-  args = parser.parse_args(argv)
+    parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trace_dir", default="")
+    args = parser.parse_args(argv)
 
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  import optax
-  import run_grpo_jax
-  from grpo_jax import losses, train
-  from grpo_jax.experiment import build_experiment
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import run_grpo_jax
 
-  prompts = common.load_prompts(args.prompts)
-  lp = max(len(p["ids"]) for p in prompts)
-  exp = build_experiment(run_grpo_jax.make_config(args, lp))
-  state = exp.init_state(make_state=train.TrainState)
-  R, lc = args.prompts * args.samples, args.max_new_tokens
-  rng = np.random.default_rng(0)
-  tokens = jnp.asarray(np.concatenate(
-      [np.repeat(exp.prompt_tokens, args.samples, 0),
-       rng.integers(3, exp.model_config.vocab_size, (R, lc))], 1).astype(np.int32))
-  mask = jnp.asarray(np.concatenate([np.repeat(exp.prompt_mask, args.samples, 0),
-                                     np.ones((R, lc), bool)], 1))
-  cmask = jnp.ones((R, lc), jnp.float32)
-  adv = jnp.asarray(rng.standard_normal(R).astype(np.float32))
-  logprobs_fn = train.make_logprobs_fn(exp)
-  ref = logprobs_fn(state.params, tokens, mask)
-  batch = train.Batch(tokens=tokens, attention_mask=mask, completion_mask=cmask, advantages=adv,
-                      sample_weights=jnp.ones((R,), jnp.float32), old_logprobs=ref,
-                      ref_logprobs=ref, returns=jnp.zeros_like(ref), old_values=jnp.zeros_like(ref))
-  cfg = exp.config.algorithm
-  T = float(exp.config.rollout.temperature)
+    from grpo_jax import losses, train
+    from grpo_jax.experiment import build_experiment
 
-  def sliced_logprobs(graphdef, params, tokens, mask, prompt_len, temperature):
-    """Proposed completion_logprobs: the [.., V] head only on the Lc completion positions."""
-    from flax import nnx
-    model = nnx.merge(graphdef, params)
-    positions = train.positions_from_mask(mask)
-    h, _ = model(tokens[:, :-1], positions[:, :-1], mask[:, :-1], return_hidden=True)
-    logits = model.logits(h[:, prompt_len - 1:])
-    return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
+    prompts = common.load_prompts(args.prompts)
+    lp = max(len(p["ids"]) for p in prompts)
+    exp = build_experiment(run_grpo_jax.make_config(args, lp))
+    state = exp.init_state(make_state=train.TrainState)
+    R, lc = args.prompts * args.samples, args.max_new_tokens
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(
+        np.concatenate(
+            [
+                np.repeat(exp.prompt_tokens, args.samples, 0),
+                rng.integers(3, exp.model_config.vocab_size, (R, lc)),
+            ],
+            1,
+        ).astype(np.int32)
+    )
+    mask = jnp.asarray(
+        np.concatenate([np.repeat(exp.prompt_mask, args.samples, 0), np.ones((R, lc), bool)], 1)
+    )
+    cmask = jnp.ones((R, lc), jnp.float32)
+    adv = jnp.asarray(rng.standard_normal(R).astype(np.float32))
+    logprobs_fn = train.make_logprobs_fn(exp)
+    ref = logprobs_fn(state.params, tokens, mask)
+    batch = train.Batch(
+        tokens=tokens,
+        attention_mask=mask,
+        completion_mask=cmask,
+        advantages=adv,
+        sample_weights=jnp.ones((R,), jnp.float32),
+        old_logprobs=ref,
+        ref_logprobs=ref,
+        returns=jnp.zeros_like(ref),
+        old_values=jnp.zeros_like(ref),
+    )
+    cfg = exp.config.algorithm
+    T = float(exp.config.rollout.temperature)
 
-  def loss_fn(params, logprob_fn=train.completion_logprobs):  # as in train.make_update_fn
-    lps = logprob_fn(exp.graphdef, params, tokens, mask, lp, T)
-    loss, _ = losses.policy_loss(lps, jax.lax.stop_gradient(lps), adv, cmask,
-                                 epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                                 loss_agg_mode=cfg.loss_agg_mode, max_len=exp.max_new_tokens,
-                                 ref_logprobs=ref, kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind,
-                                 sample_weights=batch.sample_weights)
-    return loss
+    def sliced_logprobs(graphdef, params, tokens, mask, prompt_len, temperature):
+        """Proposed completion_logprobs: the [.., V] head only on the Lc completion positions."""
+        from flax import nnx
 
-  grad_fn = jax.jit(jax.value_and_grad(loss_fn))
-  grad_sliced_fn = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, sliced_logprobs)))
-  fwd_sliced = jax.jit(lambda p: sliced_logprobs(exp.graphdef, p, tokens, mask, lp, T))
-  np.testing.assert_allclose(np.asarray(fwd_sliced(state.params)), np.asarray(ref),
-                             atol=1e-4, rtol=1e-4)
-  _, grads = grad_fn(state.params)
+        model = nnx.merge(graphdef, params)
+        positions = train.positions_from_mask(mask)
+        h, _ = model(tokens[:, :-1], positions[:, :-1], mask[:, :-1], return_hidden=True)
+        logits = model.logits(h[:, prompt_len - 1 :])
+        return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
 
-  @jax.jit
-  def opt_fn(params, opt_state, grads):
-    updates, opt_state = exp.tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    def loss_fn(params, logprob_fn=train.completion_logprobs):  # as in train.make_update_fn
+        lps = logprob_fn(exp.graphdef, params, tokens, mask, lp, T)
+        loss, _ = losses.policy_loss(
+            lps,
+            jax.lax.stop_gradient(lps),
+            adv,
+            cmask,
+            epsilon_low=cfg.epsilon_low,
+            epsilon_high=cfg.epsilon_high,
+            loss_agg_mode=cfg.loss_agg_mode,
+            max_len=exp.max_new_tokens,
+            ref_logprobs=ref,
+            kl_coef=cfg.kl_coef,
+            kl_kind=cfg.kl_kind,
+            sample_weights=batch.sample_weights,
+        )
+        return loss
 
-  @jax.jit
-  def guard_fn(new, old, opt_new, opt_old, loss, gnorm):
-    ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & train._all_finite(new)  # noqa: SLF001
-    return (train._select(ok, new, old), train._select(ok, opt_new, opt_old))  # noqa: SLF001
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+    grad_sliced_fn = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, sliced_logprobs)))
+    fwd_sliced = jax.jit(lambda p: sliced_logprobs(exp.graphdef, p, tokens, mask, lp, T))
+    np.testing.assert_allclose(
+        np.asarray(fwd_sliced(state.params)), np.asarray(ref), atol=1e-4, rtol=1e-4
+    )
+    _, grads = grad_fn(state.params)
 
-  new_params, new_opt = opt_fn(state.params, state.opt_state, grads)
-  update = train.make_update_fn(exp)
-  holder = {"state": state}
+    @jax.jit
+    def opt_fn(params, opt_state, grads):
+        updates, opt_state = exp.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
 
-  def run_update():
-    holder["state"], m = update(holder["state"], batch)
-    return m["loss"]
+    @jax.jit
+    def guard_fn(new, old, opt_new, opt_old, loss, gnorm):
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & train._all_finite(new)
+        return (train._select(ok, new, old), train._select(ok, opt_new, opt_old))
 
-  times = {
-      "forward (reference pass)": timeit(lambda: logprobs_fn(state.params, tokens, mask),
-                                         args.repeats),
-      "forward, head on completion only": timeit(lambda: fwd_sliced(state.params),
-                                                 args.repeats),
-      "loss+grad": timeit(lambda: grad_fn(state.params), args.repeats),
-      "loss+grad, head on completion only": timeit(lambda: grad_sliced_fn(state.params),
-                                                   args.repeats),
-      "optimizer (clip+AdamW)": timeit(lambda: opt_fn(state.params, state.opt_state, grads),
-                                       args.repeats),
-      "non-finite guard": timeit(lambda: guard_fn(new_params, state.params, new_opt,
-                                                  state.opt_state, jnp.float32(1.0),
-                                                  jnp.float32(1.0)), args.repeats),
-  }
-  # the update donates its state: run it on a copy so the arrays above stay valid
-  holder["state"] = jax.tree.map(jnp.copy, state)
-  times["whole update (make_update_fn)"] = timeit(run_update, args.repeats)
-  if args.trace_dir:
-    jax.profiler.start_trace(args.trace_dir)
-    jax.block_until_ready(run_update())
-    jax.profiler.stop_trace()
-  tok = int(np.asarray(mask).sum())
-  print(f"R={R} rows x {lp + lc} positions ({tok} real tokens), {args.repeats} repeats, "
-        f"median s:")
-  for k, v in times.items():
-    print(f"  {k:<32}{v:8.3f}")
-  parts = times["loss+grad"] + times["optimizer (clip+AdamW)"] + times["non-finite guard"]
-  print(f"  {'sum of the three parts':<32}{parts:8.3f}")
-  exp.close()
+    new_params, new_opt = opt_fn(state.params, state.opt_state, grads)
+    update = train.make_update_fn(exp)
+    holder = {"state": state}
+
+    def run_update():
+        holder["state"], m = update(holder["state"], batch)
+        return m["loss"]
+
+    times = {
+        "forward (reference pass)": timeit(
+            lambda: logprobs_fn(state.params, tokens, mask), args.repeats
+        ),
+        "forward, head on completion only": timeit(lambda: fwd_sliced(state.params), args.repeats),
+        "loss+grad": timeit(lambda: grad_fn(state.params), args.repeats),
+        "loss+grad, head on completion only": timeit(
+            lambda: grad_sliced_fn(state.params), args.repeats
+        ),
+        "optimizer (clip+AdamW)": timeit(
+            lambda: opt_fn(state.params, state.opt_state, grads), args.repeats
+        ),
+        "non-finite guard": timeit(
+            lambda: guard_fn(
+                new_params,
+                state.params,
+                new_opt,
+                state.opt_state,
+                jnp.float32(1.0),
+                jnp.float32(1.0),
+            ),
+            args.repeats,
+        ),
+    }
+    # the update donates its state: run it on a copy so the arrays above stay valid
+    holder["state"] = jax.tree.map(jnp.copy, state)
+    times["whole update (make_update_fn)"] = timeit(run_update, args.repeats)
+    if args.trace_dir:
+        jax.profiler.start_trace(args.trace_dir)
+        jax.block_until_ready(run_update())
+        jax.profiler.stop_trace()
+    tok = int(np.asarray(mask).sum())
+    print(
+        f"R={R} rows x {lp + lc} positions ({tok} real tokens), {args.repeats} repeats, median s:"
+    )
+    for k, v in times.items():
+        print(f"  {k:<32}{v:8.3f}")
+    parts = times["loss+grad"] + times["optimizer (clip+AdamW)"] + times["non-finite guard"]
+    print(f"  {'sum of the three parts':<32}{parts:8.3f}")
+    exp.close()
 
 
 if __name__ == "__main__":
-  main()
+    main()

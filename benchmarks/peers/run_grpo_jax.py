@@ -10,6 +10,7 @@ kl_coef, T=1) and times `grpo_jax.train.rl_step`, whose metrics row carries time
 time/reward, time/reference, time/update. `--profile_dir` also writes a jax.profiler trace of
 the last timed step (TensorBoard / Perfetto).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,152 +19,203 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 sys.path.insert(0, common.REPO)
 
 
 def make_config(args, prompt_len: int):
-  from configs import gsm8k_smollm2
-  c = gsm8k_smollm2.get_config("grpo")
-  c.seed = args.seed
-  c.steps = args.warmup + args.steps
-  c.model.gguf_path = ""
-  c.model.hf_checkpoint = common.model_dir()       # the same float32 safetensors as the peers
-  c.model.dtype = c.model.param_dtype = "float32"
-  c.model.remat = bool(getattr(args, "remat", False))
-  c.data.source_dir = common.data_dir()
-  c.data.max_train_examples = args.prompts          # the first N train problems
-  c.data.max_prompt_tokens = prompt_len             # pad to the longest prompt (as TRL does)
-  c.rollout.prompts_per_step = args.prompts
-  c.rollout.rollouts_per_prompt = args.samples
-  c.rollout.max_new_tokens = args.max_new_tokens
-  c.rollout.temperature = args.temperature
-  c.rollout.top_k, c.rollout.top_p = 0, 1.0
-  c.algorithm.kl_coef = args.kl_coef
-  c.algorithm.num_iterations = 1
-  c.algorithm.mini_batch_size = 0                  # one gradient step on the whole batch
-  mb = common.micro_batch_rows(args)
-  # gradient accumulation over micro-batches of rows (also the reference pass's chunk)
-  c.algorithm.micro_batch_size = 0 if mb == args.prompts * args.samples else mb
-  c.rollout.generate_batch_size = 0                # generation: the whole batch at once
-  # each group's prompt runs once in the prefill, the reference pass and the update (same values)
-  c.algorithm.shared_prompt_forward = not getattr(args, "no_shared_prompt", False)
-  c.optimizer.learning_rate = args.learning_rate
-  c.eval.datasets = ()
-  c.logging.progress_bar = False
-  c.logging.tensorboard = False
-  return c
+    from configs import gsm8k_smollm2
+
+    c = gsm8k_smollm2.get_config("grpo")
+    c.seed = args.seed
+    c.steps = args.warmup + args.steps
+    c.model.gguf_path = ""
+    c.model.hf_checkpoint = common.model_dir()  # the same float32 safetensors as the peers
+    c.model.dtype = c.model.param_dtype = "float32"
+    c.model.remat = bool(getattr(args, "remat", False))
+    c.data.source_dir = common.data_dir()
+    c.data.max_train_examples = args.prompts  # the first N train problems
+    c.data.max_prompt_tokens = prompt_len  # pad to the longest prompt (as TRL does)
+    c.rollout.prompts_per_step = args.prompts
+    c.rollout.rollouts_per_prompt = args.samples
+    c.rollout.max_new_tokens = args.max_new_tokens
+    c.rollout.temperature = args.temperature
+    c.rollout.top_k, c.rollout.top_p = 0, 1.0
+    c.algorithm.kl_coef = args.kl_coef
+    c.algorithm.num_iterations = 1
+    c.algorithm.mini_batch_size = 0  # one gradient step on the whole batch
+    mb = common.micro_batch_rows(args)
+    # gradient accumulation over micro-batches of rows (also the reference pass's chunk)
+    c.algorithm.micro_batch_size = 0 if mb == args.prompts * args.samples else mb
+    c.rollout.generate_batch_size = 0  # generation: the whole batch at once
+    # each group's prompt runs once in the prefill, the reference pass and the update (same values)
+    c.algorithm.shared_prompt_forward = not getattr(args, "no_shared_prompt", False)
+    c.optimizer.learning_rate = args.learning_rate
+    c.eval.datasets = ()
+    c.logging.progress_bar = False
+    c.logging.tensorboard = False
+    return c
 
 
 def main(argv=None):
-  parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-  parser.add_argument("--profile_dir", default="", help="jax.profiler trace of the last timed step")
-  parser.add_argument("--no_shared_prompt", action="store_true",
-                      help="run every row's prompt (algorithm.shared_prompt_forward=False)")
-  parser.add_argument("--remat", action="store_true",
-                      help="rematerialise activations per layer in the update (less memory)")
-  args = parser.parse_args(argv)
+    parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument(
+        "--profile_dir", default="", help="jax.profiler trace of the last timed step"
+    )
+    parser.add_argument(
+        "--no_shared_prompt",
+        action="store_true",
+        help="run every row's prompt (algorithm.shared_prompt_forward=False)",
+    )
+    parser.add_argument(
+        "--remat",
+        action="store_true",
+        help="rematerialise activations per layer in the update (less memory)",
+    )
+    args = parser.parse_args(argv)
 
-  import jax
-  import numpy as np
-  from grpo_jax import train
-  from grpo_jax.experiment import build_experiment
+    import jax
+    import numpy as np
 
-  prompts = common.load_prompts(args.prompts)
-  prompt_len = max(len(p["ids"]) for p in prompts)
-  config = make_config(args, prompt_len)
-  exp = build_experiment(config)
-  # the experiment's prompts must be exactly the prepared ones (same ids, left-padded)
-  if len(exp.examples) != args.prompts:
-    raise SystemExit(f"grpo_jax kept {len(exp.examples)} of {args.prompts} prompts")
-  for i, p in enumerate(prompts):
-    got = exp.prompt_tokens[i][exp.prompt_mask[i]].tolist()
-    if got != p["ids"]:
-      raise SystemExit(f"prompt {i}: grpo_jax token ids differ from prompts.json")
-  prompt_tokens_per_step = args.samples * sum(len(p["ids"]) for p in prompts)
+    from grpo_jax import train
+    from grpo_jax.experiment import build_experiment
 
-  state = exp.init_state(make_state=train.TrainState)
-  exp.set_ref_params(None, state)
-  from flax import nnx
-  ids0 = np.asarray([prompts[0]["ids"]], np.int32)
-  logits0, _ = nnx.merge(exp.graphdef, state.params)(
-      ids0, np.arange(ids0.shape[1], dtype=np.int32)[None], np.ones(ids0.shape, bool))
-  nll0 = common.prompt_nll(np.asarray(logits0[0]), prompts[0]["ids"])
-  print(f"[grpo_jax] prompt 0 NLL {nll0:.5f}", flush=True)
-  fns = train._jit_functions(exp)  # noqa: SLF001 -- the benchmark drives the loop's own pieces
-  ctrl = train.init_controllers(exp)
-  source = exp.make_source()
-  steps = []
-  total = args.warmup + args.steps
-  for i in range(total):
-    profiling = bool(args.profile_dir) and i == total - 1
-    if profiling:
-      jax.profiler.start_trace(args.profile_dir)
-    t0 = time.perf_counter()
-    state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-    jax.block_until_ready(state.params)
-    wall = time.perf_counter() - t0
-    if profiling:
-      jax.profiler.stop_trace()
-    step = {"step_s": wall, "generate_s": row["time/generate"], "reward_s": row["time/reward"],
-            "reference_s": row["time/reference"], "update_s": row["time/update"],
-            "other_s": wall - row["time/generate"] - row["time/reward"] - row["time/reference"]
+    prompts = common.load_prompts(args.prompts)
+    prompt_len = max(len(p["ids"]) for p in prompts)
+    config = make_config(args, prompt_len)
+    exp = build_experiment(config)
+    # the experiment's prompts must be exactly the prepared ones (same ids, left-padded)
+    if len(exp.examples) != args.prompts:
+        raise SystemExit(f"grpo_jax kept {len(exp.examples)} of {args.prompts} prompts")
+    for i, p in enumerate(prompts):
+        got = exp.prompt_tokens[i][exp.prompt_mask[i]].tolist()
+        if got != p["ids"]:
+            raise SystemExit(f"prompt {i}: grpo_jax token ids differ from prompts.json")
+    prompt_tokens_per_step = args.samples * sum(len(p["ids"]) for p in prompts)
+
+    state = exp.init_state(make_state=train.TrainState)
+    exp.set_ref_params(None, state)
+    from flax import nnx
+
+    ids0 = np.asarray([prompts[0]["ids"]], np.int32)
+    logits0, _ = nnx.merge(exp.graphdef, state.params)(
+        ids0, np.arange(ids0.shape[1], dtype=np.int32)[None], np.ones(ids0.shape, bool)
+    )
+    nll0 = common.prompt_nll(np.asarray(logits0[0]), prompts[0]["ids"])
+    print(f"[grpo_jax] prompt 0 NLL {nll0:.5f}", flush=True)
+    fns = train._jit_functions(exp)
+    ctrl = train.init_controllers(exp)
+    source = exp.make_source()
+    steps = []
+    total = args.warmup + args.steps
+    for i in range(total):
+        profiling = bool(args.profile_dir) and i == total - 1
+        if profiling:
+            jax.profiler.start_trace(args.profile_dir)
+        t0 = time.perf_counter()
+        state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
+        jax.block_until_ready(state.params)
+        wall = time.perf_counter() - t0
+        if profiling:
+            jax.profiler.stop_trace()
+        step = {
+            "step_s": wall,
+            "generate_s": row["time/generate"],
+            "reward_s": row["time/reward"],
+            "reference_s": row["time/reference"],
+            "update_s": row["time/update"],
+            "other_s": wall
+            - row["time/generate"]
+            - row["time/reward"]
+            - row["time/reference"]
             - row["time/update"],
             "generated_tokens": int(row["generated_tokens"]),
             "update_tokens": prompt_tokens_per_step + int(row["generated_tokens"]),
-            "reward_mean": row["reward_mean"], "loss": row.get("loss"), "kl": row.get("kl"),
-            "rss_gib": common.current_rss_bytes() / 2 ** 30,
-            "peak_rss_gib": common.peak_rss_bytes() / 2 ** 30}
-    steps.append(step)
-    print(f"[grpo_jax] step {i}{' (warm-up)' if i < args.warmup else ''}: "
-          + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                      for k, v in step.items()), flush=True)
-  exp.close()
-  # the update's model FLOPs (matmuls actually run: 6 x params x positions for the layers, the LM
-  # head on the completion positions only, attention scores/values; Kaplan et al. 2020 eq. 2.1
-  # plus the attention term) and the float32 matmul peak measured in this process
-  sys.path.insert(0, os.path.join(common.REPO, "benchmarks"))
-  from bench_step import matmul_peak
-  peak = matmul_peak()
-  mc = exp.model_config
-  n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
-  n_head = mc.vocab_size * mc.hidden_size
-  n_body = n_params - n_head if mc.tie_word_embeddings else n_params - 2 * n_head
-  R, Lc, Lp = args.prompts * args.samples, exp.max_new_tokens, exp.prompt_len
-  # positions the update runs (padded shapes) and attention query-key pairs; with the shared
-  # prompt forward each group's prompt runs once
-  if exp.prompt_group_size > 1:
-    positions = args.prompts * Lp + R * (Lc - 1)
-    pairs = args.prompts * Lp * Lp + R * (Lc - 1) * (Lp + Lc - 1)
-  else:
-    positions, pairs = R * (Lp + Lc - 1), R * (Lp + Lc - 1) ** 2
-  update_flops = (6 * n_body * positions + 6 * n_head * R * Lc
-                  + 12 * mc.num_layers * mc.num_heads * mc.head_dim * pairs)
-  upd = sorted(s["update_s"] for s in steps[args.warmup:])
-  med_update = upd[len(upd) // 2] if upd else float("nan")
-  print(f"[grpo_jax] update {update_flops / 1e12:.2f} TFLOP per step, "
+            "reward_mean": row["reward_mean"],
+            "loss": row.get("loss"),
+            "kl": row.get("kl"),
+            "rss_gib": common.current_rss_bytes() / 2**30,
+            "peak_rss_gib": common.peak_rss_bytes() / 2**30,
+        }
+        steps.append(step)
+        print(
+            f"[grpo_jax] step {i}{' (warm-up)' if i < args.warmup else ''}: "
+            + ", ".join(
+                f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in step.items()
+            ),
+            flush=True,
+        )
+    exp.close()
+    # the update's model FLOPs (matmuls actually run: 6 x params x positions for the layers, the LM
+    # head on the completion positions only, attention scores/values; Kaplan et al. 2020 eq. 2.1
+    # plus the attention term) and the float32 matmul peak measured in this process
+    sys.path.insert(0, os.path.join(common.REPO, "benchmarks"))
+    from bench_step import matmul_peak
+
+    peak = matmul_peak()
+    mc = exp.model_config
+    n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
+    n_head = mc.vocab_size * mc.hidden_size
+    n_body = n_params - n_head if mc.tie_word_embeddings else n_params - 2 * n_head
+    R, Lc, Lp = args.prompts * args.samples, exp.max_new_tokens, exp.prompt_len
+    # positions the update runs (padded shapes) and attention query-key pairs; with the shared
+    # prompt forward each group's prompt runs once
+    if exp.prompt_group_size > 1:
+        positions = args.prompts * Lp + R * (Lc - 1)
+        pairs = args.prompts * Lp * Lp + R * (Lc - 1) * (Lp + Lc - 1)
+    else:
+        positions, pairs = R * (Lp + Lc - 1), R * (Lp + Lc - 1) ** 2
+    update_flops = (
+        6 * n_body * positions
+        + 6 * n_head * R * Lc
+        + 12 * mc.num_layers * mc.num_heads * mc.head_dim * pairs
+    )
+    upd = sorted(s["update_s"] for s in steps[args.warmup :])
+    med_update = upd[len(upd) // 2] if upd else float("nan")
+    print(
+        f"[grpo_jax] update {update_flops / 1e12:.2f} TFLOP per step, "
         f"{update_flops / med_update / 1e9:.1f} GFLOP/s = "
         f"{100 * update_flops / med_update / peak:.1f}% of the float32 matmul peak "
-        f"{peak / 1e9:.1f} GFLOP/s (same run)", flush=True)
-  mb = common.micro_batch_rows(args)
-  notes = (["update with per-layer rematerialisation (--remat)"] if args.remat else []) + (
-      ["shared prompt forward OFF (--no_shared_prompt): every row runs its prompt"]
-      if args.no_shared_prompt else
-      ["algorithm.shared_prompt_forward: each group's prompt runs once in the prefill, the "
-       "reference pass and the update (values equal the per-row computation up to float "
-       "rounding; TRL and Tunix run the prompt for each of the 8 rows)"]) + [
-           f"reference pass and update in micro-batches of {mb} rows (gradients summed, one "
-           "optimizer step; `algorithm.micro_batch_size`)",
-           f"prompts left-padded to {prompt_len} tokens (the longest of the {args.prompts})",
-           "generation runs max_new_tokens decode steps for the whole batch (static shapes); "
-           "finished rows are masked"]
-  common.write_result(args, "grpo_jax", f"grpo_jax (jax {jax.__version__})", steps, notes,
-                      extra={"devices": [str(d) for d in jax.devices()],
-                             "prompt_len": prompt_len, "prompt0_nll": nll0,
-                             "update_flops": update_flops, "matmul_peak_flops": peak,
-                             "n_params": n_params})
+        f"{peak / 1e9:.1f} GFLOP/s (same run)",
+        flush=True,
+    )
+    mb = common.micro_batch_rows(args)
+    notes = (
+        (["update with per-layer rematerialisation (--remat)"] if args.remat else [])
+        + (
+            ["shared prompt forward OFF (--no_shared_prompt): every row runs its prompt"]
+            if args.no_shared_prompt
+            else [
+                "algorithm.shared_prompt_forward: each group's prompt runs once in the prefill, the "
+                "reference pass and the update (values equal the per-row computation up to float "
+                "rounding; TRL and Tunix run the prompt for each of the 8 rows)"
+            ]
+        )
+        + [
+            f"reference pass and update in micro-batches of {mb} rows (gradients summed, one "
+            "optimizer step; `algorithm.micro_batch_size`)",
+            f"prompts left-padded to {prompt_len} tokens (the longest of the {args.prompts})",
+            "generation runs max_new_tokens decode steps for the whole batch (static shapes); "
+            "finished rows are masked",
+        ]
+    )
+    common.write_result(
+        args,
+        "grpo_jax",
+        f"grpo_jax (jax {jax.__version__})",
+        steps,
+        notes,
+        extra={
+            "devices": [str(d) for d in jax.devices()],
+            "prompt_len": prompt_len,
+            "prompt0_nll": nll0,
+            "update_flops": update_flops,
+            "matmul_peak_flops": peak,
+            "n_params": n_params,
+        },
+    )
 
 
 if __name__ == "__main__":
-  main()
+    main()

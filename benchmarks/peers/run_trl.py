@@ -18,6 +18,7 @@ on_step_end); `_generate_single_turn` (transformers generate), `_calculate_rewar
 reference model's log-prob pass are wrapped with timers; update = step - (generation + scoring
 + reference, i.e. `_generate_and_score_completions`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,124 +28,179 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 
 def main(argv=None):
-  parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-  parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-  args = parser.parse_args(argv)
+    parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    args = parser.parse_args(argv)
 
-  import torch
-  import transformers
-  import trl
-  from datasets import Dataset
-  from transformers import AutoTokenizer, TrainerCallback
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
 
-  if args.threads:
-    torch.set_num_threads(args.threads)
-  prompts = common.load_prompts(args.prompts)
-  tok = AutoTokenizer.from_pretrained(common.model_dir())
-  for i, p in enumerate(prompts):
-    ids = tok(text=p["text"])["input_ids"]
-    if ids != p["ids"]:
-      raise SystemExit(f"prompt {i}: the transformers tokenizer gives other ids than prompts.json")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = common.load_prompts(args.prompts)
+    tok = AutoTokenizer.from_pretrained(common.model_dir())
+    for i, p in enumerate(prompts):
+        ids = tok(text=p["text"])["input_ids"]
+        if ids != p["ids"]:
+            raise SystemExit(
+                f"prompt {i}: the transformers tokenizer gives other ids than prompts.json"
+            )
 
-  reward = common.reward_fn()
+    reward = common.reward_fn()
 
-  def gsm8k_reward(prompts, completions, answer, **kwargs):  # TRL reward-function signature
-    del prompts, kwargs
-    rewards, _, _ = reward(list(completions), list(answer))
-    return [float(r) for r in rewards]
+    def gsm8k_reward(prompts, completions, answer, **kwargs):  # TRL reward-function signature
+        del prompts, kwargs
+        rewards, _, _ = reward(list(completions), list(answer))
+        return [float(r) for r in rewards]
 
-  dataset = Dataset.from_list([{"prompt": p["text"], "answer": p["answer"]} for p in prompts])
-  batch = args.prompts * args.samples
-  mb = common.micro_batch_rows(args)
-  accum = batch // mb   # TRL: generation batch = per_device x steps_per_generation = the batch
-  outdir = tempfile.mkdtemp(prefix="trl_peers_")
-  config = trl.GRPOConfig(
-      output_dir=outdir, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
-      seed=args.seed, max_steps=args.warmup + args.steps,
-      per_device_train_batch_size=mb, gradient_accumulation_steps=accum,
-      steps_per_generation=accum,
-      num_generations=args.samples, max_completion_length=args.max_new_tokens,
-      temperature=args.temperature, top_p=1.0, top_k=0,
-      beta=args.kl_coef, num_iterations=1, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
-      learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
-      weight_decay=0.0, max_grad_norm=1.0,
-      bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
-      model_init_kwargs={"dtype": torch.float32}, dataloader_num_workers=0,
-      disable_tqdm=True)
+    dataset = Dataset.from_list([{"prompt": p["text"], "answer": p["answer"]} for p in prompts])
+    batch = args.prompts * args.samples
+    mb = common.micro_batch_rows(args)
+    accum = batch // mb  # TRL: generation batch = per_device x steps_per_generation = the batch
+    outdir = tempfile.mkdtemp(prefix="trl_peers_")
+    config = trl.GRPOConfig(
+        output_dir=outdir,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        seed=args.seed,
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=mb,
+        gradient_accumulation_steps=accum,
+        steps_per_generation=accum,
+        num_generations=args.samples,
+        max_completion_length=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=1.0,
+        top_k=0,
+        beta=args.kl_coef,
+        num_iterations=1,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_vllm=False,
+        model_init_kwargs={"dtype": torch.float32},
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
 
-  timer = common.Timer()
-  steps: list[dict] = []
-  counts: dict = {}
+    timer = common.Timer()
+    steps: list[dict] = []
+    counts: dict = {}
 
-  class StepTimes(TrainerCallback):
-    def on_step_begin(self, *a, **k):
-      timer.pop()
-      self.t0 = time.perf_counter()
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            timer.pop()
+            self.t0 = time.perf_counter()
 
-    def on_step_end(self, *a, **k):
-      wall = time.perf_counter() - self.t0
-      ph = timer.pop()
-      gen, rew, ref = ph.get("generate", 0.0), ph.get("reward", 0.0), ph.get("reference", 0.0)
-      score = ph.get("generate_and_score", 0.0)
-      step = {"step_s": wall, "generate_s": gen, "reward_s": rew, "reference_s": ref,
-              "update_s": wall - score, "other_s": score - gen - rew - ref,
-              "generated_tokens": counts.get("completion", 0),
-              "update_tokens": counts.get("completion", 0) + counts.get("prompt", 0)}
-      steps.append(step)
-      print(f"[trl] step {len(steps) - 1}: " + ", ".join(
-          f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in step.items()),
-          flush=True)
+        def on_step_end(self, *a, **k):
+            wall = time.perf_counter() - self.t0
+            ph = timer.pop()
+            gen, rew, ref = ph.get("generate", 0.0), ph.get("reward", 0.0), ph.get("reference", 0.0)
+            score = ph.get("generate_and_score", 0.0)
+            step = {
+                "step_s": wall,
+                "generate_s": gen,
+                "reward_s": rew,
+                "reference_s": ref,
+                "update_s": wall - score,
+                "other_s": score - gen - rew - ref,
+                "generated_tokens": counts.get("completion", 0),
+                "update_tokens": counts.get("completion", 0) + counts.get("prompt", 0),
+            }
+            steps.append(step)
+            print(
+                f"[trl] step {len(steps) - 1}: "
+                + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in step.items()
+                ),
+                flush=True,
+            )
 
-  trainer = trl.GRPOTrainer(model=common.model_dir(), reward_funcs=[gsm8k_reward], args=config,
-                            train_dataset=dataset, processing_class=tok, callbacks=[StepTimes()])
+    trainer = trl.GRPOTrainer(
+        model=common.model_dir(),
+        reward_funcs=[gsm8k_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[StepTimes()],
+    )
 
-  with torch.no_grad():
-    logits0 = trainer.model(input_ids=torch.tensor([prompts[0]["ids"]])).logits[0].float().numpy()
-  nll0 = common.prompt_nll(logits0, prompts[0]["ids"])
-  print(f"[trl] prompt 0 NLL {nll0:.5f}", flush=True)
+    with torch.no_grad():
+        logits0 = (
+            trainer.model(input_ids=torch.tensor([prompts[0]["ids"]])).logits[0].float().numpy()
+        )
+    nll0 = common.prompt_nll(logits0, prompts[0]["ids"])
+    print(f"[trl] prompt 0 NLL {nll0:.5f}", flush=True)
 
-  def wrap(name, fn, pick=None):
-    def wrapped(*a, **k):
-      key = pick(a, k) if pick else name
-      if key is None:
-        return fn(*a, **k)
-      with timer(key):
-        return fn(*a, **k)
-    return wrapped
+    def wrap(name, fn, pick=None):
+        def wrapped(*a, **k):
+            key = pick(a, k) if pick else name
+            if key is None:
+                return fn(*a, **k)
+            with timer(key):
+                return fn(*a, **k)
 
-  trainer._generate_single_turn = wrap("generate", trainer._generate_single_turn)  # noqa: SLF001
-  trainer._calculate_rewards = wrap("reward", trainer._calculate_rewards)  # noqa: SLF001
-  trainer._get_per_token_logps_and_entropies = wrap(  # noqa: SLF001
-      "reference", trainer._get_per_token_logps_and_entropies,  # noqa: SLF001
-      pick=lambda a, k: "reference" if (a[0] if a else k.get("model")) is trainer.ref_model else None)
-  gen_and_score = trainer._generate_and_score_completions  # noqa: SLF001
+        return wrapped
 
-  def counted(*a, **k):
-    with timer("generate_and_score"):
-      out = gen_and_score(*a, **k)
-    counts["completion"] = int(out["completion_mask"].sum())
-    counts["prompt"] = int(out["prompt_mask"].sum())
-    return out
-  trainer._generate_and_score_completions = counted  # noqa: SLF001
+    trainer._generate_single_turn = wrap("generate", trainer._generate_single_turn)
+    trainer._calculate_rewards = wrap("reward", trainer._calculate_rewards)
+    trainer._get_per_token_logps_and_entropies = wrap(
+        "reference",
+        trainer._get_per_token_logps_and_entropies,
+        pick=lambda a, k: (
+            "reference" if (a[0] if a else k.get("model")) is trainer.ref_model else None
+        ),
+    )
+    gen_and_score = trainer._generate_and_score_completions
 
-  trainer.train()
-  reward.close()
-  notes = ["TRL defaults overridden: bf16 -> float32, gradient_checkpointing on -> off, "
-           "epsilon_high None -> 0.28",
-           "generation: transformers generate (no vLLM), stops when every row has hit EOS; "
-           "prompts left-padded to the longest in the batch",
-           f"torch threads {torch.get_num_threads()}",
-           f"reference pass and update in micro-batches of {mb} rows (per_device_train_batch_size "
-           f"{mb}, gradient_accumulation_steps = steps_per_generation = {accum}: one generation "
-           "of the whole batch and one optimizer step per step)"]
-  common.write_result(args, "trl", f"trl {trl.__version__} (torch {torch.__version__}, "
-                      f"transformers {transformers.__version__})", steps, notes,
-                      extra={"prompt0_nll": nll0})
+    def counted(*a, **k):
+        with timer("generate_and_score"):
+            out = gen_and_score(*a, **k)
+        counts["completion"] = int(out["completion_mask"].sum())
+        counts["prompt"] = int(out["prompt_mask"].sum())
+        return out
+
+    trainer._generate_and_score_completions = counted
+
+    trainer.train()
+    reward.close()
+    notes = [
+        "TRL defaults overridden: bf16 -> float32, gradient_checkpointing on -> off, "
+        "epsilon_high None -> 0.28",
+        "generation: transformers generate (no vLLM), stops when every row has hit EOS; "
+        "prompts left-padded to the longest in the batch",
+        f"torch threads {torch.get_num_threads()}",
+        f"reference pass and update in micro-batches of {mb} rows (per_device_train_batch_size "
+        f"{mb}, gradient_accumulation_steps = steps_per_generation = {accum}: one generation "
+        "of the whole batch and one optimizer step per step)",
+    ]
+    common.write_result(
+        args,
+        "trl",
+        f"trl {trl.__version__} (torch {torch.__version__}, "
+        f"transformers {transformers.__version__})",
+        steps,
+        notes,
+        extra={"prompt0_nll": nll0},
+    )
 
 
 if __name__ == "__main__":
-  main()
+    main()

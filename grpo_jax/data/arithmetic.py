@@ -37,11 +37,12 @@ Example dicts follow the project-wide schema::
 with ``id`` equal to the example's index in the returned list (what `PromptSource` and the GDRO
 classifier key on). Train and eval are separate lists, each with ids ``0..len-1``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -157,8 +158,9 @@ def answer_is_correct(completion: str, gold: str | int) -> bool:
     return int(text) == int(gold)
 
 
-def answer_reward(completions: Sequence[str], golds: Sequence[str | int], *,
-                  scale: str = "pm1") -> np.ndarray:
+def answer_reward(
+    completions: Sequence[str], golds: Sequence[str | int], *, scale: str = "pm1"
+) -> np.ndarray:
     """Arithmetic reward per completion: float32 [R], +1/-1 (``scale="pm1"``) or 1/0 (``"01"``).
 
     Same scoring as ``RewardFn(RewardConfig(task="arithmetic"))`` (which also returns stats).
@@ -209,7 +211,9 @@ class ArithmeticConfig:
         if self.level_weights is not None:
             object.__setattr__(self, "level_weights", tuple(float(w) for w in self.level_weights))
         if self.num_train < 0 or self.num_eval < 0:
-            raise ValueError(f"num_train/num_eval must be >= 0, got {self.num_train}, {self.num_eval}")
+            raise ValueError(
+                f"num_train/num_eval must be >= 0, got {self.num_train}, {self.num_eval}"
+            )
         if not self.levels:
             raise ValueError("levels must not be empty")
         unknown = [lv for lv in self.levels if lv not in LEVELS]
@@ -220,9 +224,12 @@ class ArithmeticConfig:
         if self.level_weights is not None:
             if len(self.level_weights) != len(self.levels):
                 raise ValueError(
-                    f"level_weights has {len(self.level_weights)} entries, levels has {len(self.levels)}")
+                    f"level_weights has {len(self.level_weights)} entries, levels has {len(self.levels)}"
+                )
             if any(w < 0 for w in self.level_weights) or sum(self.level_weights) <= 0:
-                raise ValueError(f"level_weights must be >= 0 with a positive sum: {self.level_weights}")
+                raise ValueError(
+                    f"level_weights must be >= 0 with a positive sum: {self.level_weights}"
+                )
 
     def train_weights(self) -> np.ndarray:
         """Normalised train mix over `levels`, float64 [len(levels)]."""
@@ -295,8 +302,13 @@ def make_arithmetic(config: ArithmeticConfig = ArithmeticConfig()) -> tuple[list
     def finish(rows: list[tuple[str, int]]) -> list[dict]:
         order = rng.permutation(len(rows))
         return [
-            {"id": i, "problem": rows[j][0], "answer": str(evaluate_expression(rows[j][0])),
-             "level": rows[j][1], "dataset": DATASET_NAME}
+            {
+                "id": i,
+                "problem": rows[j][0],
+                "answer": str(evaluate_expression(rows[j][0])),
+                "level": rows[j][1],
+                "dataset": DATASET_NAME,
+            }
             for i, j in enumerate(order)
         ]
 
@@ -346,8 +358,9 @@ class CharTokenizer:
         ids = [self._stoi.get(c, self.unk_id) for c in text]
         return ([self.bos_id] + ids) if add_bos else ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
-               stop_at_eos: bool = False) -> str:
+    def decode(
+        self, ids: Sequence[int], skip_special_tokens: bool = True, stop_at_eos: bool = False
+    ) -> str:
         """Text of `ids`. Special tokens are dropped (or rendered as ``<eos>`` etc. when
         ``skip_special_tokens=False``); with ``stop_at_eos`` decoding stops at the first EOS."""
         out = []
@@ -364,8 +377,13 @@ class CharTokenizer:
             out.append(self._itos[i])
         return "".join(out)
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **unused) -> str | list[int]:
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **unused,
+    ) -> str | list[int]:
         """Trivial chat template: the content of the last user message (no markup)."""
         del add_generation_prompt, unused
         user = [m["content"] for m in messages if m.get("role") == "user"]

@@ -54,6 +54,7 @@ Reading path: plain JSONL by default (about 0.1 s for DAPO-17k). ``use_tfds=True
 the TFDS builders in `grpo_jax.data.builders` (array_record files prepared once into
 ``tfds_data_dir``, read back with ``tfds.data_source``); both paths return identical examples.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,7 +63,8 @@ import math
 import os
 import pathlib
 import re
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = [
     "CJK_RE",
@@ -101,10 +103,12 @@ def resolve_source_dir(name: str, source_dir: str | os.PathLike | None) -> pathl
     if path is None:
         guess = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
         raise FileNotFoundError(
-            f"dataset {name!r}: no data directory (tried {guess}); set {_SETTING}")
+            f"dataset {name!r}: no data directory (tried {guess}); set {_SETTING}"
+        )
     if not path.is_dir():
         raise FileNotFoundError(
-            f"dataset {name!r}: data directory not found: {path}; set {_SETTING}")
+            f"dataset {name!r}: data directory not found: {path}; set {_SETTING}"
+        )
     return path
 
 
@@ -137,23 +141,40 @@ def _gsm8k(row: dict) -> dict:
     gold = gsm8k_marker(solution)
     if gold is None:
         raise _BadRow("no '#### <answer>' in 'answer'")
-    return {"problem": _text(row, "question"), "answer": normalize_number(gold),
-            "solution": solution, "level": -1}
+    return {
+        "problem": _text(row, "question"),
+        "answer": normalize_number(gold),
+        "solution": solution,
+        "level": -1,
+    }
 
 
 def _math500(row: dict) -> dict:
     level = row.get("level")
-    return {"problem": _text(row, "problem"), "answer": _text(row, "answer"),
-            "solution": row.get("solution") or "", "level": int(level) if level is not None else -1,
-            "subject": row.get("subject") or "", "unique_id": row.get("unique_id") or ""}
+    return {
+        "problem": _text(row, "problem"),
+        "answer": _text(row, "answer"),
+        "solution": row.get("solution") or "",
+        "level": int(level) if level is not None else -1,
+        "subject": row.get("subject") or "",
+        "unique_id": row.get("unique_id") or "",
+    }
 
 
 def _dapo(row: dict) -> dict:
-    return {"problem": _text(row, "problem"), "answer": _int_like(_text(row, "answer")), "level": -1}
+    return {
+        "problem": _text(row, "problem"),
+        "answer": _int_like(_text(row, "answer")),
+        "level": -1,
+    }
 
 
 def _simple(row: dict) -> dict:
-    return {"problem": _text(row, "problem"), "answer": _int_like(_text(row, "answer")), "level": -1}
+    return {
+        "problem": _text(row, "problem"),
+        "answer": _int_like(_text(row, "answer")),
+        "level": -1,
+    }
 
 
 def _minerva(row: dict) -> dict:
@@ -163,8 +184,13 @@ def _minerva(row: dict) -> dict:
     gold = last_boxed(solution)
     if gold is None:
         raise _BadRow("no \\boxed{} answer in 'solution'")
-    return {"problem": _text(row, "problem"), "answer": gold, "solution": solution, "level": -1,
-            "type": row.get("type") or ""}
+    return {
+        "problem": _text(row, "problem"),
+        "answer": gold,
+        "solution": solution,
+        "level": -1,
+        "type": row.get("type") or "",
+    }
 
 
 def _strip_dollars(s: str) -> str:
@@ -194,11 +220,18 @@ def _olympiad(row: dict) -> dict:
     problem = _text(row, "question")
     if row.get("context"):
         problem = f"{str(row['context']).strip()}\n\n{problem}"
-    return {"problem": problem, "answer": ", ".join(answers), "answers": answers, "level": -1,
-            "is_multiple_answer": bool(row.get("is_multiple_answer")),
-            "unit": _strip_dollars(row.get("unit") or ""), "answer_type": row.get("answer_type") or "",
-            "solution": "\n".join(row.get("solution") or []) if isinstance(row.get("solution"), list)
-            else (row.get("solution") or "")}
+    return {
+        "problem": problem,
+        "answer": ", ".join(answers),
+        "answers": answers,
+        "level": -1,
+        "is_multiple_answer": bool(row.get("is_multiple_answer")),
+        "unit": _strip_dollars(row.get("unit") or ""),
+        "answer_type": row.get("answer_type") or "",
+        "solution": "\n".join(row.get("solution") or [])
+        if isinstance(row.get("solution"), list)
+        else (row.get("solution") or ""),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,18 +246,26 @@ class DatasetSpec:
     default_config: str | None = None
 
 
-DATASETS: dict[str, DatasetSpec] = {s.name: s for s in [
-    DatasetSpec("gsm8k", "gsm8k", {"train": ("train.jsonl",), "test": ("test.jsonl",)}, _gsm8k),
-    DatasetSpec("math500", "math500", {"test": ("test.jsonl",)}, _math500),
-    DatasetSpec("dapo_math", "dapo_math_17k",
-                {"train": ("dapo_math_17k.derived.part1.jsonl", "dapo_math_17k.derived.part2.jsonl")},
-                _dapo, configs=("en_dedup", "full"), default_config="en_dedup"),
-    DatasetSpec("aime24", "aime24", {"test": ("test.jsonl",)}, _simple),
-    DatasetSpec("aime25", "aime25", {"test": ("test.jsonl",)}, _simple),
-    DatasetSpec("amc23", "amc23", {"test": ("test.jsonl",)}, _simple),
-    DatasetSpec("minerva_math", "minerva_math", {"test": ("test.jsonl",)}, _minerva),
-    DatasetSpec("olympiadbench", "olympiadbench", {"test": ("test.jsonl",)}, _olympiad),
-]}
+DATASETS: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in [
+        DatasetSpec("gsm8k", "gsm8k", {"train": ("train.jsonl",), "test": ("test.jsonl",)}, _gsm8k),
+        DatasetSpec("math500", "math500", {"test": ("test.jsonl",)}, _math500),
+        DatasetSpec(
+            "dapo_math",
+            "dapo_math_17k",
+            {"train": ("dapo_math_17k.derived.part1.jsonl", "dapo_math_17k.derived.part2.jsonl")},
+            _dapo,
+            configs=("en_dedup", "full"),
+            default_config="en_dedup",
+        ),
+        DatasetSpec("aime24", "aime24", {"test": ("test.jsonl",)}, _simple),
+        DatasetSpec("aime25", "aime25", {"test": ("test.jsonl",)}, _simple),
+        DatasetSpec("amc23", "amc23", {"test": ("test.jsonl",)}, _simple),
+        DatasetSpec("minerva_math", "minerva_math", {"test": ("test.jsonl",)}, _minerva),
+        DatasetSpec("olympiadbench", "olympiadbench", {"test": ("test.jsonl",)}, _olympiad),
+    ]
+}
 NAMES = tuple(DATASETS) + ("arithmetic",)
 
 
@@ -237,7 +278,9 @@ def _spec(name: str, split: str, config: str | None) -> tuple[DatasetSpec, str |
     if spec.configs:
         config = config or spec.default_config
         if config not in spec.configs:
-            raise ValueError(f"dataset {name!r}: unknown config {config!r}; configs: {spec.configs}")
+            raise ValueError(
+                f"dataset {name!r}: unknown config {config!r}; configs: {spec.configs}"
+            )
     elif config:
         raise ValueError(f"dataset {name!r} has no configs (got {config!r})")
     return spec, config
@@ -283,8 +326,10 @@ def convert_rows(name: str, rows, *, bad_rows: str = "error", errors: list | Non
                 raise _BadRow("not a JSON object")
             ex = spec.convert(row)
         except _BadRow as e:
-            message = (f"dataset {name!r}: bad row at {path}:{lineno}: {e} "
-                       "(fix the file or load with bad_rows='skip')")
+            message = (
+                f"dataset {name!r}: bad row at {path}:{lineno}: {e} "
+                "(fix the file or load with bad_rows='skip')"
+            )
             if bad_rows == "error":
                 raise ValueError(message) from None
             if errors is not None:
@@ -324,10 +369,17 @@ def finalize(name: str, examples: list[dict]) -> list[dict]:
     return examples
 
 
-def load_with_stats(name: str, split: str = "test", *, source_dir: str | os.PathLike | None = None,
-                    config: str | None = None, bad_rows: str = "error", use_tfds: bool = False,
-                    tfds_data_dir: str | os.PathLike | None = None,
-                    arithmetic_config=None) -> tuple[list[dict], dict]:
+def load_with_stats(
+    name: str,
+    split: str = "test",
+    *,
+    source_dir: str | os.PathLike | None = None,
+    config: str | None = None,
+    bad_rows: str = "error",
+    use_tfds: bool = False,
+    tfds_data_dir: str | os.PathLike | None = None,
+    arithmetic_config=None,
+) -> tuple[list[dict], dict]:
     """Load a dataset split; also return counts.
 
     Args:
@@ -356,14 +408,25 @@ def load_with_stats(name: str, split: str = "test", *, source_dir: str | os.Path
             raise ValueError(f"dataset 'arithmetic' has splits train/test (eval), got {split!r}")
         train, evals = make_arithmetic(arithmetic_config or ArithmeticConfig())
         examples = train if split == "train" else evals
-        return examples, {"num_rows": len(examples), "num_skipped": 0, "num_dropped_cjk": 0,
-                          "num_dropped_duplicates": 0, "num_examples": len(examples)}
+        return examples, {
+            "num_rows": len(examples),
+            "num_skipped": 0,
+            "num_dropped_cjk": 0,
+            "num_dropped_duplicates": 0,
+            "num_examples": len(examples),
+        }
     spec, config = _spec(name, split, config)
     if use_tfds:
         from grpo_jax.data import builders
 
-        examples, stats = builders.load_via_tfds(name, split, config=config, source_dir=source_dir,
-                                                 data_dir=tfds_data_dir, bad_rows=bad_rows)
+        examples, stats = builders.load_via_tfds(
+            name,
+            split,
+            config=config,
+            source_dir=source_dir,
+            data_dir=tfds_data_dir,
+            bad_rows=bad_rows,
+        )
         return examples, stats
     rows = list(read_rows(name, split, source_dir))
     examples, skipped = convert_rows(name, rows, bad_rows=bad_rows)
@@ -373,10 +436,25 @@ def load_with_stats(name: str, split: str = "test", *, source_dir: str | os.Path
     return examples, stats
 
 
-def load(name: str, split: str = "test", *, source_dir: str | os.PathLike | None = None,
-         config: str | None = None, bad_rows: str = "error", use_tfds: bool = False,
-         tfds_data_dir: str | os.PathLike | None = None, arithmetic_config=None) -> list[dict]:
+def load(
+    name: str,
+    split: str = "test",
+    *,
+    source_dir: str | os.PathLike | None = None,
+    config: str | None = None,
+    bad_rows: str = "error",
+    use_tfds: bool = False,
+    tfds_data_dir: str | os.PathLike | None = None,
+    arithmetic_config=None,
+) -> list[dict]:
     """`load_with_stats` without the stats (see there for arguments and errors)."""
-    return load_with_stats(name, split, source_dir=source_dir, config=config, bad_rows=bad_rows,
-                           use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
-                           arithmetic_config=arithmetic_config)[0]
+    return load_with_stats(
+        name,
+        split,
+        source_dir=source_dir,
+        config=config,
+        bad_rows=bad_rows,
+        use_tfds=use_tfds,
+        tfds_data_dir=tfds_data_dir,
+        arithmetic_config=arithmetic_config,
+    )[0]

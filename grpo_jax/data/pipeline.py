@@ -20,9 +20,10 @@ Ids: every example's ``"id"`` must equal its index in `examples` (the loaders in
 `grpo_jax.data.datasets` and `make_arithmetic` guarantee it); the GDRO classifier indexes its
 ``[num_prompts, H]`` state by that id. Use `reindex` to renumber a filtered list.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -61,15 +62,23 @@ class PromptSource:
       ValueError: empty examples, ids not equal to indices, ``P < 1``, bad host index/count.
     """
 
-    def __init__(self, examples: Sequence[dict], prompts_per_step: int, *, seed: int,
-                 process_index: int = 0, process_count: int = 1):
+    def __init__(
+        self,
+        examples: Sequence[dict],
+        prompts_per_step: int,
+        *,
+        seed: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
         if len(examples) == 0:
             raise ValueError("PromptSource: examples is empty")
         for i, ex in enumerate(examples):
             if ex.get("id") != i:
                 raise ValueError(
                     f"PromptSource: examples[{i}]['id'] = {ex.get('id')!r}, expected {i} "
-                    "(ids must equal list positions; use grpo_jax.data.pipeline.reindex)")
+                    "(ids must equal list positions; use grpo_jax.data.pipeline.reindex)"
+                )
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
         if process_count < 1 or not 0 <= process_index < process_count:
@@ -77,7 +86,8 @@ class PromptSource:
         if prompts_per_step % process_count:
             raise ValueError(
                 f"prompts_per_step ({prompts_per_step}) must be divisible by process_count "
-                f"({process_count})")
+                f"({process_count})"
+            )
         self._examples = list(examples)
         self.num_examples = len(self._examples)
         self.prompts_per_step = int(prompts_per_step)
@@ -105,13 +115,13 @@ class PromptSource:
         while k < count:
             epoch, offset = divmod(position + k, n)
             take = min(count - k, n - offset)
-            out[k:k + take] = self._perm(epoch)[offset:offset + take]
+            out[k : k + take] = self._perm(epoch)[offset : offset + take]
             k += take
         return out
 
     def _local(self, ids: np.ndarray) -> list[dict]:
         lo = self.process_index * self.local_prompts_per_step
-        return [self._examples[int(i)] for i in ids[lo:lo + self.local_prompts_per_step]]
+        return [self._examples[int(i)] for i in ids[lo : lo + self.local_prompts_per_step]]
 
     def next(self) -> list[dict]:
         """The next step's prompts for this host: ``P // H`` example dicts (not copies)."""
@@ -125,8 +135,9 @@ class PromptSource:
         return self._position // self.num_examples
 
     # ---------------------------------------------------------------- bin mode
-    def next_by_bin(self, q: np.ndarray, bins_by_id: np.ndarray,
-                    rng: np.random.Generator | int | None = None) -> list[dict]:
+    def next_by_bin(
+        self, q: np.ndarray, bins_by_id: np.ndarray, rng: np.random.Generator | int | None = None
+    ) -> list[dict]:
         """Prompt-GDRO resampling: per slot draw a bin from `q`, then an example in that bin.
 
         Args:
@@ -150,7 +161,8 @@ class PromptSource:
             raise ValueError(f"q must be a non-empty 1-D array, got shape {q.shape}")
         if bins_by_id.shape != (self.num_examples,):
             raise ValueError(
-                f"bins_by_id must have shape ({self.num_examples},), got {bins_by_id.shape}")
+                f"bins_by_id must have shape ({self.num_examples},), got {bins_by_id.shape}"
+            )
         if not np.issubdtype(bins_by_id.dtype, np.integer):
             raise ValueError(f"bins_by_id must be integer, got {bins_by_id.dtype}")
         if bins_by_id.min() < 0 or bins_by_id.max() >= q.size:
@@ -177,15 +189,20 @@ class PromptSource:
         starts = np.concatenate([[0], np.cumsum(sizes)])
         for b in np.unique(slot_bins):
             slots = np.nonzero(slot_bins == b)[0]
-            members = order[starts[b]:starts[b + 1]]
+            members = order[starts[b] : starts[b + 1]]
             ids[slots] = gen.choice(members, size=slots.size, replace=slots.size > members.size)
         return self._local(ids)
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict[str, int]:
         """Exact resume state (plain ints; checkpoint it with the train state)."""
-        return {"position": self._position, "bin_steps": self._bin_steps, "seed": self.seed,
-                "num_examples": self.num_examples, "prompts_per_step": self.prompts_per_step}
+        return {
+            "position": self._position,
+            "bin_steps": self._bin_steps,
+            "seed": self.seed,
+            "num_examples": self.num_examples,
+            "prompts_per_step": self.prompts_per_step,
+        }
 
     def set_state(self, state: dict) -> None:
         """Restore a `get_state` dict. Raises ValueError if seed / dataset size / P differ."""
@@ -193,7 +210,8 @@ class PromptSource:
             if key in state and int(state[key]) != getattr(self, key):
                 raise ValueError(
                     f"PromptSource.set_state: {key}={int(state[key])} in the checkpoint but "
-                    f"{getattr(self, key)} now")
+                    f"{getattr(self, key)} now"
+                )
         self._position = int(state["position"])
         self._bin_steps = int(state.get("bin_steps", 0))
 

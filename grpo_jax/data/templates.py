@@ -9,6 +9,7 @@
 
 `suffix` defaults to `DAPO_SUFFIX` for plain/chat; pass ``suffix=""`` for none.
 """
+
 from __future__ import annotations
 
 __all__ = ["DAPO_SUFFIX", "TEMPLATES", "render_prompt", "render_example"]
@@ -17,8 +18,14 @@ DAPO_SUFFIX = "Let's think step by step and output the final answer within \\box
 TEMPLATES = ("plain", "chat", "arithmetic")
 
 
-def render_prompt(problem: str, *, template: str = "plain", tokenizer=None,
-                  suffix: str | None = None, system: str | None = None) -> str:
+def render_prompt(
+    problem: str,
+    *,
+    template: str = "plain",
+    tokenizer=None,
+    suffix: str | None = None,
+    system: str | None = None,
+) -> str:
     """Render the prompt text the model sees for one problem.
 
     Args:
@@ -58,7 +65,8 @@ def render_prompt(problem: str, *, template: str = "plain", tokenizer=None,
     if tokenizer is None:
         raise ValueError("template='chat' needs a tokenizer with apply_chat_template")
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": content}]
+        {"role": "user", "content": content}
+    ]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 

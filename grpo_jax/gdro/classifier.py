@@ -26,253 +26,282 @@ after, with this step's outcomes. The "previous bin" used by the hysteresis is t
 was classified into at its last visit (``update`` recomputes it from the pre-visit state, so the
 caller does not pass bins around).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
 
 STATISTICS = ("any_correct", "pass_at_k")
-_TOL = 1e-6   # float32 slack so that p_hat exactly on e +/- delta counts as crossed (spec: >=, <=)
+_TOL = 1e-6  # float32 slack so that p_hat exactly on e +/- delta counts as crossed (spec: >=, <=)
 
 
 def _config_from_dict(cls, d: Mapping[str, Any]):
-  d = dict(d)
-  names = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(d) - names)
-  if unknown:
-    raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known: {sorted(names)}")
-  return cls(**d)
+    d = dict(d)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}; known: {sorted(names)}")
+    return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
 class ClassifierConfig:
-  """Static configuration of the online difficulty classifier (hashable: a jit static arg).
+    """Static configuration of the online difficulty classifier (hashable: a jit static arg).
 
-  Attributes:
-    edges: inner bin edges ``a_1 < ... < a_{B-1}``, each in (0, 1); ``B = len(edges) + 1`` bins,
-      bin 0 = lowest success rate (hardest). Default 0.1 ... 0.9 (B = 10, paper Eq. 11).
-    history: ``H``, visits kept per prompt (paper: 50; 100 for runs with >= 6 bins).
-    delta: hysteresis margin in success-rate units (paper: 0.03 for Prompt-GDRO, 0 for
-      Rollout-GDRO). Must be in [0, 0.5).
-    unseen_bin: bin of never-visited prompts (paper: 0, i.e. ``p_hat = 0``).
-    statistic: per-visit statistic, ``"any_correct"`` (paper default; int8 buffer) or
-      ``"pass_at_k"`` (unbiased pass@k when the visit has ``n >= pass_k`` rollouts, else
-      any-correct; float32 buffer).
-    pass_k: ``k`` for ``statistic="pass_at_k"`` (>= 1).
+    Attributes:
+      edges: inner bin edges ``a_1 < ... < a_{B-1}``, each in (0, 1); ``B = len(edges) + 1`` bins,
+        bin 0 = lowest success rate (hardest). Default 0.1 ... 0.9 (B = 10, paper Eq. 11).
+      history: ``H``, visits kept per prompt (paper: 50; 100 for runs with >= 6 bins).
+      delta: hysteresis margin in success-rate units (paper: 0.03 for Prompt-GDRO, 0 for
+        Rollout-GDRO). Must be in [0, 0.5).
+      unseen_bin: bin of never-visited prompts (paper: 0, i.e. ``p_hat = 0``).
+      statistic: per-visit statistic, ``"any_correct"`` (paper default; int8 buffer) or
+        ``"pass_at_k"`` (unbiased pass@k when the visit has ``n >= pass_k`` rollouts, else
+        any-correct; float32 buffer).
+      pass_k: ``k`` for ``statistic="pass_at_k"`` (>= 1).
 
-  Build from a config section with ``ClassifierConfig(**section)`` or ``from_dict(section)``.
+    Build from a config section with ``ClassifierConfig(**section)`` or ``from_dict(section)``.
 
-  Raises:
-    ValueError naming the field, for unsorted edges, edges outside (0, 1), ``history < 1``,
-    ``delta`` outside [0, 0.5), ``unseen_bin`` outside [0, B), unknown statistic, ``pass_k < 1``.
-  """
-  edges: Tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-  history: int = 50
-  delta: float = 0.03
-  unseen_bin: int = 0
-  statistic: str = "any_correct"
-  pass_k: int = 4
+    Raises:
+      ValueError naming the field, for unsorted edges, edges outside (0, 1), ``history < 1``,
+      ``delta`` outside [0, 0.5), ``unseen_bin`` outside [0, B), unknown statistic, ``pass_k < 1``.
+    """
 
-  def __post_init__(self):
-    edges = tuple(float(e) for e in self.edges)
-    object.__setattr__(self, "edges", edges)
-    object.__setattr__(self, "delta", float(self.delta))
-    self.validate()
+    edges: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    history: int = 50
+    delta: float = 0.03
+    unseen_bin: int = 0
+    statistic: str = "any_correct"
+    pass_k: int = 4
 
-  def validate(self) -> None:
-    e = self.edges
-    if any(not (0.0 < x < 1.0) for x in e):
-      raise ValueError(f"ClassifierConfig.edges must lie strictly inside (0, 1); got {e}")
-    if any(b <= a for a, b in zip(e, e[1:])):
-      raise ValueError(f"ClassifierConfig.edges must be strictly increasing; got {e}")
-    if int(self.history) != self.history or self.history < 1:
-      raise ValueError(f"ClassifierConfig.history must be an integer >= 1; got {self.history}")
-    if not (0.0 <= self.delta < 0.5):
-      raise ValueError(f"ClassifierConfig.delta must be in [0, 0.5); got {self.delta}")
-    if not (0 <= self.unseen_bin < self.num_bins):
-      raise ValueError(f"ClassifierConfig.unseen_bin must be in [0, {self.num_bins}); "
-                       f"got {self.unseen_bin}")
-    if self.statistic not in STATISTICS:
-      raise ValueError(f"ClassifierConfig.statistic must be one of {STATISTICS}; "
-                       f"got {self.statistic!r}")
-    if int(self.pass_k) != self.pass_k or self.pass_k < 1:
-      raise ValueError(f"ClassifierConfig.pass_k must be an integer >= 1; got {self.pass_k}")
+    def __post_init__(self):
+        edges = tuple(float(e) for e in self.edges)
+        object.__setattr__(self, "edges", edges)
+        object.__setattr__(self, "delta", float(self.delta))
+        self.validate()
 
-  @property
-  def num_bins(self) -> int:
-    return len(self.edges) + 1
+    def validate(self) -> None:
+        e = self.edges
+        if any(not (0.0 < x < 1.0) for x in e):
+            raise ValueError(f"ClassifierConfig.edges must lie strictly inside (0, 1); got {e}")
+        if any(b <= a for a, b in zip(e, e[1:])):
+            raise ValueError(f"ClassifierConfig.edges must be strictly increasing; got {e}")
+        if int(self.history) != self.history or self.history < 1:
+            raise ValueError(
+                f"ClassifierConfig.history must be an integer >= 1; got {self.history}"
+            )
+        if not (0.0 <= self.delta < 0.5):
+            raise ValueError(f"ClassifierConfig.delta must be in [0, 0.5); got {self.delta}")
+        if not (0 <= self.unseen_bin < self.num_bins):
+            raise ValueError(
+                f"ClassifierConfig.unseen_bin must be in [0, {self.num_bins}); "
+                f"got {self.unseen_bin}"
+            )
+        if self.statistic not in STATISTICS:
+            raise ValueError(
+                f"ClassifierConfig.statistic must be one of {STATISTICS}; got {self.statistic!r}"
+            )
+        if int(self.pass_k) != self.pass_k or self.pass_k < 1:
+            raise ValueError(f"ClassifierConfig.pass_k must be an integer >= 1; got {self.pass_k}")
 
-  @property
-  def buffer_dtype(self):
-    return jnp.int8 if self.statistic == "any_correct" else jnp.float32
+    @property
+    def num_bins(self) -> int:
+        return len(self.edges) + 1
 
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "ClassifierConfig":
-    """Builds from a mapping (dict / ml_collections.ConfigDict); unknown keys raise ValueError."""
-    return _config_from_dict(cls, d)
+    @property
+    def buffer_dtype(self):
+        return jnp.int8 if self.statistic == "any_correct" else jnp.float32
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ClassifierConfig:
+        """Builds from a mapping (dict / ml_collections.ConfigDict); unknown keys raise ValueError."""
+        return _config_from_dict(cls, d)
 
 
 @flax.struct.dataclass
 class ClassifierState:
-  """Per-prompt visit history (a pytree; checkpoints with Orbax).
+    """Per-prompt visit history (a pytree; checkpoints with Orbax).
 
-  Attributes:
-    buffer: ``[num_prompts, H]`` int8 (any-correct) or float32 (pass@k); ring buffer of visits,
-      unwritten slots are 0.
-    write_index: ``[num_prompts]`` int32, next slot to write in ``[0, H)``.
-    count: ``[num_prompts]`` int32, visits stored (``min(visits, H)``).
-    last_bin: ``[num_prompts]`` int32, bin assigned at the last visit (hysteresis anchor);
-      meaningless while ``count == 0``.
-  """
-  buffer: jax.Array
-  write_index: jax.Array
-  count: jax.Array
-  last_bin: jax.Array
+    Attributes:
+      buffer: ``[num_prompts, H]`` int8 (any-correct) or float32 (pass@k); ring buffer of visits,
+        unwritten slots are 0.
+      write_index: ``[num_prompts]`` int32, next slot to write in ``[0, H)``.
+      count: ``[num_prompts]`` int32, visits stored (``min(visits, H)``).
+      last_bin: ``[num_prompts]`` int32, bin assigned at the last visit (hysteresis anchor);
+        meaningless while ``count == 0``.
+    """
+
+    buffer: jax.Array
+    write_index: jax.Array
+    count: jax.Array
+    last_bin: jax.Array
 
 
 def classifier_init(config: ClassifierConfig, num_prompts: int) -> ClassifierState:
-  """Empty state for ``num_prompts`` dataset prompts (ids ``0 .. num_prompts-1``)."""
-  if int(num_prompts) < 1:
-    raise ValueError(f"num_prompts must be >= 1; got {num_prompts}")
-  n = int(num_prompts)
-  return ClassifierState(
-      buffer=jnp.zeros((n, config.history), config.buffer_dtype),
-      write_index=jnp.zeros((n,), jnp.int32),
-      count=jnp.zeros((n,), jnp.int32),
-      last_bin=jnp.full((n,), config.unseen_bin, jnp.int32))
+    """Empty state for ``num_prompts`` dataset prompts (ids ``0 .. num_prompts-1``)."""
+    if int(num_prompts) < 1:
+        raise ValueError(f"num_prompts must be >= 1; got {num_prompts}")
+    n = int(num_prompts)
+    return ClassifierState(
+        buffer=jnp.zeros((n, config.history), config.buffer_dtype),
+        write_index=jnp.zeros((n,), jnp.int32),
+        count=jnp.zeros((n,), jnp.int32),
+        last_bin=jnp.full((n,), config.unseen_bin, jnp.int32),
+    )
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def success_estimate(config: ClassifierConfig, state: ClassifierState,
-                     prompt_ids: jax.Array) -> jax.Array:
-  """``p_hat [P]`` float32: mean of the stored visits (Eq. 10); 0 for never-seen prompts.
+def success_estimate(
+    config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.Array
+) -> jax.Array:
+    """``p_hat [P]`` float32: mean of the stored visits (Eq. 10); 0 for never-seen prompts.
 
-  Args:
-    prompt_ids: ``[P]`` int, dataset ids in ``[0, num_prompts)`` (out-of-range ids are clamped).
-  """
-  ids = jnp.asarray(prompt_ids, jnp.int32)
-  total = jnp.sum(state.buffer[ids].astype(jnp.float32), axis=-1)
-  return total / jnp.maximum(state.count[ids], 1).astype(jnp.float32)
+    Args:
+      prompt_ids: ``[P]`` int, dataset ids in ``[0, num_prompts)`` (out-of-range ids are clamped).
+    """
+    ids = jnp.asarray(prompt_ids, jnp.int32)
+    total = jnp.sum(state.buffer[ids].astype(jnp.float32), axis=-1)
+    return total / jnp.maximum(state.count[ids], 1).astype(jnp.float32)
 
 
 def _raw_bin(edges: jax.Array, p: jax.Array) -> jax.Array:
-  return jnp.searchsorted(edges, p, side="right").astype(jnp.int32)
+    return jnp.searchsorted(edges, p, side="right").astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames="config")
 def classify(config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.Array) -> jax.Array:
-  """Bins ``[P]`` int32 in ``[0, B)`` of the given prompts, from past visits only.
+    """Bins ``[P]`` int32 in ``[0, B)`` of the given prompts, from past visits only.
 
-  Pure: does not change the state (``classifier_update`` records the bin used). A prompt id that
-  appears twice gets the same bin twice.
+    Pure: does not change the state (``classifier_update`` records the bin used). A prompt id that
+    appears twice gets the same bin twice.
 
-  Args:
-    config: static ``ClassifierConfig``.
-    state: ``ClassifierState``.
-    prompt_ids: ``[P]`` int dataset ids.
-  """
-  ids = jnp.asarray(prompt_ids, jnp.int32)
-  p = success_estimate(config, state, ids)
-  edges = jnp.asarray(config.edges, jnp.float32)
-  if config.delta > 0:
-    tol = min(_TOL, config.delta / 2)
-    lo = _raw_bin(edges, p - config.delta + tol)   # highest bin reachable from below
-    hi = _raw_bin(edges, p + config.delta - tol)   # lowest bin reachable from above
-    bins = jnp.clip(state.last_bin[ids], lo, hi)
-  else:
-    bins = _raw_bin(edges, p)
-  return jnp.where(state.count[ids] > 0, bins, config.unseen_bin).astype(jnp.int32)
+    Args:
+      config: static ``ClassifierConfig``.
+      state: ``ClassifierState``.
+      prompt_ids: ``[P]`` int dataset ids.
+    """
+    ids = jnp.asarray(prompt_ids, jnp.int32)
+    p = success_estimate(config, state, ids)
+    edges = jnp.asarray(config.edges, jnp.float32)
+    if config.delta > 0:
+        tol = min(_TOL, config.delta / 2)
+        lo = _raw_bin(edges, p - config.delta + tol)  # highest bin reachable from below
+        hi = _raw_bin(edges, p + config.delta - tol)  # lowest bin reachable from above
+        bins = jnp.clip(state.last_bin[ids], lo, hi)
+    else:
+        bins = _raw_bin(edges, p)
+    return jnp.where(state.count[ids] > 0, bins, config.unseen_bin).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def classifier_update(config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.Array,
-                      outcome: jax.Array) -> ClassifierState:
-  """Records one visit per distinct prompt id and its bin; returns the new state.
+def classifier_update(
+    config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.Array, outcome: jax.Array
+) -> ClassifierState:
+    """Records one visit per distinct prompt id and its bin; returns the new state.
 
-  Call after the step, with the ids classified before generation. Duplicate ids in one batch are
-  combined into one visit with the maximum outcome (``any()`` for indicators), so the result
-  does not depend on their order.
+    Call after the step, with the ids classified before generation. Duplicate ids in one batch are
+    combined into one visit with the maximum outcome (``any()`` for indicators), so the result
+    does not depend on their order.
 
-  Args:
-    config: static ``ClassifierConfig``.
-    state: ``ClassifierState``.
-    prompt_ids: ``[P]`` int dataset ids (ids outside ``[0, num_prompts)`` are ignored).
-    outcome: ``[P]`` bool / 0-1 any-correct indicators, or float pass@k values in [0, 1]
-      (see ``visit_outcome``).
-  """
-  ids = jnp.asarray(prompt_ids, jnp.int32)
-  n, h = state.buffer.shape
-  num = ids.shape[0]
-  bins = classify(config, state, ids)                           # the bin used this step
-  val = jnp.asarray(outcome).astype(jnp.float32)
-  if config.statistic == "any_correct":
-    val = (val > 0).astype(jnp.float32)
-  combined = jnp.zeros((n,), jnp.float32).at[ids].max(val, mode="drop")[jnp.clip(ids, 0, n - 1)]
-  pos = jnp.arange(num, dtype=jnp.int32)
-  first_pos = jnp.full((n,), num, jnp.int32).at[ids].min(pos, mode="drop")
-  is_first = (ids >= 0) & (ids < n) & (first_pos[jnp.clip(ids, 0, n - 1)] == pos)
-  rows = jnp.where(is_first, ids, n)                            # n: out of bounds -> dropped
-  safe = jnp.clip(ids, 0, n - 1)
-  cols = state.write_index[safe]
-  return ClassifierState(
-      buffer=state.buffer.at[rows, cols].set(combined.astype(state.buffer.dtype), mode="drop"),
-      write_index=state.write_index.at[rows].set((cols + 1) % h, mode="drop"),
-      count=state.count.at[rows].set(jnp.minimum(state.count[safe] + 1, h), mode="drop"),
-      last_bin=state.last_bin.at[rows].set(bins, mode="drop"))
+    Args:
+      config: static ``ClassifierConfig``.
+      state: ``ClassifierState``.
+      prompt_ids: ``[P]`` int dataset ids (ids outside ``[0, num_prompts)`` are ignored).
+      outcome: ``[P]`` bool / 0-1 any-correct indicators, or float pass@k values in [0, 1]
+        (see ``visit_outcome``).
+    """
+    ids = jnp.asarray(prompt_ids, jnp.int32)
+    n, h = state.buffer.shape
+    num = ids.shape[0]
+    bins = classify(config, state, ids)  # the bin used this step
+    val = jnp.asarray(outcome).astype(jnp.float32)
+    if config.statistic == "any_correct":
+        val = (val > 0).astype(jnp.float32)
+    combined = jnp.zeros((n,), jnp.float32).at[ids].max(val, mode="drop")[jnp.clip(ids, 0, n - 1)]
+    pos = jnp.arange(num, dtype=jnp.int32)
+    first_pos = jnp.full((n,), num, jnp.int32).at[ids].min(pos, mode="drop")
+    is_first = (ids >= 0) & (ids < n) & (first_pos[jnp.clip(ids, 0, n - 1)] == pos)
+    rows = jnp.where(is_first, ids, n)  # n: out of bounds -> dropped
+    safe = jnp.clip(ids, 0, n - 1)
+    cols = state.write_index[safe]
+    return ClassifierState(
+        buffer=state.buffer.at[rows, cols].set(combined.astype(state.buffer.dtype), mode="drop"),
+        write_index=state.write_index.at[rows].set((cols + 1) % h, mode="drop"),
+        count=state.count.at[rows].set(jnp.minimum(state.count[safe] + 1, h), mode="drop"),
+        last_bin=state.last_bin.at[rows].set(bins, mode="drop"),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_prompts"))
-def visit_outcome(config: ClassifierConfig, correct: jax.Array, segment_ids: jax.Array,
-                  num_prompts: int) -> jax.Array:
-  """Per-prompt visit statistic ``[P]`` float32 from per-rollout correctness.
+def visit_outcome(
+    config: ClassifierConfig, correct: jax.Array, segment_ids: jax.Array, num_prompts: int
+) -> jax.Array:
+    """Per-prompt visit statistic ``[P]`` float32 from per-rollout correctness.
 
-  ``any_correct``: ``1[any rollout of the prompt is correct]``. ``pass_at_k``: the unbiased
-  estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, Eq. 1) when the prompt has
-  ``n >= k`` rollouts (``c`` correct), otherwise any-correct.
+    ``any_correct``: ``1[any rollout of the prompt is correct]``. ``pass_at_k``: the unbiased
+    estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, Eq. 1) when the prompt has
+    ``n >= k`` rollouts (``c`` correct), otherwise any-correct.
 
-  Args:
-    correct: ``[R]`` bool, rollout is correct.
-    segment_ids: ``[R]`` int32 rollout -> prompt position in ``[0, num_prompts)``.
-    num_prompts: ``P`` (static).
-  """
-  c = jax.ops.segment_sum(jnp.asarray(correct).astype(jnp.float32), segment_ids, num_prompts)
-  nn = jax.ops.segment_sum(jnp.ones(jnp.shape(segment_ids), jnp.float32), segment_ids,
-                           num_prompts)
-  any_c = (c > 0).astype(jnp.float32)
-  if config.statistic == "any_correct":
-    return any_c
-  k = config.pass_k
-  fail = jnp.ones_like(c)                       # C(n-c, k) / C(n, k) = prod_j (n-c-j)/(n-j)
-  for j in range(k):
-    num = nn - c - j
-    fail = fail * jnp.where(num > 0, num / jnp.maximum(nn - j, 1.0), 0.0)
-  return jnp.where(nn >= k, 1.0 - fail, any_c)
+    Args:
+      correct: ``[R]`` bool, rollout is correct.
+      segment_ids: ``[R]`` int32 rollout -> prompt position in ``[0, num_prompts)``.
+      num_prompts: ``P`` (static).
+    """
+    c = jax.ops.segment_sum(jnp.asarray(correct).astype(jnp.float32), segment_ids, num_prompts)
+    nn = jax.ops.segment_sum(
+        jnp.ones(jnp.shape(segment_ids), jnp.float32), segment_ids, num_prompts
+    )
+    any_c = (c > 0).astype(jnp.float32)
+    if config.statistic == "any_correct":
+        return any_c
+    k = config.pass_k
+    fail = jnp.ones_like(c)  # C(n-c, k) / C(n, k) = prod_j (n-c-j)/(n-j)
+    for j in range(k):
+        num = nn - c - j
+        fail = fail * jnp.where(num > 0, num / jnp.maximum(nn - j, 1.0), 0.0)
+    return jnp.where(nn >= k, 1.0 - fail, any_c)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_bins"))
-def bin_success(config: ClassifierConfig, state: ClassifierState, prompt_ids,
-                bins, num_bins: Optional[int] = None) -> jax.Array:
-  """Per-bin success rate ``[B]`` float32: mean ``p_hat`` of this batch's prompts in each bin.
+def bin_success(
+    config: ClassifierConfig,
+    state: ClassifierState,
+    prompt_ids,
+    bins,
+    num_bins: int | None = None,
+) -> jax.Array:
+    """Per-bin success rate ``[B]`` float32: mean ``p_hat`` of this batch's prompts in each bin.
 
-  Input of the Rollout-GDRO ``sqrt`` allocator (``v_b = p_b (1 - p_b) + v_floor``). Bins without
-  prompts get 0 (they receive no rollouts, so the value is unused).
+    Input of the Rollout-GDRO ``sqrt`` allocator (``v_b = p_b (1 - p_b) + v_floor``). Bins without
+    prompts get 0 (they receive no rollouts, so the value is unused).
 
-  Args:
-    prompt_ids: ``[P]`` int dataset ids; bins: ``[P]`` int their bins (from ``classify``).
-    num_bins: ``B`` (default ``config.num_bins``).
-  """
-  b = config.num_bins if num_bins is None else int(num_bins)
-  p = success_estimate(config, state, jnp.asarray(prompt_ids, jnp.int32))
-  bins = jnp.asarray(bins, jnp.int32)
-  total = jax.ops.segment_sum(p, bins, b)
-  count = jax.ops.segment_sum(jnp.ones_like(p), bins, b)
-  return total / jnp.maximum(count, 1.0)
+    Args:
+      prompt_ids: ``[P]`` int dataset ids; bins: ``[P]`` int their bins (from ``classify``).
+      num_bins: ``B`` (default ``config.num_bins``).
+    """
+    b = config.num_bins if num_bins is None else int(num_bins)
+    p = success_estimate(config, state, jnp.asarray(prompt_ids, jnp.int32))
+    bins = jnp.asarray(bins, jnp.int32)
+    total = jax.ops.segment_sum(p, bins, b)
+    count = jax.ops.segment_sum(jnp.ones_like(p), bins, b)
+    return total / jnp.maximum(count, 1.0)
 
 
-__all__ = ["ClassifierConfig", "ClassifierState", "classifier_init", "classify",
-           "classifier_update", "success_estimate", "visit_outcome", "bin_success", "STATISTICS"]
+__all__ = [
+    "ClassifierConfig",
+    "ClassifierState",
+    "classifier_init",
+    "classify",
+    "classifier_update",
+    "success_estimate",
+    "visit_outcome",
+    "bin_success",
+    "STATISTICS",
+]

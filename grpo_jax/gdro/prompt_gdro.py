@@ -22,11 +22,13 @@ Per step, for the bins present in the batch (bins of the rollouts, from ``classi
 Order in the trainer: ``w = prompt_gdro_weights(state, bins)`` before the update (uses the
 scores of past steps), ``prompt_gdro_update(state, bins, signal)`` after it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import flax
 import jax
@@ -41,285 +43,340 @@ SIGNALS = ("surrogate_loss", "failure_rate")
 
 @dataclasses.dataclass(frozen=True)
 class PromptGDROConfig:
-  """Static configuration of Prompt-GDRO (hashable: a jit static arg). Paper defaults.
+    """Static configuration of Prompt-GDRO (hashable: a jit static arg). Paper defaults.
 
-  Attributes:
-    eta: ``eta_q``, exponential-weights step size (0.65).
-    gamma: uniform mixing over the active bins (0.01), in [0, 1].
-    beta: EMA rate of the bin scores (0.12), in (0, 1].
-    share_floor: floor on a bin's batch share in the debiasing (1e-3), > 0.
-    score_clip: ``C``, scores clipped to [-C, C] before the exponential; None or 0 = no clip.
-    weight_cap: cap on the per-rollout advantage weights (15), >= 1.
-    apply: ``"advantage_weight"`` (paper default) or ``"resample"``.
-    signal: loss signal, ``"surrogate_loss"`` (paper default: per-rollout token-mean clipped
-      surrogate with the unweighted advantages, detached, no KL) or ``"failure_rate"``
-      (``1 - correct``).
+    Attributes:
+      eta: ``eta_q``, exponential-weights step size (0.65).
+      gamma: uniform mixing over the active bins (0.01), in [0, 1].
+      beta: EMA rate of the bin scores (0.12), in (0, 1].
+      share_floor: floor on a bin's batch share in the debiasing (1e-3), > 0.
+      score_clip: ``C``, scores clipped to [-C, C] before the exponential; None or 0 = no clip.
+      weight_cap: cap on the per-rollout advantage weights (15), >= 1.
+      apply: ``"advantage_weight"`` (paper default) or ``"resample"``.
+      signal: loss signal, ``"surrogate_loss"`` (paper default: per-rollout token-mean clipped
+        surrogate with the unweighted advantages, detached, no KL) or ``"failure_rate"``
+        (``1 - correct``).
 
-  Raises:
-    ValueError naming the field for out-of-range values or unknown modes.
-  """
-  eta: float = 0.65
-  gamma: float = 0.01
-  beta: float = 0.12
-  share_floor: float = 1e-3
-  score_clip: Optional[float] = None
-  weight_cap: float = 15.0
-  apply: str = "advantage_weight"
-  signal: str = "surrogate_loss"
+    Raises:
+      ValueError naming the field for out-of-range values or unknown modes.
+    """
 
-  def __post_init__(self):
-    for name in ("eta", "gamma", "beta", "share_floor", "weight_cap"):
-      object.__setattr__(self, name, float(getattr(self, name)))
-    if self.score_clip is not None:
-      c = float(self.score_clip)
-      object.__setattr__(self, "score_clip", None if c == 0 else c)
-    self.validate()
+    eta: float = 0.65
+    gamma: float = 0.01
+    beta: float = 0.12
+    share_floor: float = 1e-3
+    score_clip: float | None = None
+    weight_cap: float = 15.0
+    apply: str = "advantage_weight"
+    signal: str = "surrogate_loss"
 
-  def validate(self) -> None:
-    if not self.eta > 0:
-      raise ValueError(f"PromptGDROConfig.eta must be > 0; got {self.eta}")
-    if not 0.0 <= self.gamma <= 1.0:
-      raise ValueError(f"PromptGDROConfig.gamma must be in [0, 1]; got {self.gamma}")
-    if not 0.0 < self.beta <= 1.0:
-      raise ValueError(f"PromptGDROConfig.beta must be in (0, 1]; got {self.beta}")
-    if not self.share_floor > 0:
-      raise ValueError(f"PromptGDROConfig.share_floor must be > 0; got {self.share_floor}")
-    if self.score_clip is not None and not self.score_clip > 0:
-      raise ValueError(f"PromptGDROConfig.score_clip must be > 0 or None; got {self.score_clip}")
-    if not self.weight_cap >= 1.0:
-      raise ValueError(f"PromptGDROConfig.weight_cap must be >= 1; got {self.weight_cap}")
-    if self.apply not in APPLY_MODES:
-      raise ValueError(f"PromptGDROConfig.apply must be one of {APPLY_MODES}; got {self.apply!r}")
-    if self.signal not in SIGNALS:
-      raise ValueError(f"PromptGDROConfig.signal must be one of {SIGNALS}; got {self.signal!r}")
+    def __post_init__(self):
+        for name in ("eta", "gamma", "beta", "share_floor", "weight_cap"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if self.score_clip is not None:
+            c = float(self.score_clip)
+            object.__setattr__(self, "score_clip", None if c == 0 else c)
+        self.validate()
 
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "PromptGDROConfig":
-    """Builds from a mapping (dict / ml_collections.ConfigDict); unknown keys raise ValueError."""
-    return _config_from_dict(cls, d)
+    def validate(self) -> None:
+        if not self.eta > 0:
+            raise ValueError(f"PromptGDROConfig.eta must be > 0; got {self.eta}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"PromptGDROConfig.gamma must be in [0, 1]; got {self.gamma}")
+        if not 0.0 < self.beta <= 1.0:
+            raise ValueError(f"PromptGDROConfig.beta must be in (0, 1]; got {self.beta}")
+        if not self.share_floor > 0:
+            raise ValueError(f"PromptGDROConfig.share_floor must be > 0; got {self.share_floor}")
+        if self.score_clip is not None and not self.score_clip > 0:
+            raise ValueError(
+                f"PromptGDROConfig.score_clip must be > 0 or None; got {self.score_clip}"
+            )
+        if not self.weight_cap >= 1.0:
+            raise ValueError(f"PromptGDROConfig.weight_cap must be >= 1; got {self.weight_cap}")
+        if self.apply not in APPLY_MODES:
+            raise ValueError(
+                f"PromptGDROConfig.apply must be one of {APPLY_MODES}; got {self.apply!r}"
+            )
+        if self.signal not in SIGNALS:
+            raise ValueError(
+                f"PromptGDROConfig.signal must be one of {SIGNALS}; got {self.signal!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PromptGDROConfig:
+        """Builds from a mapping (dict / ml_collections.ConfigDict); unknown keys raise ValueError."""
+        return _config_from_dict(cls, d)
 
 
 @flax.struct.dataclass
 class PromptGDROState:
-  """Prompt-GDRO state (a pytree; checkpoints with Orbax).
+    """Prompt-GDRO state (a pytree; checkpoints with Orbax).
 
-  Attributes:
-    score: ``[B]`` float32, EMA scores ``S_b`` (Eq. 13).
-    seen: ``[B]`` bool, bin has been observed at least once.
-    step: ``[]`` int32, number of updates.
-  """
-  score: jax.Array
-  seen: jax.Array
-  step: jax.Array
+    Attributes:
+      score: ``[B]`` float32, EMA scores ``S_b`` (Eq. 13).
+      seen: ``[B]`` bool, bin has been observed at least once.
+      step: ``[]`` int32, number of updates.
+    """
+
+    score: jax.Array
+    seen: jax.Array
+    step: jax.Array
 
 
 def prompt_gdro_init(config: PromptGDROConfig, num_bins: int) -> PromptGDROState:
-  """Zero scores for ``num_bins`` bins."""
-  del config
-  if int(num_bins) < 1:
-    raise ValueError(f"num_bins must be >= 1; got {num_bins}")
-  return PromptGDROState(score=jnp.zeros((num_bins,), jnp.float32),
-                         seen=jnp.zeros((num_bins,), bool), step=jnp.zeros((), jnp.int32))
+    """Zero scores for ``num_bins`` bins."""
+    del config
+    if int(num_bins) < 1:
+        raise ValueError(f"num_bins must be >= 1; got {num_bins}")
+    return PromptGDROState(
+        score=jnp.zeros((num_bins,), jnp.float32),
+        seen=jnp.zeros((num_bins,), bool),
+        step=jnp.zeros((), jnp.int32),
+    )
 
 
 def loss_signal(config, per_rollout_loss=None, correct=None) -> jax.Array:
-  """The per-rollout loss signal ``[R]`` float32 selected by ``config.signal``.
+    """The per-rollout loss signal ``[R]`` float32 selected by ``config.signal``.
 
-  Works for ``PromptGDROConfig`` and ``RolloutGDROConfig``.
+    Works for ``PromptGDROConfig`` and ``RolloutGDROConfig``.
 
-  Args:
-    per_rollout_loss: ``[R]`` float, token-mean clipped surrogate per rollout computed with the
-      unweighted advantages (``signal="surrogate_loss"``).
-    correct: ``[R]`` bool, rollout correctness (``signal="failure_rate"``: returns ``1 - correct``).
+    Args:
+      per_rollout_loss: ``[R]`` float, token-mean clipped surrogate per rollout computed with the
+        unweighted advantages (``signal="surrogate_loss"``).
+      correct: ``[R]`` bool, rollout correctness (``signal="failure_rate"``: returns ``1 - correct``).
 
-  Raises:
-    ValueError when the array the config asks for is missing.
-  """
-  if config.signal == "surrogate_loss":
-    if per_rollout_loss is None:
-      raise ValueError("signal='surrogate_loss' needs per_rollout_loss [R]")
-    return jnp.asarray(per_rollout_loss, jnp.float32)
-  if correct is None:
-    raise ValueError("signal='failure_rate' needs correct [R]")
-  return 1.0 - jnp.asarray(correct).astype(jnp.float32)
+    Raises:
+      ValueError when the array the config asks for is missing.
+    """
+    if config.signal == "surrogate_loss":
+        if per_rollout_loss is None:
+            raise ValueError("signal='surrogate_loss' needs per_rollout_loss [R]")
+        return jnp.asarray(per_rollout_loss, jnp.float32)
+    if correct is None:
+        raise ValueError("signal='failure_rate' needs correct [R]")
+    return 1.0 - jnp.asarray(correct).astype(jnp.float32)
 
 
 def _valid(bins, valid):
-  return (jnp.ones(jnp.shape(bins), jnp.float32) if valid is None
-          else jnp.asarray(valid).astype(jnp.float32))
+    return (
+        jnp.ones(jnp.shape(bins), jnp.float32)
+        if valid is None
+        else jnp.asarray(valid).astype(jnp.float32)
+    )
 
 
 def _q_from_present(config: PromptGDROConfig, score: jax.Array, present: jax.Array) -> jax.Array:
-  s = score if config.score_clip is None else jnp.clip(score, -config.score_clip,
-                                                       config.score_clip)
-  logits = jnp.where(present, config.eta * s, -jnp.inf)
-  soft = jax.nn.softmax(jnp.where(jnp.any(present), logits, 0.0))
-  n_active = jnp.maximum(jnp.sum(present), 1).astype(jnp.float32)
-  q = (1.0 - config.gamma) * soft + config.gamma / n_active
-  return jnp.where(present, q, 0.0)
+    s = (
+        score
+        if config.score_clip is None
+        else jnp.clip(score, -config.score_clip, config.score_clip)
+    )
+    logits = jnp.where(present, config.eta * s, -jnp.inf)
+    soft = jax.nn.softmax(jnp.where(jnp.any(present), logits, 0.0))
+    n_active = jnp.maximum(jnp.sum(present), 1).astype(jnp.float32)
+    q = (1.0 - config.gamma) * soft + config.gamma / n_active
+    return jnp.where(present, q, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def prompt_gdro_q(config: PromptGDROConfig, state: PromptGDROState, bins: jax.Array,
-                  valid: Optional[jax.Array] = None) -> jax.Array:
-  """Bin weights ``q [B]`` float32 over the bins that occur in ``bins`` (Eq. 14-15).
+def prompt_gdro_q(
+    config: PromptGDROConfig,
+    state: PromptGDROState,
+    bins: jax.Array,
+    valid: jax.Array | None = None,
+) -> jax.Array:
+    """Bin weights ``q [B]`` float32 over the bins that occur in ``bins`` (Eq. 14-15).
 
-  ``q`` is on the simplex, 0 on absent bins, and every active bin has ``q_b >= gamma/B_active``.
+    ``q`` is on the simplex, 0 on absent bins, and every active bin has ``q_b >= gamma/B_active``.
 
-  Args:
-    bins: ``[N]`` int bins whose distinct values are the active set: the batch's rollout bins
-      (advantage weighting) or ``classify`` over all dataset prompts (``resample``).
-    valid: optional ``[N]`` bool; invalid entries do not make a bin active.
-  """
-  b = state.score.shape[0]
-  present = jax.ops.segment_sum(_valid(bins, valid), jnp.asarray(bins, jnp.int32), b) > 0
-  return _q_from_present(config, state.score, present)
+    Args:
+      bins: ``[N]`` int bins whose distinct values are the active set: the batch's rollout bins
+        (advantage weighting) or ``classify`` over all dataset prompts (``resample``).
+      valid: optional ``[N]`` bool; invalid entries do not make a bin active.
+    """
+    b = state.score.shape[0]
+    present = jax.ops.segment_sum(_valid(bins, valid), jnp.asarray(bins, jnp.int32), b) > 0
+    return _q_from_present(config, state.score, present)
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def prompt_gdro_weights(config: PromptGDROConfig, state: PromptGDROState,
-                        bins_per_rollout: jax.Array, valid: Optional[jax.Array] = None) -> jax.Array:
-  """Per-rollout advantage weights ``[R]`` float32 (Eq. 16).
+def prompt_gdro_weights(
+    config: PromptGDROConfig,
+    state: PromptGDROState,
+    bins_per_rollout: jax.Array,
+    valid: jax.Array | None = None,
+) -> jax.Array:
+    """Per-rollout advantage weights ``[R]`` float32 (Eq. 16).
 
-  ``w_i = min(q_{b(i)} R / sum_i' q_{b(i')}, weight_cap)`` over valid rollouts (mean 1 before the
-  cap), 0 on invalid rows. Multiply the advantages by ``w`` in the clipped surrogate only, never
-  the KL term (``losses.policy_loss(..., sample_weights=w)``). With ``apply="resample"`` the
-  weights are 1 (0 on invalid rows).
+    ``w_i = min(q_{b(i)} R / sum_i' q_{b(i')}, weight_cap)`` over valid rollouts (mean 1 before the
+    cap), 0 on invalid rows. Multiply the advantages by ``w`` in the clipped surrogate only, never
+    the KL term (``losses.policy_loss(..., sample_weights=w)``). With ``apply="resample"`` the
+    weights are 1 (0 on invalid rows).
 
-  Args:
-    bins_per_rollout: ``[R]`` int32, the bin of each rollout's own prompt (this step's
-      ``classify`` gathered by ``segment_ids``).
-    valid: optional ``[R]`` bool.
-  """
-  v = _valid(bins_per_rollout, valid)
-  if config.apply == "resample":
-    return v
-  bins = jnp.asarray(bins_per_rollout, jnp.int32)
-  q = prompt_gdro_q(config, state, bins, valid)
-  qi = q[bins] * v
-  w = qi * jnp.sum(v) / jnp.maximum(jnp.sum(qi), 1e-30)
-  return jnp.minimum(w, config.weight_cap)
+    Args:
+      bins_per_rollout: ``[R]`` int32, the bin of each rollout's own prompt (this step's
+        ``classify`` gathered by ``segment_ids``).
+      valid: optional ``[R]`` bool.
+    """
+    v = _valid(bins_per_rollout, valid)
+    if config.apply == "resample":
+        return v
+    bins = jnp.asarray(bins_per_rollout, jnp.int32)
+    q = prompt_gdro_q(config, state, bins, valid)
+    qi = q[bins] * v
+    w = qi * jnp.sum(v) / jnp.maximum(jnp.sum(qi), 1e-30)
+    return jnp.minimum(w, config.weight_cap)
 
 
 @functools.partial(jax.jit, static_argnames="config")
 def _update(config: PromptGDROConfig, state: PromptGDROState, bins_per_rollout, signal, valid):
-  b = state.score.shape[0]
-  bins = jnp.asarray(bins_per_rollout, jnp.int32)
-  v = _valid(bins, valid)
-  count = jax.ops.segment_sum(v, bins, b)
-  present = count > 0
-  q_used = _q_from_present(config, state.score, present)       # the q of this step's weights
-  share = count / jnp.maximum(jnp.sum(v), 1.0)
-  mean = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32) * v, bins, b) / jnp.maximum(count, 1.0)
-  debiased = mean / jnp.maximum(share, config.share_floor)                      # Eq. 12
-  ema = jnp.where(state.seen, (1.0 - config.beta) * state.score + config.beta * debiased,
-                  debiased)                                                    # Eq. 13
-  new = PromptGDROState(score=jnp.where(present, ema, state.score),
-                        seen=state.seen | present, step=state.step + 1)
-  return new, q_used
+    b = state.score.shape[0]
+    bins = jnp.asarray(bins_per_rollout, jnp.int32)
+    v = _valid(bins, valid)
+    count = jax.ops.segment_sum(v, bins, b)
+    present = count > 0
+    q_used = _q_from_present(config, state.score, present)  # the q of this step's weights
+    share = count / jnp.maximum(jnp.sum(v), 1.0)
+    mean = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32) * v, bins, b) / jnp.maximum(
+        count, 1.0
+    )
+    debiased = mean / jnp.maximum(share, config.share_floor)  # Eq. 12
+    ema = jnp.where(
+        state.seen, (1.0 - config.beta) * state.score + config.beta * debiased, debiased
+    )  # Eq. 13
+    new = PromptGDROState(
+        score=jnp.where(present, ema, state.score), seen=state.seen | present, step=state.step + 1
+    )
+    return new, q_used
 
 
-def prompt_gdro_update(config: PromptGDROConfig, state: PromptGDROState,
-                       bins_per_rollout, loss_signal, valid=None, *,
-                       rewards=None) -> tuple[PromptGDROState, Dict[str, Any]]:
-  """One Prompt-GDRO score update (Eq. 12-13); returns ``(state, diagnostics)``.
+def prompt_gdro_update(
+    config: PromptGDROConfig,
+    state: PromptGDROState,
+    bins_per_rollout,
+    loss_signal,
+    valid=None,
+    *,
+    rewards=None,
+) -> tuple[PromptGDROState, dict[str, Any]]:
+    """One Prompt-GDRO score update (Eq. 12-13); returns ``(state, diagnostics)``.
 
-  Args:
-    config: ``PromptGDROConfig``.
-    state: ``PromptGDROState``.
-    bins_per_rollout: ``[R]`` int32, bins of the rollouts' own prompts (same as for the weights).
-    loss_signal: ``[R]`` float32, per-rollout loss signal (see ``loss_signal()``); detached.
-    valid: optional ``[R]`` bool; invalid rows are ignored.
-    rewards: optional ``[R]`` float, for the per-bin mean reward diagnostic.
+    Args:
+      config: ``PromptGDROConfig``.
+      state: ``PromptGDROState``.
+      bins_per_rollout: ``[R]`` int32, bins of the rollouts' own prompts (same as for the weights).
+      loss_signal: ``[R]`` float32, per-rollout loss signal (see ``loss_signal()``); detached.
+      valid: optional ``[R]`` bool; invalid rows are ignored.
+      rewards: optional ``[R]`` float, for the per-bin mean reward diagnostic.
 
-  Returns:
-    The new state and a flat dict of host numpy diagnostics (``prompt_gdro_diagnostics``) with
-    ``gdro/q`` = the weights this step used (pre-update scores) and ``gdro/score`` = the updated
-    scores. The numeric core is jitted; this wrapper moves the diagnostics to the host.
-  """
-  new, q_used = _update(config, state, bins_per_rollout, loss_signal, valid)
-  diag = prompt_gdro_diagnostics(int(state.score.shape[0]), bins_per_rollout, q=q_used,
-                                 score=new.score, rewards=rewards, valid=valid)
-  return new, diag
+    Returns:
+      The new state and a flat dict of host numpy diagnostics (``prompt_gdro_diagnostics``) with
+      ``gdro/q`` = the weights this step used (pre-update scores) and ``gdro/score`` = the updated
+      scores. The numeric core is jitted; this wrapper moves the diagnostics to the host.
+    """
+    new, q_used = _update(config, state, bins_per_rollout, loss_signal, valid)
+    diag = prompt_gdro_diagnostics(
+        int(state.score.shape[0]),
+        bins_per_rollout,
+        q=q_used,
+        score=new.score,
+        rewards=rewards,
+        valid=valid,
+    )
+    return new, diag
 
 
 def _entropy(p: np.ndarray) -> float:
-  p = p[p > 0]
-  return float(-np.sum(p * np.log(p)))
+    p = p[p > 0]
+    return float(-np.sum(p * np.log(p)))
 
 
-def prompt_gdro_diagnostics(num_bins: int, bins_per_rollout, *, q=None, score=None,
-                            rewards=None, valid=None) -> Dict[str, Any]:
-  """Per-step curriculum diagnostics (spec s.4) as host numpy, keys prefixed ``gdro/``.
+def prompt_gdro_diagnostics(
+    num_bins: int, bins_per_rollout, *, q=None, score=None, rewards=None, valid=None
+) -> dict[str, Any]:
+    """Per-step curriculum diagnostics (spec s.4) as host numpy, keys prefixed ``gdro/``.
 
-  Works without a controller too (GRPO baseline: only ``bins_per_rollout`` and ``rewards``).
+    Works without a controller too (GRPO baseline: only ``bins_per_rollout`` and ``rewards``).
 
-  Keys: ``gdro/bin_share [B]`` (share of the batch's rollouts, ``q_hat``), ``gdro/mean_bin``
-  (``sum_b b q_hat_b``), ``gdro/mass_ge3``, ``gdro/mass_ge8`` (``q_hat`` mass in bins >= 3, >= 8),
-  ``gdro/entropy_share`` (nats); with ``q``: ``gdro/q [B]``, ``gdro/entropy_q``, ``gdro/lead_lag``
-  (``sum_b b q_b - sum_b b q_hat_b``), ``gdro/mean_bin_q``; with ``score``: ``gdro/score [B]``;
-  with ``rewards``: ``gdro/bin_reward [B]`` (mean reward per bin, NaN for absent bins).
-  """
-  bins = np.asarray(bins_per_rollout, np.int64)
-  v = np.ones(bins.shape, np.float64) if valid is None else np.asarray(valid, np.float64)
-  count = np.bincount(bins, weights=v, minlength=num_bins)[:num_bins]
-  share = count / max(count.sum(), 1.0)
-  idx = np.arange(num_bins)
-  out: Dict[str, Any] = {
-      "gdro/bin_share": share.astype(np.float32),
-      "gdro/mean_bin": float(np.sum(idx * share)),
-      "gdro/mass_ge3": float(share[3:].sum()),
-      "gdro/mass_ge8": float(share[8:].sum()),
-      "gdro/entropy_share": _entropy(share),
-  }
-  if q is not None:
-    qn = np.asarray(q, np.float64)
-    out["gdro/q"] = qn.astype(np.float32)
-    out["gdro/entropy_q"] = _entropy(qn)
-    out["gdro/mean_bin_q"] = float(np.sum(idx * qn))
-    out["gdro/lead_lag"] = float(np.sum(idx * qn) - np.sum(idx * share))
-  if score is not None:
-    out["gdro/score"] = np.asarray(score, np.float32)
-  if rewards is not None:
-    r = np.bincount(bins, weights=np.asarray(rewards, np.float64) * v, minlength=num_bins)
-    with np.errstate(invalid="ignore", divide="ignore"):
-      out["gdro/bin_reward"] = np.where(count > 0, r[:num_bins] / count, np.nan).astype(np.float32)
-  return out
+    Keys: ``gdro/bin_share [B]`` (share of the batch's rollouts, ``q_hat``), ``gdro/mean_bin``
+    (``sum_b b q_hat_b``), ``gdro/mass_ge3``, ``gdro/mass_ge8`` (``q_hat`` mass in bins >= 3, >= 8),
+    ``gdro/entropy_share`` (nats); with ``q``: ``gdro/q [B]``, ``gdro/entropy_q``, ``gdro/lead_lag``
+    (``sum_b b q_b - sum_b b q_hat_b``), ``gdro/mean_bin_q``; with ``score``: ``gdro/score [B]``;
+    with ``rewards``: ``gdro/bin_reward [B]`` (mean reward per bin, NaN for absent bins).
+    """
+    bins = np.asarray(bins_per_rollout, np.int64)
+    v = np.ones(bins.shape, np.float64) if valid is None else np.asarray(valid, np.float64)
+    count = np.bincount(bins, weights=v, minlength=num_bins)[:num_bins]
+    share = count / max(count.sum(), 1.0)
+    idx = np.arange(num_bins)
+    out: dict[str, Any] = {
+        "gdro/bin_share": share.astype(np.float32),
+        "gdro/mean_bin": float(np.sum(idx * share)),
+        "gdro/mass_ge3": float(share[3:].sum()),
+        "gdro/mass_ge8": float(share[8:].sum()),
+        "gdro/entropy_share": _entropy(share),
+    }
+    if q is not None:
+        qn = np.asarray(q, np.float64)
+        out["gdro/q"] = qn.astype(np.float32)
+        out["gdro/entropy_q"] = _entropy(qn)
+        out["gdro/mean_bin_q"] = float(np.sum(idx * qn))
+        out["gdro/lead_lag"] = float(np.sum(idx * qn) - np.sum(idx * share))
+    if score is not None:
+        out["gdro/score"] = np.asarray(score, np.float32)
+    if rewards is not None:
+        r = np.bincount(bins, weights=np.asarray(rewards, np.float64) * v, minlength=num_bins)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["gdro/bin_reward"] = np.where(count > 0, r[:num_bins] / count, np.nan).astype(
+                np.float32
+            )
+    return out
 
 
 @functools.partial(jax.jit, static_argnames="num_prompts")
-def sample_prompts_by_bin(q: jax.Array, dataset_bins: jax.Array, key: jax.Array,
-                          num_prompts: int) -> jax.Array:
-  """Draws ``num_prompts`` dataset ids: a bin from ``q``, then a prompt uniformly in that bin.
+def sample_prompts_by_bin(
+    q: jax.Array, dataset_bins: jax.Array, key: jax.Array, num_prompts: int
+) -> jax.Array:
+    """Draws ``num_prompts`` dataset ids: a bin from ``q``, then a prompt uniformly in that bin.
 
-  For ``apply="resample"``. Bins with no dataset prompts get their mass renormalised away (if
-  ``q`` has no mass on any non-empty bin, bins are drawn in proportion to their size, i.e. the
-  uniform sampler). Draws are independent (with replacement); ``classifier_update`` merges
-  duplicate ids.
+    For ``apply="resample"``. Bins with no dataset prompts get their mass renormalised away (if
+    ``q`` has no mass on any non-empty bin, bins are drawn in proportion to their size, i.e. the
+    uniform sampler). Draws are independent (with replacement); ``classifier_update`` merges
+    duplicate ids.
 
-  Args:
-    q: ``[B]`` float bin probabilities (``prompt_gdro_q`` over ``dataset_bins``).
-    dataset_bins: ``[N]`` int32, ``classify`` over all ids ``0 .. N-1``.
-    key: PRNG key.
-    num_prompts: ``P`` (static).
+    Args:
+      q: ``[B]`` float bin probabilities (``prompt_gdro_q`` over ``dataset_bins``).
+      dataset_bins: ``[N]`` int32, ``classify`` over all ids ``0 .. N-1``.
+      key: PRNG key.
+      num_prompts: ``P`` (static).
 
-  Returns:
-    ``[P]`` int32 dataset ids.
-  """
-  b = q.shape[0]
-  bins = jnp.asarray(dataset_bins, jnp.int32)
-  size = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, b)
-  qe = jnp.where(size > 0, jnp.maximum(jnp.asarray(q, jnp.float32), 0.0), 0.0)
-  qe = jnp.where(jnp.sum(qe) > 0, qe, size)
-  k_bin, k_item = jax.random.split(key)
-  chosen = jax.random.categorical(k_bin, jnp.log(qe), shape=(num_prompts,))
-  order = jnp.argsort(bins, stable=True)
-  size_i = size.astype(jnp.int32)
-  offset = jnp.cumsum(size_i) - size_i
-  within = jax.random.randint(k_item, (num_prompts,), 0, jnp.maximum(size_i[chosen], 1))
-  return order[offset[chosen] + within].astype(jnp.int32)
+    Returns:
+      ``[P]`` int32 dataset ids.
+    """
+    b = q.shape[0]
+    bins = jnp.asarray(dataset_bins, jnp.int32)
+    size = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, b)
+    qe = jnp.where(size > 0, jnp.maximum(jnp.asarray(q, jnp.float32), 0.0), 0.0)
+    qe = jnp.where(jnp.sum(qe) > 0, qe, size)
+    k_bin, k_item = jax.random.split(key)
+    chosen = jax.random.categorical(k_bin, jnp.log(qe), shape=(num_prompts,))
+    order = jnp.argsort(bins, stable=True)
+    size_i = size.astype(jnp.int32)
+    offset = jnp.cumsum(size_i) - size_i
+    within = jax.random.randint(k_item, (num_prompts,), 0, jnp.maximum(size_i[chosen], 1))
+    return order[offset[chosen] + within].astype(jnp.int32)
 
 
-__all__ = ["PromptGDROConfig", "PromptGDROState", "prompt_gdro_init", "prompt_gdro_q",
-           "prompt_gdro_weights", "prompt_gdro_update", "prompt_gdro_diagnostics",
-           "sample_prompts_by_bin", "loss_signal", "APPLY_MODES", "SIGNALS"]
+__all__ = [
+    "PromptGDROConfig",
+    "PromptGDROState",
+    "prompt_gdro_init",
+    "prompt_gdro_q",
+    "prompt_gdro_weights",
+    "prompt_gdro_update",
+    "prompt_gdro_diagnostics",
+    "sample_prompts_by_bin",
+    "loss_signal",
+    "APPLY_MODES",
+    "SIGNALS",
+]

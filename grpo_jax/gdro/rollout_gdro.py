@@ -42,11 +42,13 @@ Readings we take (documented because the spec leaves them open):
 * The state is updated from the allocation actually used and the bins of the current prompts
   (the patch overwrote its state before the update and reused the previous batch's labels).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import flax
 import jax
@@ -61,138 +63,154 @@ ALLOCATORS = ("bandit", "sqrt")
 
 @dataclasses.dataclass(frozen=True)
 class RolloutGDROConfig:
-  """Static configuration of Rollout-GDRO (hashable: a jit static arg). Paper defaults.
+    """Static configuration of Rollout-GDRO (hashable: a jit static arg). Paper defaults.
 
-  Attributes:
-    allocator: ``"bandit"`` (paper) or ``"sqrt"`` (closed-form Neyman rule).
-    n_min: fewest rollouts per prompt, >= 2 (a single rollout has no group baseline). Default 2.
-    n_max: most rollouts per prompt, >= n_min. Default 12.
-    n_bar: mean rollouts per prompt (integer in [n_min, n_max]); ``R = P * n_bar``. Default 4.
-    eta: bandit step size (0.65), > 0.
-    gamma: bandit uniform mixing over arms (0.01), in [0, 1].
-    ema_decay: weight of the old arm score in its EMA (0.4), in [0, 1).
-    alpha_mu: dual-ascent step of the price ``mu`` (0.05), >= 0.
-    mu_0: initial price (0.0).
-    v_floor: ``sqrt`` allocator variance floor added to ``p (1 - p)`` (0.01), > 0.
-    signal: bandit loss signal, ``"surrogate_loss"`` or ``"failure_rate"`` (see prompt_gdro).
+    Attributes:
+      allocator: ``"bandit"`` (paper) or ``"sqrt"`` (closed-form Neyman rule).
+      n_min: fewest rollouts per prompt, >= 2 (a single rollout has no group baseline). Default 2.
+      n_max: most rollouts per prompt, >= n_min. Default 12.
+      n_bar: mean rollouts per prompt (integer in [n_min, n_max]); ``R = P * n_bar``. Default 4.
+      eta: bandit step size (0.65), > 0.
+      gamma: bandit uniform mixing over arms (0.01), in [0, 1].
+      ema_decay: weight of the old arm score in its EMA (0.4), in [0, 1).
+      alpha_mu: dual-ascent step of the price ``mu`` (0.05), >= 0.
+      mu_0: initial price (0.0).
+      v_floor: ``sqrt`` allocator variance floor added to ``p (1 - p)`` (0.01), > 0.
+      signal: bandit loss signal, ``"surrogate_loss"`` or ``"failure_rate"`` (see prompt_gdro).
 
-  Raises:
-    ValueError naming the field: ``n_min < 2``, ``n_max < n_min``, ``n_bar`` not an integer in
-    ``[n_min, n_max]``, unknown allocator / signal, out-of-range step sizes.
-  """
-  allocator: str = "bandit"
-  n_min: int = 2
-  n_max: int = 12
-  n_bar: int = 4
-  eta: float = 0.65
-  gamma: float = 0.01
-  ema_decay: float = 0.4
-  alpha_mu: float = 0.05
-  mu_0: float = 0.0
-  v_floor: float = 0.01
-  signal: str = "surrogate_loss"
+    Raises:
+      ValueError naming the field: ``n_min < 2``, ``n_max < n_min``, ``n_bar`` not an integer in
+      ``[n_min, n_max]``, unknown allocator / signal, out-of-range step sizes.
+    """
 
-  def __post_init__(self):
-    for name in ("n_min", "n_max", "n_bar"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not float(v).is_integer():
-        raise ValueError(f"RolloutGDROConfig.{name} must be an integer; got {v!r}")
-      object.__setattr__(self, name, int(v))
-    for name in ("eta", "gamma", "ema_decay", "alpha_mu", "mu_0", "v_floor"):
-      object.__setattr__(self, name, float(getattr(self, name)))
-    self.validate()
+    allocator: str = "bandit"
+    n_min: int = 2
+    n_max: int = 12
+    n_bar: int = 4
+    eta: float = 0.65
+    gamma: float = 0.01
+    ema_decay: float = 0.4
+    alpha_mu: float = 0.05
+    mu_0: float = 0.0
+    v_floor: float = 0.01
+    signal: str = "surrogate_loss"
 
-  def validate(self) -> None:
-    if self.allocator not in ALLOCATORS:
-      raise ValueError(f"RolloutGDROConfig.allocator must be one of {ALLOCATORS}; "
-                       f"got {self.allocator!r}")
-    if self.n_min < 2:
-      raise ValueError(f"RolloutGDROConfig.n_min must be >= 2 (a singleton group has no "
-                       f"baseline); got {self.n_min}")
-    if self.n_max < self.n_min:
-      raise ValueError(f"RolloutGDROConfig.n_max must be >= n_min={self.n_min}; got {self.n_max}")
-    if not self.n_min <= self.n_bar <= self.n_max:
-      raise ValueError(f"RolloutGDROConfig.n_bar must be in [n_min, n_max] = "
-                       f"[{self.n_min}, {self.n_max}]; got {self.n_bar}")
-    if not self.eta > 0:
-      raise ValueError(f"RolloutGDROConfig.eta must be > 0; got {self.eta}")
-    if not 0.0 <= self.gamma <= 1.0:
-      raise ValueError(f"RolloutGDROConfig.gamma must be in [0, 1]; got {self.gamma}")
-    if not 0.0 <= self.ema_decay < 1.0:
-      raise ValueError(f"RolloutGDROConfig.ema_decay must be in [0, 1); got {self.ema_decay}")
-    if not self.alpha_mu >= 0:
-      raise ValueError(f"RolloutGDROConfig.alpha_mu must be >= 0; got {self.alpha_mu}")
-    if not self.v_floor > 0:
-      raise ValueError(f"RolloutGDROConfig.v_floor must be > 0; got {self.v_floor}")
-    if self.signal not in SIGNALS:
-      raise ValueError(f"RolloutGDROConfig.signal must be one of {SIGNALS}; got {self.signal!r}")
+    def __post_init__(self):
+        for name in ("n_min", "n_max", "n_bar"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not float(v).is_integer():
+                raise ValueError(f"RolloutGDROConfig.{name} must be an integer; got {v!r}")
+            object.__setattr__(self, name, int(v))
+        for name in ("eta", "gamma", "ema_decay", "alpha_mu", "mu_0", "v_floor"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        self.validate()
 
-  @property
-  def arms(self) -> np.ndarray:
-    """``[K]`` int, the arms ``n_min .. n_max``."""
-    return np.arange(self.n_min, self.n_max + 1)
+    def validate(self) -> None:
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(
+                f"RolloutGDROConfig.allocator must be one of {ALLOCATORS}; got {self.allocator!r}"
+            )
+        if self.n_min < 2:
+            raise ValueError(
+                f"RolloutGDROConfig.n_min must be >= 2 (a singleton group has no "
+                f"baseline); got {self.n_min}"
+            )
+        if self.n_max < self.n_min:
+            raise ValueError(
+                f"RolloutGDROConfig.n_max must be >= n_min={self.n_min}; got {self.n_max}"
+            )
+        if not self.n_min <= self.n_bar <= self.n_max:
+            raise ValueError(
+                f"RolloutGDROConfig.n_bar must be in [n_min, n_max] = "
+                f"[{self.n_min}, {self.n_max}]; got {self.n_bar}"
+            )
+        if not self.eta > 0:
+            raise ValueError(f"RolloutGDROConfig.eta must be > 0; got {self.eta}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"RolloutGDROConfig.gamma must be in [0, 1]; got {self.gamma}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"RolloutGDROConfig.ema_decay must be in [0, 1); got {self.ema_decay}")
+        if not self.alpha_mu >= 0:
+            raise ValueError(f"RolloutGDROConfig.alpha_mu must be >= 0; got {self.alpha_mu}")
+        if not self.v_floor > 0:
+            raise ValueError(f"RolloutGDROConfig.v_floor must be > 0; got {self.v_floor}")
+        if self.signal not in SIGNALS:
+            raise ValueError(
+                f"RolloutGDROConfig.signal must be one of {SIGNALS}; got {self.signal!r}"
+            )
 
-  @property
-  def num_arms(self) -> int:
-    return self.n_max - self.n_min + 1
+    @property
+    def arms(self) -> np.ndarray:
+        """``[K]`` int, the arms ``n_min .. n_max``."""
+        return np.arange(self.n_min, self.n_max + 1)
 
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "RolloutGDROConfig":
-    """Builds from a mapping (dict / ml_collections.ConfigDict); unknown keys raise ValueError."""
-    return _config_from_dict(cls, d)
+    @property
+    def num_arms(self) -> int:
+        return self.n_max - self.n_min + 1
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RolloutGDROConfig:
+        """Builds from a mapping (dict / ml_collections.ConfigDict); unknown keys raise ValueError."""
+        return _config_from_dict(cls, d)
 
 
 @flax.struct.dataclass
 class RolloutGDROState:
-  """Rollout-GDRO state (a pytree; checkpoints with Orbax).
+    """Rollout-GDRO state (a pytree; checkpoints with Orbax).
 
-  Attributes:
-    scores: ``[B, K]`` float32, EMA of ``-J_b`` (the bin's mean loss signal) per bin and arm,
-      updated for the chosen arm only (``K = n_max - n_min + 1``).
-    mu: ``[]`` float32, the compute price.
-    step: ``[]`` int32, number of updates.
-  """
-  scores: jax.Array
-  mu: jax.Array
-  step: jax.Array
+    Attributes:
+      scores: ``[B, K]`` float32, EMA of ``-J_b`` (the bin's mean loss signal) per bin and arm,
+        updated for the chosen arm only (``K = n_max - n_min + 1``).
+      mu: ``[]`` float32, the compute price.
+      step: ``[]`` int32, number of updates.
+    """
+
+    scores: jax.Array
+    mu: jax.Array
+    step: jax.Array
 
 
 @flax.struct.dataclass
 class Allocation:
-  """Rollouts of one step.
+    """Rollouts of one step.
 
-  Attributes:
-    rollouts_per_prompt: ``[P]`` int32, each in ``[n_min, n_max]``, summing to ``R``.
-    segment_ids: ``[R]`` int32, rollout row -> prompt position, sorted, contiguous groups.
-    prompt_bins: ``[P]`` int32, the bins the allocation was computed for (this step's prompts).
-    arm: ``[B]`` int32, the bin's arm (its rounded mean ``n`` for ``sqrt``/fallback), -1 if absent.
-    bin_rollouts: ``[B]`` float32, mean rollouts per prompt of the bin, 0 if absent.
-    fallback: ``[]`` bool, the bandit used the proportional fallback.
-  """
-  rollouts_per_prompt: jax.Array
-  segment_ids: jax.Array
-  prompt_bins: jax.Array
-  arm: jax.Array
-  bin_rollouts: jax.Array
-  fallback: jax.Array
+    Attributes:
+      rollouts_per_prompt: ``[P]`` int32, each in ``[n_min, n_max]``, summing to ``R``.
+      segment_ids: ``[R]`` int32, rollout row -> prompt position, sorted, contiguous groups.
+      prompt_bins: ``[P]`` int32, the bins the allocation was computed for (this step's prompts).
+      arm: ``[B]`` int32, the bin's arm (its rounded mean ``n`` for ``sqrt``/fallback), -1 if absent.
+      bin_rollouts: ``[B]`` float32, mean rollouts per prompt of the bin, 0 if absent.
+      fallback: ``[]`` bool, the bandit used the proportional fallback.
+    """
+
+    rollouts_per_prompt: jax.Array
+    segment_ids: jax.Array
+    prompt_bins: jax.Array
+    arm: jax.Array
+    bin_rollouts: jax.Array
+    fallback: jax.Array
 
 
 def rollout_gdro_init(config: RolloutGDROConfig, num_bins: int) -> RolloutGDROState:
-  """Zero arm scores (uniform learners) and ``mu = mu_0`` for ``num_bins`` bins."""
-  if int(num_bins) < 1:
-    raise ValueError(f"num_bins must be >= 1; got {num_bins}")
-  return RolloutGDROState(scores=jnp.zeros((int(num_bins), config.num_arms), jnp.float32),
-                          mu=jnp.asarray(config.mu_0, jnp.float32),
-                          step=jnp.zeros((), jnp.int32))
+    """Zero arm scores (uniform learners) and ``mu = mu_0`` for ``num_bins`` bins."""
+    if int(num_bins) < 1:
+        raise ValueError(f"num_bins must be >= 1; got {num_bins}")
+    return RolloutGDROState(
+        scores=jnp.zeros((int(num_bins), config.num_arms), jnp.float32),
+        mu=jnp.asarray(config.mu_0, jnp.float32),
+        step=jnp.zeros((), jnp.int32),
+    )
 
 
 def arm_probs(config: RolloutGDROConfig, state: RolloutGDROState) -> np.ndarray:
-  """``[B, K]`` float64 arm probabilities ``(1 - gamma) softmax(-eta (s_b + mu a)) + gamma / K``."""
-  s = -config.eta * (np.asarray(state.scores, np.float64)
-                     + float(np.asarray(state.mu)) * config.arms[None, :].astype(np.float64))
-  s = s - s.max(axis=1, keepdims=True)
-  soft = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
-  return (1.0 - config.gamma) * soft + config.gamma / config.num_arms
+    """``[B, K]`` float64 arm probabilities ``(1 - gamma) softmax(-eta (s_b + mu a)) + gamma / K``."""
+    s = -config.eta * (
+        np.asarray(state.scores, np.float64)
+        + float(np.asarray(state.mu)) * config.arms[None, :].astype(np.float64)
+    )
+    s = s - s.max(axis=1, keepdims=True)
+    soft = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    return (1.0 - config.gamma) * soft + config.gamma / config.num_arms
 
 
 # ----------------------------------------------------------------------------- integer helpers
@@ -200,357 +218,435 @@ def arm_probs(config: RolloutGDROConfig, state: RolloutGDROState) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("lo", "hi"))
 def _waterfill(base, slope, counts, total, lo: int, hi: int):
-  """``x_b = clip(base_b + c slope_b, lo, hi)`` with ``c >= 0`` s.t. ``sum_b N_b x_b = total``."""
-  base, slope = jnp.asarray(base, jnp.float32), jnp.asarray(slope, jnp.float32)
-  counts = jnp.asarray(counts, jnp.float32)
-  total = jnp.asarray(total, jnp.float32)
-  pos = (slope > 0) & (counts > 0)
-  c_hi = jnp.max(jnp.where(pos, (hi - base) / jnp.where(pos, slope, 1.0), 0.0))
-  c_hi = jnp.maximum(c_hi, 0.0)
+    """``x_b = clip(base_b + c slope_b, lo, hi)`` with ``c >= 0`` s.t. ``sum_b N_b x_b = total``."""
+    base, slope = jnp.asarray(base, jnp.float32), jnp.asarray(slope, jnp.float32)
+    counts = jnp.asarray(counts, jnp.float32)
+    total = jnp.asarray(total, jnp.float32)
+    pos = (slope > 0) & (counts > 0)
+    c_hi = jnp.max(jnp.where(pos, (hi - base) / jnp.where(pos, slope, 1.0), 0.0))
+    c_hi = jnp.maximum(c_hi, 0.0)
 
-  def f(c):
-    return jnp.sum(counts * jnp.clip(base + c * slope, lo, hi))
+    def f(c):
+        return jnp.sum(counts * jnp.clip(base + c * slope, lo, hi))
 
-  def body(_, bounds):
-    a, b = bounds
-    m = 0.5 * (a + b)
-    return jnp.where(f(m) < total, m, a), jnp.where(f(m) < total, b, m)
+    def body(_, bounds):
+        a, b = bounds
+        m = 0.5 * (a + b)
+        return jnp.where(f(m) < total, m, a), jnp.where(f(m) < total, b, m)
 
-  _, c = jax.lax.fori_loop(0, 64, body, (jnp.zeros((), jnp.float32), c_hi))
-  return jnp.clip(base + c * slope, lo, hi)
+    _, c = jax.lax.fori_loop(0, 64, body, (jnp.zeros((), jnp.float32), c_hi))
+    return jnp.clip(base + c * slope, lo, hi)
 
 
 @functools.partial(jax.jit, static_argnames=("lo", "hi"))
 def round_to_budget(x: jax.Array, total, tie_key: jax.Array, lo: int, hi: int) -> jax.Array:
-  """Integers ``[P]`` int32 in ``[lo, hi]``, each ``floor(x_i)`` or ``ceil(x_i)``, summing to
-  ``total`` (largest remainder; equal remainders broken by ascending ``tie_key``).
+    """Integers ``[P]`` int32 in ``[lo, hi]``, each ``floor(x_i)`` or ``ceil(x_i)``, summing to
+    ``total`` (largest remainder; equal remainders broken by ascending ``tie_key``).
 
-  Requires ``sum(clip(x, lo, hi))`` within ~1 of ``total`` (true for the water-filled targets).
+    Requires ``sum(clip(x, lo, hi))`` within ~1 of ``total`` (true for the water-filled targets).
 
-  Args:
-    x: ``[P]`` float targets; total: int budget; tie_key: ``[P]`` int (stable prompt ids).
-  """
-  x = jnp.clip(jnp.asarray(x, jnp.float32), lo, hi)
-  f = jnp.floor(x)
-  frac = x - f
-  fi = f.astype(jnp.int32)
-  k = jnp.asarray(total, jnp.int32) - jnp.sum(fi)
-  key = jnp.asarray(tie_key)
-  up_order = jnp.lexsort((key, -frac, fi >= hi))            # eligible first, largest remainder
-  down_order = jnp.lexsort((key, frac, fi <= lo))           # eligible first, smallest remainder
-  rank_up = jnp.argsort(up_order)
-  rank_down = jnp.argsort(down_order)
-  add = (rank_up < k) & (fi < hi)
-  sub = (rank_down < -k) & (fi > lo)
-  return (fi + add.astype(jnp.int32) - sub.astype(jnp.int32)).astype(jnp.int32)
+    Args:
+      x: ``[P]`` float targets; total: int budget; tie_key: ``[P]`` int (stable prompt ids).
+    """
+    x = jnp.clip(jnp.asarray(x, jnp.float32), lo, hi)
+    f = jnp.floor(x)
+    frac = x - f
+    fi = f.astype(jnp.int32)
+    k = jnp.asarray(total, jnp.int32) - jnp.sum(fi)
+    key = jnp.asarray(tie_key)
+    up_order = jnp.lexsort((key, -frac, fi >= hi))  # eligible first, largest remainder
+    down_order = jnp.lexsort((key, frac, fi <= lo))  # eligible first, smallest remainder
+    rank_up = jnp.argsort(up_order)
+    rank_down = jnp.argsort(down_order)
+    add = (rank_up < k) & (fi < hi)
+    sub = (rank_down < -k) & (fi > lo)
+    return (fi + add.astype(jnp.int32) - sub.astype(jnp.int32)).astype(jnp.int32)
 
 
-def _finish(n: np.ndarray, prompt_bins: np.ndarray, num_bins: int, total: int,
-            arm: Optional[np.ndarray], fallback: bool) -> Allocation:
-  n = np.asarray(n, np.int32)
-  bins = np.asarray(prompt_bins, np.int32)
-  if int(n.sum()) != total:
-    raise AssertionError(f"allocation sums to {int(n.sum())}, expected {total}")
-  count = np.bincount(bins, minlength=num_bins)
-  mean_n = np.bincount(bins, weights=n, minlength=num_bins) / np.maximum(count, 1)
-  if arm is None:
-    arm = np.where(count > 0, np.rint(mean_n), -1)
-  seg = np.repeat(np.arange(len(n), dtype=np.int32), n)
-  return Allocation(rollouts_per_prompt=jnp.asarray(n), segment_ids=jnp.asarray(seg),
-                    prompt_bins=jnp.asarray(bins), arm=jnp.asarray(arm, jnp.int32),
-                    bin_rollouts=jnp.asarray(mean_n, jnp.float32),
-                    fallback=jnp.asarray(bool(fallback)))
+def _finish(
+    n: np.ndarray,
+    prompt_bins: np.ndarray,
+    num_bins: int,
+    total: int,
+    arm: np.ndarray | None,
+    fallback: bool,
+) -> Allocation:
+    n = np.asarray(n, np.int32)
+    bins = np.asarray(prompt_bins, np.int32)
+    if int(n.sum()) != total:
+        raise AssertionError(f"allocation sums to {int(n.sum())}, expected {total}")
+    count = np.bincount(bins, minlength=num_bins)
+    mean_n = np.bincount(bins, weights=n, minlength=num_bins) / np.maximum(count, 1)
+    if arm is None:
+        arm = np.where(count > 0, np.rint(mean_n), -1)
+    seg = np.repeat(np.arange(len(n), dtype=np.int32), n)
+    return Allocation(
+        rollouts_per_prompt=jnp.asarray(n),
+        segment_ids=jnp.asarray(seg),
+        prompt_bins=jnp.asarray(bins),
+        arm=jnp.asarray(arm, jnp.int32),
+        bin_rollouts=jnp.asarray(mean_n, jnp.float32),
+        fallback=jnp.asarray(bool(fallback)),
+    )
 
 
 def fixed_allocation(prompt_bins, n: int, num_bins: int) -> Allocation:
-  """The uniform allocation: ``n`` rollouts for every prompt (GRPO, Prompt-GDRO)."""
-  bins = np.asarray(prompt_bins, np.int32)
-  return _finish(np.full(bins.shape, int(n), np.int32), bins, num_bins, int(n) * len(bins),
-                 None, False)
+    """The uniform allocation: ``n`` rollouts for every prompt (GRPO, Prompt-GDRO)."""
+    bins = np.asarray(prompt_bins, np.int32)
+    return _finish(
+        np.full(bins.shape, int(n), np.int32), bins, num_bins, int(n) * len(bins), None, False
+    )
 
 
 # ----------------------------------------------------------------------------- allocators
 
 
-def solve_arms_dp(log_probs: np.ndarray, counts: np.ndarray, arms: np.ndarray, total: int,
-                  n_bar: float) -> Optional[np.ndarray]:
-  """Exact-budget arm choice: ``argmax sum_b log_probs[b, k_b]`` s.t. ``sum_b counts_b arms[k_b]
-  = total`` (dynamic programme over bins x running total, O(B K total) on the host).
+def solve_arms_dp(
+    log_probs: np.ndarray, counts: np.ndarray, arms: np.ndarray, total: int, n_bar: float
+) -> np.ndarray | None:
+    """Exact-budget arm choice: ``argmax sum_b log_probs[b, k_b]`` s.t. ``sum_b counts_b arms[k_b]
+    = total`` (dynamic programme over bins x running total, O(B K total) on the host).
 
-  Exact ties go to the allocation nearest ``n_bar`` (secondary term < 1e-6 nats in total), then
-  to the smaller arm. Bins with ``counts_b = 0`` are skipped (returned as -1).
+    Exact ties go to the allocation nearest ``n_bar`` (secondary term < 1e-6 nats in total), then
+    to the smaller arm. Bins with ``counts_b = 0`` are skipped (returned as -1).
 
-  Args:
-    log_probs: ``[B, K]`` float64; counts: ``[B]`` int prompts per bin; arms: ``[K]`` int
-      increasing; total: budget ``R``; n_bar: target mean for tie-breaking.
+    Args:
+      log_probs: ``[B, K]`` float64; counts: ``[B]`` int prompts per bin; arms: ``[K]`` int
+        increasing; total: budget ``R``; n_bar: target mean for tie-breaking.
 
-  Returns:
-    ``[B]`` int arm indices (-1 for empty bins), or None when no exact solution exists.
-  """
-  counts = np.asarray(counts, np.int64)
-  arms = np.asarray(arms, np.int64)
-  live = np.flatnonzero(counts > 0)
-  steps = arms - arms[0]
-  rd = int(total) - int(counts.sum()) * int(arms[0])
-  if rd < 0:
-    return None
-  k_num = len(arms)
-  eps = 1e-6 / (1.0 + float(total) * float(steps[-1]) ** 2)
-  value = np.full(rd + 1, -np.inf)
-  value[0] = 0.0
-  choices = np.zeros((len(live), rd + 1), np.int16)
-  cand = np.empty((k_num, rd + 1))
-  for j, b in enumerate(live):
-    score = (np.asarray(log_probs[b], np.float64)
-             - eps * counts[b] * (arms - float(n_bar)) ** 2)
-    cand.fill(-np.inf)
-    for k in range(k_num):
-      shift = int(counts[b] * steps[k])
-      if shift <= rd:
-        cand[k, shift:] = value[:rd + 1 - shift] + score[k]
-    choices[j] = np.argmax(cand, axis=0)
-    value = cand[choices[j], np.arange(rd + 1)]
-  if not np.isfinite(value[rd]):
-    return None
-  out = np.full(len(counts), -1, np.int64)
-  t = rd
-  for j in range(len(live) - 1, -1, -1):
-    k = int(choices[j, t])
-    out[live[j]] = k
-    t -= int(counts[live[j]] * steps[k])
-  assert t == 0
-  return out
+    Returns:
+      ``[B]`` int arm indices (-1 for empty bins), or None when no exact solution exists.
+    """
+    counts = np.asarray(counts, np.int64)
+    arms = np.asarray(arms, np.int64)
+    live = np.flatnonzero(counts > 0)
+    steps = arms - arms[0]
+    rd = int(total) - int(counts.sum()) * int(arms[0])
+    if rd < 0:
+        return None
+    k_num = len(arms)
+    eps = 1e-6 / (1.0 + float(total) * float(steps[-1]) ** 2)
+    value = np.full(rd + 1, -np.inf)
+    value[0] = 0.0
+    choices = np.zeros((len(live), rd + 1), np.int16)
+    cand = np.empty((k_num, rd + 1))
+    for j, b in enumerate(live):
+        score = np.asarray(log_probs[b], np.float64) - eps * counts[b] * (arms - float(n_bar)) ** 2
+        cand.fill(-np.inf)
+        for k in range(k_num):
+            shift = int(counts[b] * steps[k])
+            if shift <= rd:
+                cand[k, shift:] = value[: rd + 1 - shift] + score[k]
+        choices[j] = np.argmax(cand, axis=0)
+        value = cand[choices[j], np.arange(rd + 1)]
+    if not np.isfinite(value[rd]):
+        return None
+    out = np.full(len(counts), -1, np.int64)
+    t = rd
+    for j in range(len(live) - 1, -1, -1):
+        k = int(choices[j, t])
+        out[live[j]] = k
+        t -= int(counts[live[j]] * steps[k])
+    assert t == 0
+    return out
 
 
-def _budget(config: RolloutGDROConfig, num_prompts: int, total: Optional[int]) -> int:
-  r = num_prompts * config.n_bar if total is None else int(total)
-  if not num_prompts * config.n_min <= r <= num_prompts * config.n_max:
-    raise ValueError(f"total rollouts {r} is outside [P*n_min, P*n_max] = "
-                     f"[{num_prompts * config.n_min}, {num_prompts * config.n_max}] for P={num_prompts}")
-  return r
+def _budget(config: RolloutGDROConfig, num_prompts: int, total: int | None) -> int:
+    r = num_prompts * config.n_bar if total is None else int(total)
+    if not num_prompts * config.n_min <= r <= num_prompts * config.n_max:
+        raise ValueError(
+            f"total rollouts {r} is outside [P*n_min, P*n_max] = "
+            f"[{num_prompts * config.n_min}, {num_prompts * config.n_max}] for P={num_prompts}"
+        )
+    return r
 
 
 def sqrt_targets(config: RolloutGDROConfig, counts, bin_success, total=None) -> jax.Array:
-  """Continuous Neyman allocation ``[B]`` float32 under the bounds (water-filled) with
-  ``sum_b counts_b n_b = total`` (default ``sum(counts) n_bar``). Thm 4.2: ``n_b ∝ sqrt(v_b)``,
-  ``v_b = p_b (1 - p_b) + v_floor``; without binding bounds
-  ``n_b = n_bar sqrt(v_b) / sum_j share_j sqrt(v_j)``."""
-  p = jnp.clip(jnp.asarray(bin_success, jnp.float32), 0.0, 1.0)
-  v = p * (1.0 - p) + config.v_floor
-  counts = jnp.asarray(counts, jnp.float32)
-  total = jnp.sum(counts) * config.n_bar if total is None else total
-  return _waterfill(jnp.zeros_like(v), jnp.sqrt(v), counts, total,
-                    lo=config.n_min, hi=config.n_max)
+    """Continuous Neyman allocation ``[B]`` float32 under the bounds (water-filled) with
+    ``sum_b counts_b n_b = total`` (default ``sum(counts) n_bar``). Thm 4.2: ``n_b ∝ sqrt(v_b)``,
+    ``v_b = p_b (1 - p_b) + v_floor``; without binding bounds
+    ``n_b = n_bar sqrt(v_b) / sum_j share_j sqrt(v_j)``."""
+    p = jnp.clip(jnp.asarray(bin_success, jnp.float32), 0.0, 1.0)
+    v = p * (1.0 - p) + config.v_floor
+    counts = jnp.asarray(counts, jnp.float32)
+    total = jnp.sum(counts) * config.n_bar if total is None else total
+    return _waterfill(
+        jnp.zeros_like(v), jnp.sqrt(v), counts, total, lo=config.n_min, hi=config.n_max
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_bins"))
-def sqrt_allocation(config: RolloutGDROConfig, prompt_bins: jax.Array, bin_success: jax.Array,
-                    tie_key: jax.Array, num_bins: int, total=None) -> jax.Array:
-  """Jittable ``sqrt`` allocator: rollouts per prompt ``[P]`` int32 in ``[n_min, n_max]``,
-  each ``floor`` or ``ceil`` of its bin's ``sqrt_targets``, summing to ``total``
-  (default ``P * n_bar``).
+def sqrt_allocation(
+    config: RolloutGDROConfig,
+    prompt_bins: jax.Array,
+    bin_success: jax.Array,
+    tie_key: jax.Array,
+    num_bins: int,
+    total=None,
+) -> jax.Array:
+    """Jittable ``sqrt`` allocator: rollouts per prompt ``[P]`` int32 in ``[n_min, n_max]``,
+    each ``floor`` or ``ceil`` of its bin's ``sqrt_targets``, summing to ``total``
+    (default ``P * n_bar``).
 
-  Args:
-    prompt_bins: ``[P]`` int32 bins; bin_success: ``[B]`` float success rate per bin
-      (``classifier.bin_success``); tie_key: ``[P]`` int (prompt ids) for rounding ties;
-      num_bins: ``B`` (static); total: optional int budget (traced).
-  """
-  bins = jnp.asarray(prompt_bins, jnp.int32)
-  total = bins.shape[0] * config.n_bar if total is None else total
-  counts = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, num_bins)
-  x = sqrt_targets(config, counts, bin_success, total)[bins]
-  return round_to_budget(x, total, tie_key, lo=config.n_min, hi=config.n_max)
+    Args:
+      prompt_bins: ``[P]`` int32 bins; bin_success: ``[B]`` float success rate per bin
+        (``classifier.bin_success``); tie_key: ``[P]`` int (prompt ids) for rounding ties;
+        num_bins: ``B`` (static); total: optional int budget (traced).
+    """
+    bins = jnp.asarray(prompt_bins, jnp.int32)
+    total = bins.shape[0] * config.n_bar if total is None else total
+    counts = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, num_bins)
+    x = sqrt_targets(config, counts, bin_success, total)[bins]
+    return round_to_budget(x, total, tie_key, lo=config.n_min, hi=config.n_max)
 
 
-def allocate(config: RolloutGDROConfig, state: RolloutGDROState, prompt_bins,
-             bin_success=None, *, prompt_ids=None, total: Optional[int] = None) -> Allocation:
-  """Rollouts per prompt for this step's prompts (Eq. 17-21).
+def allocate(
+    config: RolloutGDROConfig,
+    state: RolloutGDROState,
+    prompt_bins,
+    bin_success=None,
+    *,
+    prompt_ids=None,
+    total: int | None = None,
+) -> Allocation:
+    """Rollouts per prompt for this step's prompts (Eq. 17-21).
 
-  Args:
-    config: ``RolloutGDROConfig``.
-    state: ``RolloutGDROState`` (``B = state.scores.shape[0]``).
-    prompt_bins: ``[P]`` int bins of *this step's* prompts (``classify``).
-    bin_success: ``[B]`` float per-bin success rate, required by ``sqrt``
-      (``classifier.bin_success``).
-    prompt_ids: optional ``[P]`` int stable ids, used to break rounding ties so that the
-      allocation of a prompt does not depend on its position in the batch (default: position).
-    total: budget ``R`` (default ``P * n_bar``; other values are for tests and give the fallback
-      when infeasible).
+    Args:
+      config: ``RolloutGDROConfig``.
+      state: ``RolloutGDROState`` (``B = state.scores.shape[0]``).
+      prompt_bins: ``[P]`` int bins of *this step's* prompts (``classify``).
+      bin_success: ``[B]`` float per-bin success rate, required by ``sqrt``
+        (``classifier.bin_success``).
+      prompt_ids: optional ``[P]`` int stable ids, used to break rounding ties so that the
+        allocation of a prompt does not depend on its position in the batch (default: position).
+      total: budget ``R`` (default ``P * n_bar``; other values are for tests and give the fallback
+        when infeasible).
 
-  Returns:
-    ``Allocation`` with exactly ``R`` rollouts, every prompt in ``[n_min, n_max]``.
+    Returns:
+      ``Allocation`` with exactly ``R`` rollouts, every prompt in ``[n_min, n_max]``.
 
-  Raises:
-    ValueError: bins out of range, ``bin_success`` missing for ``sqrt``, or ``total`` outside
-      ``[P n_min, P n_max]``.
-  """
-  bins = np.asarray(prompt_bins, np.int64)
-  num_bins = int(state.scores.shape[0])
-  if bins.ndim != 1 or bins.size == 0:
-    raise ValueError(f"prompt_bins must be a non-empty [P] array; got shape {bins.shape}")
-  if bins.min() < 0 or bins.max() >= num_bins:
-    raise ValueError(f"prompt_bins must lie in [0, {num_bins}); got [{bins.min()}, {bins.max()}]")
-  num = bins.size
-  r = _budget(config, num, total)
-  key = (np.arange(num) if prompt_ids is None else np.asarray(prompt_ids)).astype(np.int32)
-  counts = np.bincount(bins, minlength=num_bins)
+    Raises:
+      ValueError: bins out of range, ``bin_success`` missing for ``sqrt``, or ``total`` outside
+        ``[P n_min, P n_max]``.
+    """
+    bins = np.asarray(prompt_bins, np.int64)
+    num_bins = int(state.scores.shape[0])
+    if bins.ndim != 1 or bins.size == 0:
+        raise ValueError(f"prompt_bins must be a non-empty [P] array; got shape {bins.shape}")
+    if bins.min() < 0 or bins.max() >= num_bins:
+        raise ValueError(
+            f"prompt_bins must lie in [0, {num_bins}); got [{bins.min()}, {bins.max()}]"
+        )
+    num = bins.size
+    r = _budget(config, num, total)
+    key = (np.arange(num) if prompt_ids is None else np.asarray(prompt_ids)).astype(np.int32)
+    counts = np.bincount(bins, minlength=num_bins)
 
-  if config.allocator == "sqrt":
-    if bin_success is None:
-      raise ValueError("allocator='sqrt' needs bin_success [B] (classifier.bin_success)")
-    n = sqrt_allocation(config, jnp.asarray(bins, jnp.int32), jnp.asarray(bin_success),
-                        jnp.asarray(key), num_bins, r)
-    return _finish(np.asarray(n), bins, num_bins, r, None, False)
+    if config.allocator == "sqrt":
+        if bin_success is None:
+            raise ValueError("allocator='sqrt' needs bin_success [B] (classifier.bin_success)")
+        n = sqrt_allocation(
+            config,
+            jnp.asarray(bins, jnp.int32),
+            jnp.asarray(bin_success),
+            jnp.asarray(key),
+            num_bins,
+            r,
+        )
+        return _finish(np.asarray(n), bins, num_bins, r, None, False)
 
-  probs = arm_probs(config, state)
-  arms = config.arms
-  choice = solve_arms_dp(np.log(probs), counts, arms, r, config.n_bar)
-  if choice is not None:
-    arm = np.where(choice >= 0, arms[np.maximum(choice, 0)], -1)
-    return _finish(arm[bins], bins, num_bins, r, arm, False)
-  weight = probs @ arms - config.n_min + 1e-6                   # bin weight E_p[a] - n_min
-  x = _waterfill(np.full(num_bins, config.n_min, np.float32), weight, counts, r,
-                 lo=config.n_min, hi=config.n_max)
-  n = round_to_budget(jnp.asarray(x)[bins], r, jnp.asarray(key), lo=config.n_min,
-                      hi=config.n_max)
-  return _finish(np.asarray(n), bins, num_bins, r, None, True)
+    probs = arm_probs(config, state)
+    arms = config.arms
+    choice = solve_arms_dp(np.log(probs), counts, arms, r, config.n_bar)
+    if choice is not None:
+        arm = np.where(choice >= 0, arms[np.maximum(choice, 0)], -1)
+        return _finish(arm[bins], bins, num_bins, r, arm, False)
+    weight = probs @ arms - config.n_min + 1e-6  # bin weight E_p[a] - n_min
+    x = _waterfill(
+        np.full(num_bins, config.n_min, np.float32),
+        weight,
+        counts,
+        r,
+        lo=config.n_min,
+        hi=config.n_max,
+    )
+    n = round_to_budget(jnp.asarray(x)[bins], r, jnp.asarray(key), lo=config.n_min, hi=config.n_max)
+    return _finish(np.asarray(n), bins, num_bins, r, None, True)
 
 
 # ----------------------------------------------------------------------------- update
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def _update(config: RolloutGDROConfig, state: RolloutGDROState, rollout_bins, signal, arm,
-            prompt_count):
-  b, k_num = state.scores.shape
-  bins = jnp.asarray(rollout_bins, jnp.int32)
-  cnt = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, b)
-  mean_loss = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32), bins, b) / jnp.maximum(cnt, 1.0)
-  present = (cnt > 0) & (arm >= 0)
-  idx = jnp.clip(arm - config.n_min, 0, k_num - 1)
-  old = state.scores[jnp.arange(b), idx]
-  new_s = config.ema_decay * old + (1.0 - config.ema_decay) * mean_loss    # -J_b = mean loss
-  scores = state.scores.at[jnp.arange(b), idx].set(jnp.where(present, new_s, old))
-  arms = jnp.arange(config.n_min, config.n_max + 1, dtype=jnp.float32)
-  logits = -config.eta * (state.scores + state.mu * arms)       # the learners that allocated
-  probs = (1.0 - config.gamma) * jax.nn.softmax(logits, axis=1) + config.gamma / k_num
-  share = prompt_count / jnp.maximum(jnp.sum(prompt_count), 1.0)
-  n_hat = jnp.sum(share * (probs @ arms))
-  mu = state.mu + config.alpha_mu * (n_hat - config.n_bar)
-  return RolloutGDROState(scores=scores, mu=mu.astype(jnp.float32), step=state.step + 1)
+def _update(
+    config: RolloutGDROConfig, state: RolloutGDROState, rollout_bins, signal, arm, prompt_count
+):
+    b, k_num = state.scores.shape
+    bins = jnp.asarray(rollout_bins, jnp.int32)
+    cnt = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, b)
+    mean_loss = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32), bins, b) / jnp.maximum(
+        cnt, 1.0
+    )
+    present = (cnt > 0) & (arm >= 0)
+    idx = jnp.clip(arm - config.n_min, 0, k_num - 1)
+    old = state.scores[jnp.arange(b), idx]
+    new_s = config.ema_decay * old + (1.0 - config.ema_decay) * mean_loss  # -J_b = mean loss
+    scores = state.scores.at[jnp.arange(b), idx].set(jnp.where(present, new_s, old))
+    arms = jnp.arange(config.n_min, config.n_max + 1, dtype=jnp.float32)
+    logits = -config.eta * (state.scores + state.mu * arms)  # the learners that allocated
+    probs = (1.0 - config.gamma) * jax.nn.softmax(logits, axis=1) + config.gamma / k_num
+    share = prompt_count / jnp.maximum(jnp.sum(prompt_count), 1.0)
+    n_hat = jnp.sum(share * (probs @ arms))
+    mu = state.mu + config.alpha_mu * (n_hat - config.n_bar)
+    return RolloutGDROState(scores=scores, mu=mu.astype(jnp.float32), step=state.step + 1)
 
 
-def rollout_gdro_update(config: RolloutGDROConfig, state: RolloutGDROState,
-                        allocation: Allocation, prompt_bins, loss_signal, rewards=None,
-                        segment_ids=None, *, bin_success=None
-                        ) -> tuple[RolloutGDROState, Dict[str, Any]]:
-  """Bandit update after the step (Eq. 20-21); returns ``(state, diagnostics)``.
+def rollout_gdro_update(
+    config: RolloutGDROConfig,
+    state: RolloutGDROState,
+    allocation: Allocation,
+    prompt_bins,
+    loss_signal,
+    rewards=None,
+    segment_ids=None,
+    *,
+    bin_success=None,
+) -> tuple[RolloutGDROState, dict[str, Any]]:
+    """Bandit update after the step (Eq. 20-21); returns ``(state, diagnostics)``.
 
-  The chosen arm of every present bin takes the EMA of ``-J_b`` (the bin's mean loss signal);
-  ``mu`` takes a dual-ascent step with the learners that made this allocation. With ``allocator="sqrt"`` only ``step`` advances (scores and ``mu`` are the
-  bandit's). Diagnostics: ``rollout_gdro_diagnostics``.
+    The chosen arm of every present bin takes the EMA of ``-J_b`` (the bin's mean loss signal);
+    ``mu`` takes a dual-ascent step with the learners that made this allocation. With ``allocator="sqrt"`` only ``step`` advances (scores and ``mu`` are the
+    bandit's). Diagnostics: ``rollout_gdro_diagnostics``.
 
-  Args:
-    allocation: the ``Allocation`` used this step.
-    prompt_bins: ``[P]`` int, this step's prompt bins (must equal ``allocation.prompt_bins``).
-    loss_signal: ``[R]`` float, per-rollout loss signal (``loss_signal()``), detached.
-    rewards: optional ``[R]`` float, for the per-bin reward and the WSE diagnostics.
-    segment_ids: optional ``[R]``; must equal ``allocation.segment_ids`` if given.
-    bin_success: optional ``[B]`` float, the per-bin success rate given to ``allocate`` (for the
-      paper's WSE proxy; pass it for every allocator).
+    Args:
+      allocation: the ``Allocation`` used this step.
+      prompt_bins: ``[P]`` int, this step's prompt bins (must equal ``allocation.prompt_bins``).
+      loss_signal: ``[R]`` float, per-rollout loss signal (``loss_signal()``), detached.
+      rewards: optional ``[R]`` float, for the per-bin reward and the WSE diagnostics.
+      segment_ids: optional ``[R]``; must equal ``allocation.segment_ids`` if given.
+      bin_success: optional ``[B]`` float, the per-bin success rate given to ``allocate`` (for the
+        paper's WSE proxy; pass it for every allocator).
 
-  Raises:
-    ValueError when ``prompt_bins`` / ``segment_ids`` are not the allocation's own.
-  """
-  bins = np.asarray(prompt_bins, np.int32)
-  seg = np.asarray(allocation.segment_ids)
-  if not np.array_equal(bins, np.asarray(allocation.prompt_bins)):
-    raise ValueError("prompt_bins differ from the bins the allocation was computed for")
-  if segment_ids is not None and not np.array_equal(np.asarray(segment_ids), seg):
-    raise ValueError("segment_ids differ from allocation.segment_ids")
-  b = int(state.scores.shape[0])
-  if config.allocator == "bandit":
-    new = _update(config, state, jnp.asarray(bins[seg]), jnp.asarray(loss_signal),
-                  jnp.asarray(allocation.arm), jnp.asarray(np.bincount(bins, minlength=b),
-                                                           jnp.float32))
-  else:
-    new = state.replace(step=state.step + 1)
-  diag = rollout_gdro_diagnostics(config, new, allocation, rewards=rewards,
-                                  bin_success=bin_success)
-  return new, diag
+    Raises:
+      ValueError when ``prompt_bins`` / ``segment_ids`` are not the allocation's own.
+    """
+    bins = np.asarray(prompt_bins, np.int32)
+    seg = np.asarray(allocation.segment_ids)
+    if not np.array_equal(bins, np.asarray(allocation.prompt_bins)):
+        raise ValueError("prompt_bins differ from the bins the allocation was computed for")
+    if segment_ids is not None and not np.array_equal(np.asarray(segment_ids), seg):
+        raise ValueError("segment_ids differ from allocation.segment_ids")
+    b = int(state.scores.shape[0])
+    if config.allocator == "bandit":
+        new = _update(
+            config,
+            state,
+            jnp.asarray(bins[seg]),
+            jnp.asarray(loss_signal),
+            jnp.asarray(allocation.arm),
+            jnp.asarray(np.bincount(bins, minlength=b), jnp.float32),
+        )
+    else:
+        new = state.replace(step=state.step + 1)
+    diag = rollout_gdro_diagnostics(
+        config, new, allocation, rewards=rewards, bin_success=bin_success
+    )
+    return new, diag
 
 
 def pooled_bin_std(rewards, segment_ids, prompt_bins, num_bins: int) -> np.ndarray:
-  """``[B]`` float64: ``sqrt`` of the mean over a bin's prompts of the unbiased within-group
-  reward variance (groups of >= 2 rollouts); NaN for absent bins."""
-  r = np.asarray(rewards, np.float64)
-  seg = np.asarray(segment_ids, np.int64)
-  bins = np.asarray(prompt_bins, np.int64)
-  num = len(bins)
-  n = np.bincount(seg, minlength=num).astype(np.float64)
-  mean = np.bincount(seg, weights=r, minlength=num) / np.maximum(n, 1)
-  ss = np.bincount(seg, weights=(r - mean[seg]) ** 2, minlength=num)
-  var = np.where(n >= 2, ss / np.maximum(n - 1, 1), 0.0)
-  cnt = np.bincount(bins, minlength=num_bins)
-  with np.errstate(invalid="ignore", divide="ignore"):
-    return np.where(cnt > 0, np.sqrt(np.bincount(bins, weights=var, minlength=num_bins) / cnt),
-                    np.nan)
+    """``[B]`` float64: ``sqrt`` of the mean over a bin's prompts of the unbiased within-group
+    reward variance (groups of >= 2 rollouts); NaN for absent bins."""
+    r = np.asarray(rewards, np.float64)
+    seg = np.asarray(segment_ids, np.int64)
+    bins = np.asarray(prompt_bins, np.int64)
+    num = len(bins)
+    n = np.bincount(seg, minlength=num).astype(np.float64)
+    mean = np.bincount(seg, weights=r, minlength=num) / np.maximum(n, 1)
+    ss = np.bincount(seg, weights=(r - mean[seg]) ** 2, minlength=num)
+    var = np.where(n >= 2, ss / np.maximum(n - 1, 1), 0.0)
+    cnt = np.bincount(bins, minlength=num_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(
+            cnt > 0, np.sqrt(np.bincount(bins, weights=var, minlength=num_bins) / cnt), np.nan
+        )
 
 
 def weighted_standard_error(rollouts_per_prompt, prompt_bins, bin_sigma) -> float:
-  """WSE proxy ``sum_b share_b sigma_b / sqrt(n_b)`` (spec s.4), per prompt:
-  ``mean_i sigma_{b(i)} / sqrt(n_i)``."""
-  n = np.asarray(rollouts_per_prompt, np.float64)
-  s = np.nan_to_num(np.asarray(bin_sigma, np.float64)[np.asarray(prompt_bins)])
-  return float(np.mean(s / np.sqrt(n)))
+    """WSE proxy ``sum_b share_b sigma_b / sqrt(n_b)`` (spec s.4), per prompt:
+    ``mean_i sigma_{b(i)} / sqrt(n_i)``."""
+    n = np.asarray(rollouts_per_prompt, np.float64)
+    s = np.nan_to_num(np.asarray(bin_sigma, np.float64)[np.asarray(prompt_bins)])
+    return float(np.mean(s / np.sqrt(n)))
 
 
-def rollout_gdro_diagnostics(config: RolloutGDROConfig, state: RolloutGDROState,
-                             allocation: Allocation, *, rewards=None,
-                             bin_success=None) -> Dict[str, Any]:
-  """Per-step diagnostics (spec s.4) as host numpy.
+def rollout_gdro_diagnostics(
+    config: RolloutGDROConfig,
+    state: RolloutGDROState,
+    allocation: Allocation,
+    *,
+    rewards=None,
+    bin_success=None,
+) -> dict[str, Any]:
+    """Per-step diagnostics (spec s.4) as host numpy.
 
-  Keys: ``rollout_gdro/n_b [B]`` (mean rollouts per prompt of the bin, 0 if absent),
-  ``rollout_gdro/prompt_share [B]``, ``rollout_gdro/budget_share [B]`` (``N_b n_b / R``),
-  ``rollout_gdro/alloc_entropy`` (of the budget share, nats), ``rollout_gdro/mu``,
-  ``rollout_gdro/fallback``. With ``bin_success`` (the classifier's per-bin success rate, the
-  paper's proxy ``sigma_b = sqrt(p_b (1 - p_b))``): ``rollout_gdro/wse``,
-  ``rollout_gdro/wse_uniform`` (same batch, all prompts at ``n_bar``), ``rollout_gdro/wse_ratio``.
-  With ``rewards``: the same three as ``rollout_gdro/wse_pooled*`` with ``sigma_b`` the pooled
-  within-group reward std (``pooled_bin_std``). Plus the ``gdro/`` keys of
-  ``prompt_gdro_diagnostics`` over the rollouts (bin share of rollouts, ``gdro/bin_reward``, ...).
-  """
-  b = int(state.scores.shape[0])
-  n = np.asarray(allocation.rollouts_per_prompt, np.int64)
-  bins = np.asarray(allocation.prompt_bins, np.int64)
-  seg = np.asarray(allocation.segment_ids, np.int64)
-  r_total = max(int(n.sum()), 1)
-  budget = np.bincount(bins, weights=n, minlength=b) / r_total
-  out: Dict[str, Any] = {
-      "rollout_gdro/n_b": np.asarray(allocation.bin_rollouts, np.float32),
-      "rollout_gdro/prompt_share": (np.bincount(bins, minlength=b) / len(bins)).astype(np.float32),
-      "rollout_gdro/budget_share": budget.astype(np.float32),
-      "rollout_gdro/alloc_entropy": _entropy(budget),
-      "rollout_gdro/mu": float(np.asarray(state.mu)),
-      "rollout_gdro/fallback": int(bool(np.asarray(allocation.fallback))),
-  }
-  sigmas = {}
-  if bin_success is not None:                     # the paper's proxy: sigma_b^2 = p_b (1 - p_b)
-    p = np.clip(np.asarray(bin_success, np.float64), 0, 1)
-    sigmas["wse"] = np.sqrt(p * (1 - p))
-  if rewards is not None:                         # pooled within-group reward std
-    sigmas["wse_pooled"] = pooled_bin_std(rewards, seg, bins, b)
-  for name, sigma in sigmas.items():
-    wse = weighted_standard_error(n, bins, sigma)
-    wse_u = weighted_standard_error(np.full(n.shape, config.n_bar), bins, sigma)
-    out[f"rollout_gdro/{name}"] = wse
-    out[f"rollout_gdro/{name}_uniform"] = wse_u
-    out[f"rollout_gdro/{name}_ratio"] = wse / wse_u if wse_u > 0 else float("nan")
-  out.update(prompt_gdro_diagnostics(b, bins[seg], rewards=rewards))
-  return out
+    Keys: ``rollout_gdro/n_b [B]`` (mean rollouts per prompt of the bin, 0 if absent),
+    ``rollout_gdro/prompt_share [B]``, ``rollout_gdro/budget_share [B]`` (``N_b n_b / R``),
+    ``rollout_gdro/alloc_entropy`` (of the budget share, nats), ``rollout_gdro/mu``,
+    ``rollout_gdro/fallback``. With ``bin_success`` (the classifier's per-bin success rate, the
+    paper's proxy ``sigma_b = sqrt(p_b (1 - p_b))``): ``rollout_gdro/wse``,
+    ``rollout_gdro/wse_uniform`` (same batch, all prompts at ``n_bar``), ``rollout_gdro/wse_ratio``.
+    With ``rewards``: the same three as ``rollout_gdro/wse_pooled*`` with ``sigma_b`` the pooled
+    within-group reward std (``pooled_bin_std``). Plus the ``gdro/`` keys of
+    ``prompt_gdro_diagnostics`` over the rollouts (bin share of rollouts, ``gdro/bin_reward``, ...).
+    """
+    b = int(state.scores.shape[0])
+    n = np.asarray(allocation.rollouts_per_prompt, np.int64)
+    bins = np.asarray(allocation.prompt_bins, np.int64)
+    seg = np.asarray(allocation.segment_ids, np.int64)
+    r_total = max(int(n.sum()), 1)
+    budget = np.bincount(bins, weights=n, minlength=b) / r_total
+    out: dict[str, Any] = {
+        "rollout_gdro/n_b": np.asarray(allocation.bin_rollouts, np.float32),
+        "rollout_gdro/prompt_share": (np.bincount(bins, minlength=b) / len(bins)).astype(
+            np.float32
+        ),
+        "rollout_gdro/budget_share": budget.astype(np.float32),
+        "rollout_gdro/alloc_entropy": _entropy(budget),
+        "rollout_gdro/mu": float(np.asarray(state.mu)),
+        "rollout_gdro/fallback": int(bool(np.asarray(allocation.fallback))),
+    }
+    sigmas = {}
+    if bin_success is not None:  # the paper's proxy: sigma_b^2 = p_b (1 - p_b)
+        p = np.clip(np.asarray(bin_success, np.float64), 0, 1)
+        sigmas["wse"] = np.sqrt(p * (1 - p))
+    if rewards is not None:  # pooled within-group reward std
+        sigmas["wse_pooled"] = pooled_bin_std(rewards, seg, bins, b)
+    for name, sigma in sigmas.items():
+        wse = weighted_standard_error(n, bins, sigma)
+        wse_u = weighted_standard_error(np.full(n.shape, config.n_bar), bins, sigma)
+        out[f"rollout_gdro/{name}"] = wse
+        out[f"rollout_gdro/{name}_uniform"] = wse_u
+        out[f"rollout_gdro/{name}_ratio"] = wse / wse_u if wse_u > 0 else float("nan")
+    out.update(prompt_gdro_diagnostics(b, bins[seg], rewards=rewards))
+    return out
 
 
-__all__ = ["RolloutGDROConfig", "RolloutGDROState", "Allocation", "rollout_gdro_init",
-           "allocate", "arm_probs", "solve_arms_dp", "sqrt_allocation", "sqrt_targets",
-           "round_to_budget", "fixed_allocation", "rollout_gdro_update",
-           "rollout_gdro_diagnostics", "pooled_bin_std", "weighted_standard_error", "ALLOCATORS"]
+__all__ = [
+    "RolloutGDROConfig",
+    "RolloutGDROState",
+    "Allocation",
+    "rollout_gdro_init",
+    "allocate",
+    "arm_probs",
+    "solve_arms_dp",
+    "sqrt_allocation",
+    "sqrt_targets",
+    "round_to_budget",
+    "fixed_allocation",
+    "rollout_gdro_update",
+    "rollout_gdro_diagnostics",
+    "pooled_bin_std",
+    "weighted_standard_error",
+    "ALLOCATORS",
+]

@@ -4,6 +4,7 @@
 `ModelConfig.from_hf_config` reads a Hugging Face `config.json` dict; `PRESETS` holds the
 architectures used in the project with the values of their published HF configs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,32 +53,47 @@ class ModelConfig:
     family: str = "llama"
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})")
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"ModelConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"ModelConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}"
+                )
         if self.family not in _FAMILIES:
             raise ValueError(f"ModelConfig.family must be one of {_FAMILIES}, got {self.family!r}")
 
-    def replace(self, **overrides) -> "ModelConfig":
+    def replace(self, **overrides) -> ModelConfig:
         """Copy with some fields changed."""
         return dataclasses.replace(self, **overrides)
 
     @property
     def num_params(self) -> int:
         """Number of parameters (embedding counted once when tied)."""
-        e, f, h, kv, d = (self.hidden_size, self.intermediate_size, self.num_heads,
-                          self.num_kv_heads, self.head_dim)
+        e, f, h, kv, d = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
         attn = e * h * d * 2 + e * kv * d * 2
         if self.qkv_bias:
             attn += (h + 2 * kv) * d
@@ -88,7 +104,7 @@ class ModelConfig:
         return self.num_layers * layer + emb + e
 
     @classmethod
-    def from_hf_config(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
+    def from_hf_config(cls, d: dict[str, Any], **overrides) -> ModelConfig:
         """Build from a Hugging Face `config.json` dict (LlamaForCausalLM, Qwen2ForCausalLM,
         Qwen3ForCausalLM). `overrides` replace fields afterwards (e.g. dtype="bfloat16").
 
@@ -104,14 +120,19 @@ class ModelConfig:
         elif model_type == "qwen3" or any("Qwen3For" in a for a in archs):
             family = "qwen3"
         else:
-            raise ValueError(f"unsupported HF model_type {model_type!r} (architectures {archs}); "
-                             f"supported: llama, qwen2, qwen3")
+            raise ValueError(
+                f"unsupported HF model_type {model_type!r} (architectures {archs}); "
+                f"supported: llama, qwen2, qwen3"
+            )
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is supported")
         rope_scaling = d.get("rope_scaling")
         rope_params = d.get("rope_parameters") or {}
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (
+            None,
+            "default",
+        ):
             raise ValueError(f"unsupported rope_scaling {rope_scaling!r}")
         if rope_params.get("rope_type", "default") != "default":
             raise ValueError(f"unsupported rope_parameters {rope_params!r}")
@@ -143,8 +164,11 @@ class ModelConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """The Hugging Face `config.json` dict for this architecture (inverse of from_hf_config)."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}[self.family]
+        arch = {
+            "llama": "LlamaForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+        }[self.family]
         d = {
             "architectures": [arch],
             "model_type": self.family,
@@ -168,37 +192,92 @@ class ModelConfig:
         if self.family == "llama":
             d.update(attention_bias=False, mlp_bias=False, rope_scaling=None)
         elif self.family == "qwen2":
-            d.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
+            d.update(
+                use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers
+            )
         else:
-            d.update(attention_bias=False, use_sliding_window=False, sliding_window=None,
-                     max_window_layers=self.num_layers)
+            d.update(
+                attention_bias=False,
+                use_sliding_window=False,
+                sliding_window=None,
+                max_window_layers=self.num_layers,
+            )
         if self.qkv_bias != (self.family == "qwen2") or self.qk_norm != (self.family == "qwen3"):
-            raise ValueError(f"family {self.family!r} cannot express qkv_bias={self.qkv_bias}, "
-                             f"qk_norm={self.qk_norm} in a Hugging Face config")
+            raise ValueError(
+                f"family {self.family!r} cannot express qkv_bias={self.qkv_bias}, "
+                f"qk_norm={self.qk_norm} in a Hugging Face config"
+            )
         return d
 
 
-_QWEN3 = dict(vocab_size=151936, head_dim=128, num_kv_heads=8, rope_theta=1_000_000.0,
-              rms_norm_eps=1e-6, qk_norm=True, max_position_embeddings=40960, family="qwen3")
+_QWEN3 = dict(
+    vocab_size=151936,
+    head_dim=128,
+    num_kv_heads=8,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    qk_norm=True,
+    max_position_embeddings=40960,
+    family="qwen3",
+)
 
 PRESETS: dict[str, ModelConfig] = {
     # Tiny random model for tests and the embedded default (GQA 4:2, QK-norm on).
-    "tiny": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
-                        num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
-                        rms_norm_eps=1e-6, tie_word_embeddings=True, qk_norm=True,
-                        max_position_embeddings=512, family="qwen3"),
+    "tiny": ModelConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        max_position_embeddings=512,
+        family="qwen3",
+    ),
     # HuggingFaceTB/SmolLM2-135M(-Instruct) config.json.
-    "smollm2-135m": ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
-                                rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                                max_position_embeddings=8192, family="llama"),
+    "smollm2-135m": ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        family="llama",
+    ),
     # Qwen/Qwen3-{1.7B,4B,8B} config.json.
-    "qwen3-1.7b": ModelConfig(hidden_size=2048, intermediate_size=6144, num_layers=28,
-                              num_heads=16, tie_word_embeddings=True, **_QWEN3),
-    "qwen3-4b": ModelConfig(hidden_size=2560, intermediate_size=9728, num_layers=36,
-                            num_heads=32, tie_word_embeddings=True, **_QWEN3),
-    "qwen3-8b": ModelConfig(hidden_size=4096, intermediate_size=12288, num_layers=36,
-                            num_heads=32, tie_word_embeddings=False, **_QWEN3),
+    "qwen3-1.7b": ModelConfig(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_layers=28,
+        num_heads=16,
+        tie_word_embeddings=True,
+        **_QWEN3,
+    ),
+    "qwen3-4b": ModelConfig(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_layers=36,
+        num_heads=32,
+        tie_word_embeddings=True,
+        **_QWEN3,
+    ),
+    "qwen3-8b": ModelConfig(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_layers=36,
+        num_heads=32,
+        tie_word_embeddings=False,
+        **_QWEN3,
+    ),
 }
 
 

@@ -15,15 +15,16 @@
 
 HF tensors are torch Linear layouts [out, in]; see transformer.py for our Param layouts.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes  # noqa: F401  (numpy bfloat16)
 import numpy as np
 from flax import nnx
 
@@ -75,14 +76,32 @@ _GGUF_NAMES = {
 
 def _hf_shape(path: tuple[str, ...], c: ModelConfig) -> tuple[int, ...]:
     """Shape of one (per-layer) HF tensor for our Param `path`."""
-    E, F, H, K, D, V = (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
-                        c.head_dim, c.vocab_size)
+    E, F, H, K, D, V = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+    )
     name = path[-1]
     return {
-        "embed": (V, E), "final_norm": (E,), "lm_head": (V, E), "attn_norm": (E,),
-        "mlp_norm": (E,), "q_proj": (H * D, E), "k_proj": (K * D, E), "v_proj": (K * D, E),
-        "o_proj": (E, H * D), "q_bias": (H * D,), "k_bias": (K * D,), "v_bias": (K * D,),
-        "q_norm": (D,), "k_norm": (D,), "gate_proj": (F, E), "up_proj": (F, E),
+        "embed": (V, E),
+        "final_norm": (E,),
+        "lm_head": (V, E),
+        "attn_norm": (E,),
+        "mlp_norm": (E,),
+        "q_proj": (H * D, E),
+        "k_proj": (K * D, E),
+        "v_proj": (K * D, E),
+        "o_proj": (E, H * D),
+        "q_bias": (H * D,),
+        "k_bias": (K * D,),
+        "v_bias": (K * D,),
+        "q_norm": (D,),
+        "k_norm": (D,),
+        "gate_proj": (F, E),
+        "up_proj": (F, E),
         "down_proj": (E, F),
     }[name]
 
@@ -137,8 +156,10 @@ def _resolve_sharding(path, var, mesh, shardings):
             s = s.get_value()
         if isinstance(s, jax.sharding.PartitionSpec):
             if mesh is None:
-                raise ValueError(f"shardings for {'.'.join(map(str, path))} is a PartitionSpec: "
-                                 f"pass mesh= as well")
+                raise ValueError(
+                    f"shardings for {'.'.join(map(str, path))} is a PartitionSpec: "
+                    f"pass mesh= as well"
+                )
             s = jax.sharding.NamedSharding(mesh, s)
         return s
     if mesh is not None:
@@ -152,8 +173,13 @@ def _place(host: np.ndarray, sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
-def _build_params(config: ModelConfig, get_tensor: Callable[[str, tuple], np.ndarray], *,
-                  mesh=None, shardings=None):
+def _build_params(
+    config: ModelConfig,
+    get_tensor: Callable[[str, tuple], np.ndarray],
+    *,
+    mesh=None,
+    shardings=None,
+):
     """Fill the abstract Transformer's Params from `get_tensor(hf_key, expected_shape)`."""
     graphdef, abstract = _abstract_model(config)
     pdt = np.dtype(jnp.dtype(config.param_dtype))
@@ -166,8 +192,12 @@ def _build_params(config: ModelConfig, get_tensor: Callable[[str, tuple], np.nda
         shape = _hf_shape(path, config)
         name = path[-1]
         if stacked:
-            host = np.stack([_from_hf(name, get_tensor(key.format(i=i), shape), config)
-                             for i in range(config.num_layers)]).astype(pdt)
+            host = np.stack(
+                [
+                    _from_hf(name, get_tensor(key.format(i=i), shape), config)
+                    for i in range(config.num_layers)
+                ]
+            ).astype(pdt)
         else:
             host = _from_hf(name, get_tensor(key, shape), config).astype(pdt)
         assert host.shape == var.shape, (path, host.shape, var.shape)
@@ -185,8 +215,14 @@ def _dtype_overrides(dtype) -> dict:
 
 
 # ---------------------------------------------------------------------- safetensors
-def load_hf_checkpoint(path: str, *, dtype=None, mesh: Optional[jax.sharding.Mesh] = None,
-                       shardings: Any = None, **config_overrides):
+def load_hf_checkpoint(
+    path: str,
+    *,
+    dtype=None,
+    mesh: jax.sharding.Mesh | None = None,
+    shardings: Any = None,
+    **config_overrides,
+):
     """Load a Hugging Face Llama / Qwen2 / Qwen3 checkpoint directory.
 
     Args:
@@ -215,7 +251,7 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Optional[jax.sharding.Mes
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
         handle = safe_open(single, framework="np")
-        key_file = {k: single for k in handle.keys()}
+        key_file = dict.fromkeys(handle.keys(), single)
         handles = {single: handle}
     elif os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
@@ -227,8 +263,9 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Optional[jax.sharding.Mes
                 raise FileNotFoundError(f"checkpoint shard not found: {fname} (listed in {index})")
             handles[fname] = safe_open(fname, framework="np")
     else:
-        raise FileNotFoundError(f"no weights in {path}: expected model.safetensors or "
-                                f"model.safetensors.index.json")
+        raise FileNotFoundError(
+            f"no weights in {path}: expected model.safetensors or model.safetensors.index.json"
+        )
 
     def get_tensor(key, shape):
         fname = key_file.get(key)
@@ -236,7 +273,9 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Optional[jax.sharding.Mes
             raise ValueError(f"{path}: missing tensor {key!r} (expected shape {shape})")
         w = handles[fname].get_tensor(key)
         if tuple(w.shape) != tuple(shape):
-            raise ValueError(f"{fname}: tensor {key!r} has shape {tuple(w.shape)}, expected {tuple(shape)}")
+            raise ValueError(
+                f"{fname}: tensor {key!r} has shape {tuple(w.shape)}, expected {tuple(shape)}"
+            )
         return w
 
     graphdef, params = _build_params(config, get_tensor, mesh=mesh, shardings=shardings)
@@ -267,15 +306,23 @@ def save_hf_checkpoint(config: ModelConfig, params, path: str, tokenizer=None) -
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     hf = config.to_hf_config()
     if tokenizer is not None:
-        hf["eos_token_id"] = list(tokenizer.eos_ids) if len(tokenizer.eos_ids) > 1 else tokenizer.eos_ids[0]
+        hf["eos_token_id"] = (
+            list(tokenizer.eos_ids) if len(tokenizer.eos_ids) > 1 else tokenizer.eos_ids[0]
+        )
         hf["pad_token_id"] = tokenizer.pad_id
         if tokenizer.bos_id is not None:
             hf["bos_token_id"] = tokenizer.bos_id
         tokenizer.save(path)
         with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
-            json.dump({"eos_token_id": hf["eos_token_id"], "pad_token_id": tokenizer.pad_id,
-                       **({"bos_token_id": tokenizer.bos_id} if tokenizer.bos_id is not None else {})},
-                      f, indent=2)
+            json.dump(
+                {
+                    "eos_token_id": hf["eos_token_id"],
+                    "pad_token_id": tokenizer.pad_id,
+                    **({"bos_token_id": tokenizer.bos_id} if tokenizer.bos_id is not None else {}),
+                },
+                f,
+                indent=2,
+            )
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf, f, indent=2)
     return path
@@ -305,14 +352,21 @@ def _gguf_config(reader, path: str, **overrides) -> ModelConfig:
         vocab = len(f["tokenizer.ggml.tokens"].data)
     eps = float(f"{float(req('attention.layer_norm_rms_epsilon')):.7g}")  # stored as float32
     kw = dict(
-        vocab_size=int(vocab), hidden_size=E,
-        intermediate_size=int(req("feed_forward_length")), num_layers=int(req("block_count")),
-        num_heads=H, num_kv_heads=int(get(f"{arch}.attention.head_count_kv", H)),
+        vocab_size=int(vocab),
+        hidden_size=E,
+        intermediate_size=int(req("feed_forward_length")),
+        num_layers=int(req("block_count")),
+        num_heads=H,
+        num_kv_heads=int(get(f"{arch}.attention.head_count_kv", H)),
         head_dim=int(get(f"{arch}.attention.key_length", E // H)),
         rope_theta=float(f"{float(get(f'{arch}.rope.freq_base', 10000.0)):.7g}"),
-        rms_norm_eps=eps, tie_word_embeddings="output.weight" not in names,
-        qk_norm=arch == "qwen3", qkv_bias=arch == "qwen2",
-        max_position_embeddings=int(get(f"{arch}.context_length", 4096)), family=arch)
+        rms_norm_eps=eps,
+        tie_word_embeddings="output.weight" not in names,
+        qk_norm=arch == "qwen3",
+        qkv_bias=arch == "qwen2",
+        max_position_embeddings=int(get(f"{arch}.context_length", 4096)),
+        family=arch,
+    )
     kw.update(overrides)
     return ModelConfig(**kw)
 
@@ -350,11 +404,15 @@ def _gguf_params(reader, path, config):
             name = _GGUF_NAMES[key]
         t = tensors.get(name)
         if t is None:
-            raise ValueError(f"{path}: missing GGUF tensor {name!r} (HF {key}, expected shape {shape})")
+            raise ValueError(
+                f"{path}: missing GGUF tensor {name!r} (HF {key}, expected shape {shape})"
+            )
         w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = w.reshape(shape) if w.size == int(np.prod(shape)) else w
         if tuple(w.shape) != tuple(shape):
-            raise ValueError(f"{path}: GGUF tensor {name!r} has shape {tuple(w.shape)}, expected {tuple(shape)}")
+            raise ValueError(
+                f"{path}: GGUF tensor {name!r} has shape {tuple(w.shape)}, expected {tuple(shape)}"
+            )
         if config.family == "llama" and key.endswith("self_attn.q_proj.weight"):
             w = unpermute_llama_qk(w, config.num_heads)
         elif config.family == "llama" and key.endswith("self_attn.k_proj.weight"):

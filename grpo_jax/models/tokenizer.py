@@ -14,11 +14,13 @@ Sources:
 Chat templates are rendered with jinja2 like transformers does (trim_blocks, lstrip_blocks);
 without jinja2 installed a plain ChatML rendering is used.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
@@ -26,17 +28,23 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers,
 # Pre-tokenizer split patterns of llama.cpp's `tokenizer.ggml.pre` types (llama-vocab.cpp) that
 # are also the patterns of the corresponding HF tokenizer.json files.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
-_CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-           "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+_CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
-def _token_str(tok: Any) -> Optional[str]:
+def _token_str(tok: Any) -> str | None:
     if tok is None:
         return None
     if isinstance(tok, dict):
@@ -52,9 +60,16 @@ def _read_json(path: str) -> dict:
 class Tokenizer:
     """Text <-> token ids for a causal LM (see module docstring for the protocol)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, *, eos_ids: Sequence[int], pad_id: int,
-                 bos_id: Optional[int] = None, chat_template: Optional[str] = None,
-                 add_bos: bool = False):
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        bos_id: int | None = None,
+        chat_template: str | None = None,
+        add_bos: bool = False,
+    ):
         """tokenizer: a `tokenizers.Tokenizer`; eos_ids: ids ending a completion (first = the
         canonical EOS); pad_id: padding id; bos_id: BOS id or None; chat_template: jinja2 source
         (None: ChatML); add_bos: prepend bos_id in encode (when the tokenizer's own
@@ -70,14 +85,14 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def load(cls, path: str) -> "Tokenizer":
+    def load(cls, path: str) -> Tokenizer:
         """From a checkpoint directory (tokenizer.json) or a `.gguf` file."""
         if str(path).endswith(".gguf"):
             return cls.from_gguf(path)
         return cls.from_dir(path)
 
     @classmethod
-    def from_dir(cls, path: str) -> "Tokenizer":
+    def from_dir(cls, path: str) -> Tokenizer:
         """From a HF checkpoint directory. Raises FileNotFoundError naming tokenizer.json."""
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
@@ -104,18 +119,26 @@ class Tokenizer:
             p = os.path.join(path, extra)
             if os.path.isfile(p):
                 e = _read_json(p).get("eos_token_id")
-                for i in (e if isinstance(e, list) else [e] if e is not None else []):
+                for i in e if isinstance(e, list) else [e] if e is not None else []:
                     if int(i) not in eos:
                         eos.append(int(i))
         if not eos:
-            raise ValueError(f"{path}: no eos token in tokenizer_config.json / generation_config.json")
+            raise ValueError(
+                f"{path}: no eos token in tokenizer_config.json / generation_config.json"
+            )
         pad = tid("pad_token")
         bos = tid("bos_token")
-        return cls(tk, eos_ids=eos, pad_id=eos[0] if pad is None else pad, bos_id=bos,
-                   chat_template=template, add_bos=False)  # BOS, if any, comes from tokenizer.json
+        return cls(
+            tk,
+            eos_ids=eos,
+            pad_id=eos[0] if pad is None else pad,
+            bos_id=bos,
+            chat_template=template,
+            add_bos=False,
+        )  # BOS, if any, comes from tokenizer.json
 
     @classmethod
-    def from_gguf(cls, path: str, reader=None) -> "Tokenizer":
+    def from_gguf(cls, path: str, reader=None) -> Tokenizer:
         """Byte-level BPE from a GGUF file's embedded vocabulary (tokenizer.ggml.model == "gpt2").
 
         reader: an open gguf.GGUFReader for `path` (opening one takes seconds).
@@ -134,37 +157,52 @@ class Tokenizer:
 
         model = get("tokenizer.ggml.model")
         if model != "gpt2":
-            raise ValueError(f"{path}: tokenizer.ggml.model={model!r}; only byte-level BPE ('gpt2') "
-                             f"is supported")
+            raise ValueError(
+                f"{path}: tokenizer.ggml.model={model!r}; only byte-level BPE ('gpt2') is supported"
+            )
         tokens = get("tokenizer.ggml.tokens")
         types = get("tokenizer.ggml.token_type") or [1] * len(tokens)
         merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
         vocab = {t: i for i, t in enumerate(tokens)}
-        tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
-                                                        byte_fallback=False))
+        tk = tokenizers.Tokenizer(
+            tokenizers.models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+        )
         pre = get("tokenizer.ggml.pre", "default")
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
-                                              use_regex=False)
+        byte_level = pre_tokenizers.ByteLevel(
+            add_prefix_space=False, trim_offsets=True, use_regex=False
+        )
         if pre == "smollm":
-            tk.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Digits(individual_digits=True),
+                    pre_tokenizers.ByteLevel(
+                        add_prefix_space=False, trim_offsets=True, use_regex=True
+                    ),
+                ]
+            )
         elif pre in ("qwen2", "deepseek-r1-qwen"):
             tk.normalizer = normalizers.NFC()
             tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"), byte_level])
+                [pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"), byte_level]
+            )
         elif pre in ("llama3", "llama-v3", "llama-bpe"):
             tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"), byte_level])
+                [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"), byte_level]
+            )
         else:  # "gpt2", "default" and others: the GPT-2 split
             tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated"), byte_level])
+                [pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated"), byte_level]
+            )
         tk.decoder = decoders.ByteLevel()
         tk.post_processor = processors.ByteLevel(trim_offsets=False)
-        special = [AddedToken(t, special=True, normalized=False)
-                   for t, ty in zip(tokens, types) if ty == 3]  # 3 = CONTROL
-        user = [AddedToken(t, special=False, normalized=False)
-                for t, ty in zip(tokens, types) if ty == 4]  # 4 = USER_DEFINED
+        special = [
+            AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3
+        ]  # 3 = CONTROL
+        user = [
+            AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, types)
+            if ty == 4
+        ]  # 4 = USER_DEFINED
         if special:
             tk.add_special_tokens(special)
         if user:
@@ -178,9 +216,14 @@ class Tokenizer:
             eos_ids.append(int(eot))
         pad = get("tokenizer.ggml.padding_token_id", eos)
         bos = get("tokenizer.ggml.bos_token_id")
-        return cls(tk, eos_ids=eos_ids, pad_id=int(pad), bos_id=None if bos is None else int(bos),
-                   chat_template=get("tokenizer.chat_template"),
-                   add_bos=bool(get("tokenizer.ggml.add_bos_token", False)))
+        return cls(
+            tk,
+            eos_ids=eos_ids,
+            pad_id=int(pad),
+            bos_id=None if bos is None else int(bos),
+            chat_template=get("tokenizer.chat_template"),
+            add_bos=bool(get("tokenizer.ggml.add_bos_token", False)),
+        )
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -207,14 +250,15 @@ class Tokenizer:
         """Text of `ids` (all of them: the caller cuts at EOS / the completion mask)."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def id_to_token(self, i: int) -> Optional[str]:
+    def id_to_token(self, i: int) -> str | None:
         return self.tokenizer.id_to_token(int(i))
 
-    def token_to_id(self, token: str) -> Optional[int]:
+    def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            **template_kwargs) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs
+    ) -> str:
         """Render `messages` ([{"role": ..., "content": ...}]) with the chat template (jinja2,
         transformers' settings; extra keyword arguments such as enable_thinking go to the
         template). Without a template, or without jinja2, ChatML is used."""
@@ -231,18 +275,27 @@ class Tokenizer:
             raise jinja2.exceptions.TemplateError(message)
 
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                              sort_keys=sort_keys)
+            return json.dumps(
+                x,
+                ensure_ascii=ensure_ascii,
+                indent=indent,
+                separators=separators,
+                sort_keys=sort_keys,
+            )
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         tok = self.tokenizer.id_to_token
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
             bos_token=tok(self.bos_id) if self.bos_id is not None else "",
-            eos_token=tok(self.eos_ids[0]), **template_kwargs)
+            eos_token=tok(self.eos_ids[0]),
+            **template_kwargs,
+        )
 
     # ------------------------------------------------------------------ saving
     def save(self, path: str) -> None:
@@ -254,12 +307,20 @@ class Tokenizer:
             tk = tokenizers.Tokenizer.from_str(tk.to_str())
             b = tk.id_to_token(self.bos_id)
             tk.post_processor = processors.TemplateProcessing(
-                single=f"{b} $A", pair=f"{b} $A {b} $B", special_tokens=[(b, self.bos_id)])
+                single=f"{b} $A", pair=f"{b} $A {b} $B", special_tokens=[(b, self.bos_id)]
+            )
         tk.save(os.path.join(path, "tokenizer.json"))
-        added = {str(i): {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
-                          "normalized": t.normalized, "single_word": t.single_word,
-                          "special": t.special}
-                 for i, t in sorted(self.tokenizer.get_added_tokens_decoder().items())}
+        added = {
+            str(i): {
+                "content": t.content,
+                "lstrip": t.lstrip,
+                "rstrip": t.rstrip,
+                "normalized": t.normalized,
+                "single_word": t.single_word,
+                "special": t.special,
+            }
+            for i, t in sorted(self.tokenizer.get_added_tokens_decoder().items())
+        }
         tok = self.tokenizer.id_to_token
         cfg = {
             "tokenizer_class": "PreTrainedTokenizerFast",

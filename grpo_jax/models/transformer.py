@@ -30,9 +30,8 @@ Logical axis names on Params: "vocab", "embed", "mlp", "heads", "kv_heads", "hea
   model.final_norm [E]                  ("norm",)                 (model.norm)
   lm_head [E, V]                        ("embed", "vocab")        (untied only)
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import flax
 import jax
@@ -52,11 +51,14 @@ def _param(rngs: nnx.Rngs, init, shape, axes, dtype) -> nnx.Param:
     logical-axis rules (nnx.get_partition_spec) under its mesh.
     """
     assert len(axes) == len(shape), (axes, shape)
-    return nnx.Param(nnx.with_partitioning(init, axes, eager_sharding=False)(
-        rngs.params(), shape, jnp.dtype(dtype)))
+    return nnx.Param(
+        nnx.with_partitioning(init, axes, eager_sharding=False)(
+            rngs.params(), shape, jnp.dtype(dtype)
+        )
+    )
 
 
-def _stack(num_layers: Optional[int], shape, axes):
+def _stack(num_layers: int | None, shape, axes):
     """Prepend the stacked-layer axis (logical name None) when num_layers is given."""
     if num_layers is None:
         return tuple(shape), tuple(axes)
@@ -124,6 +126,7 @@ class KVCache:
     left-padded, so slot s of every row is written at the same step). Writing past S is
     clamped by dynamic_update_slice: size S >= prompt length + new tokens.
     """
+
     k: jax.Array
     v: jax.Array
     key_mask: jax.Array
@@ -134,24 +137,35 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
     """Empty KVCache for `batch_size` rows and `max_len` slots (dtype defaults to config.dtype)."""
     dtype = jnp.dtype(dtype or config.dtype)
     shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   key_mask=jnp.zeros((batch_size, max_len), bool),
-                   index=jnp.zeros((), jnp.int32))
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        key_mask=jnp.zeros((batch_size, max_len), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
 
 
 class Attention(nnx.Module):
     """GQA self-attention; Params stacked over `num_layers` when given (see module doc)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, num_layers: Optional[int] = None):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, num_layers: int | None = None):
         c = config
         self.config = c
         w = nnx.initializers.normal(0.02)
         pd = c.param_dtype
         E, H, K, D = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = _param(rngs, w, *_stack(num_layers, (E, H, D), ("embed", "heads", "head_dim")), pd)
-        self.k_proj = _param(rngs, w, *_stack(num_layers, (E, K, D), ("embed", "kv_heads", "head_dim")), pd)
-        self.v_proj = _param(rngs, w, *_stack(num_layers, (E, K, D), ("embed", "kv_heads", "head_dim")), pd)
-        self.o_proj = _param(rngs, w, *_stack(num_layers, (H, D, E), ("heads", "head_dim", "embed")), pd)
+        self.q_proj = _param(
+            rngs, w, *_stack(num_layers, (E, H, D), ("embed", "heads", "head_dim")), pd
+        )
+        self.k_proj = _param(
+            rngs, w, *_stack(num_layers, (E, K, D), ("embed", "kv_heads", "head_dim")), pd
+        )
+        self.v_proj = _param(
+            rngs, w, *_stack(num_layers, (E, K, D), ("embed", "kv_heads", "head_dim")), pd
+        )
+        self.o_proj = _param(
+            rngs, w, *_stack(num_layers, (H, D, E), ("heads", "head_dim", "embed")), pd
+        )
         if c.qkv_bias:
             z = nnx.initializers.zeros_init()
             self.q_bias = _param(rngs, z, *_stack(num_layers, (H, D), ("heads", "head_dim")), pd)
@@ -182,25 +196,32 @@ class Attention(nnx.Module):
         x = jnp.concatenate([xp.reshape(P * Lp, E), xc.reshape(R * Lc, E)])[None]
         pos = jnp.concatenate([pos_p.reshape(-1), pos_c.reshape(-1)])[None]
         q, k, v = self._qkv(x, pos)
-        split = lambda a: (a[0, :P * Lp].reshape(P, Lp, *a.shape[2:]),
-                           a[0, P * Lp:].reshape(R, Lc, *a.shape[2:]))
+        split = lambda a: (
+            a[0, : P * Lp].reshape(P, Lp, *a.shape[2:]),
+            a[0, P * Lp :].reshape(R, Lc, *a.shape[2:]),
+        )
         (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
-        scale = D ** -0.5
+        scale = D**-0.5
         # prompt queries: causal self-attention within the prompt
         out_p = self._attend(qp, kp, vp, mask_pp)
         # completion queries: the group's prompt keys (read once per group) + own completion
         qg = qc.reshape(P, G, Lc, K, H // K, D)
         s_cp = jnp.einsum("pntkgd,pskd->pnkgts", qg, kp, preferred_element_type=jnp.float32)
         s_cp = jnp.where(mask_cp[:, None, None, None, None, :], s_cp * scale, _NEG_INF)
-        s_cc = jnp.einsum("pntkgd,pnskd->pnkgts", qg, kc.reshape(P, G, Lc, K, D),
-                          preferred_element_type=jnp.float32)
+        s_cc = jnp.einsum(
+            "pntkgd,pnskd->pnkgts",
+            qg,
+            kc.reshape(P, G, Lc, K, D),
+            preferred_element_type=jnp.float32,
+        )
         s_cc = jnp.where(mask_cc.reshape(P, G, 1, 1, Lc, Lc), s_cc * scale, _NEG_INF)
         probs = jax.nn.softmax(jnp.concatenate([s_cp, s_cc], axis=-1), axis=-1).astype(dt)
-        out_c = (jnp.einsum("pnkgts,pskd->pntkgd", probs[..., :Lp], vp)
-                 + jnp.einsum("pnkgts,pnskd->pntkgd", probs[..., Lp:], vc.reshape(P, G, Lc, K, D)))
+        out_c = jnp.einsum("pnkgts,pskd->pntkgd", probs[..., :Lp], vp) + jnp.einsum(
+            "pnkgts,pnskd->pntkgd", probs[..., Lp:], vc.reshape(P, G, Lc, K, D)
+        )
         out = jnp.concatenate([out_p.reshape(P * Lp, H, D), out_c.reshape(R * Lc, H, D)])
         out = jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt))
-        return out[:P * Lp].reshape(P, Lp, E), out[P * Lp:].reshape(R, Lc, E)
+        return out[: P * Lp].reshape(P, Lp, E), out[P * Lp :].reshape(R, Lc, E)
 
     def _qkv(self, x, positions):
         """x [B, T, E] -> rotated q [B, T, H, D], k, v [B, T, KVH, D]."""
@@ -224,8 +245,9 @@ class Attention(nnx.Module):
         B, T, H, D = q.shape
         K = self.config.num_kv_heads
         qg = q.reshape(B, T, K, H // K, D)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(dt),
-                            preferred_element_type=jnp.float32) * (D ** -0.5)
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", qg, keys.astype(dt), preferred_element_type=jnp.float32
+        ) * (D**-0.5)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         return jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt)).reshape(B, T, H, D)
@@ -244,7 +266,7 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, num_layers: Optional[int] = None):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, num_layers: int | None = None):
         E, F = config.hidden_size, config.intermediate_size
         w = nnx.initializers.normal(0.02)
         pd = config.param_dtype
@@ -262,7 +284,7 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """One pre-norm decoder layer (Params stacked over `num_layers` when given)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, num_layers: Optional[int] = None):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, num_layers: int | None = None):
         E = config.hidden_size
         o = nnx.initializers.ones_init()
         self.config = config
@@ -279,15 +301,21 @@ class Block(nnx.Module):
     def shared_prefix(self, xp, pos_p, mask_pp, xc, pos_c, mask_cp, mask_cc):
         """`__call__` for a shared-prompt batch: (xp [P, Lp, E], xc [P * G, Lc, E]) -> same."""
         eps = self.config.rms_norm_eps
-        ap, ac = self.attn.shared_prefix(rms_norm(xp, self.attn_norm[...], eps), pos_p, mask_pp,
-                                         rms_norm(xc, self.attn_norm[...], eps), pos_c, mask_cp,
-                                         mask_cc)
+        ap, ac = self.attn.shared_prefix(
+            rms_norm(xp, self.attn_norm[...], eps),
+            pos_p,
+            mask_pp,
+            rms_norm(xc, self.attn_norm[...], eps),
+            pos_c,
+            mask_cp,
+            mask_cc,
+        )
         xp, xc = xp + ap, xc + ac
         # one MLP matmul chain over all tokens of both streams
         P, Lp, E = xp.shape
         x = jnp.concatenate([xp.reshape(-1, E), xc.reshape(-1, E)])
         x = x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
-        return x[:P * Lp].reshape(xp.shape), x[P * Lp:].reshape(xc.shape)
+        return x[: P * Lp].reshape(xp.shape), x[P * Lp :].reshape(xc.shape)
 
 
 class Decoder(nnx.Module):
@@ -295,14 +323,19 @@ class Decoder(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.embed = _param(rngs, nnx.initializers.normal(0.02),
-                            (config.vocab_size, config.hidden_size), ("vocab", "embed"),
-                            config.param_dtype)
+        self.embed = _param(
+            rngs,
+            nnx.initializers.normal(0.02),
+            (config.vocab_size, config.hidden_size),
+            ("vocab", "embed"),
+            config.param_dtype,
+        )
         self.layers = Block(config, rngs=rngs, num_layers=config.num_layers)
-        self.final_norm = _param(rngs, nnx.initializers.ones_init(), (config.hidden_size,),
-                                 ("norm",), config.param_dtype)
+        self.final_norm = _param(
+            rngs, nnx.initializers.ones_init(), (config.hidden_size,), ("norm",), config.param_dtype
+        )
 
-    def __call__(self, tokens, positions, attention_mask=None, *, cache: Optional[KVCache] = None):
+    def __call__(self, tokens, positions, attention_mask=None, *, cache: KVCache | None = None):
         """Returns (hidden [B, T, E] after the final norm in config.dtype, new_cache or None)."""
         c = self.config
         dt = jnp.dtype(c.dtype)
@@ -318,7 +351,9 @@ class Decoder(nnx.Module):
             S = T
         else:
             S = cache.k.shape[2]
-            key_mask = jax.lax.dynamic_update_slice(cache.key_mask, attention_mask, (0, cache.index))
+            key_mask = jax.lax.dynamic_update_slice(
+                cache.key_mask, attention_mask, (0, cache.index)
+            )
             q_slot = cache.index + jnp.arange(T)
         mask = key_mask[:, None, :] & (jnp.arange(S)[None, None, :] <= q_slot[None, :, None])
 
@@ -330,19 +365,28 @@ class Decoder(nnx.Module):
             block = nnx.merge(graphdef, state_l)
             fresh = {}
             if cache is None:
+
                 def kv_write(k, v):
                     fresh["kv"] = (k, v)
 
                 def kv_read():
                     return fresh["kv"]
             else:
+
                 def kv_write(k, v):
-                    fresh["k"] = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (l, 0, cache.index, 0, 0))
-                    fresh["v"] = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (l, 0, cache.index, 0, 0))
+                    fresh["k"] = jax.lax.dynamic_update_slice(
+                        ck, k[None].astype(ck.dtype), (l, 0, cache.index, 0, 0)
+                    )
+                    fresh["v"] = jax.lax.dynamic_update_slice(
+                        cv, v[None].astype(cv.dtype), (l, 0, cache.index, 0, 0)
+                    )
 
                 def kv_read():
-                    return (jax.lax.dynamic_index_in_dim(fresh["k"], l, 0, keepdims=False),
-                            jax.lax.dynamic_index_in_dim(fresh["v"], l, 0, keepdims=False))
+                    return (
+                        jax.lax.dynamic_index_in_dim(fresh["k"], l, 0, keepdims=False),
+                        jax.lax.dynamic_index_in_dim(fresh["v"], l, 0, keepdims=False),
+                    )
+
             h = sharding.constrain_batch(h)  # rows over data x fsdp (a no-op without a mesh)
             h = block(h, positions, mask, kv_write, kv_read)
             if cache is not None:
@@ -353,16 +397,18 @@ class Decoder(nnx.Module):
             body = jax.checkpoint(body)
         ck0 = cache.k if cache is not None else jnp.zeros((), dt)
         cv0 = cache.v if cache is not None else jnp.zeros((), dt)
-        (x, ck, cv), _ = jax.lax.scan(body, (x, ck0, cv0),
-                                      (layer_state, jnp.arange(c.num_layers, dtype=jnp.int32)))
+        (x, ck, cv), _ = jax.lax.scan(
+            body, (x, ck0, cv0), (layer_state, jnp.arange(c.num_layers, dtype=jnp.int32))
+        )
         x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         new_cache = None
         if cache is not None:
             new_cache = KVCache(k=ck, v=cv, key_mask=key_mask, index=cache.index + T)
         return x, new_cache
 
-    def shared_prefix(self, prompt_tokens, prompt_positions, prompt_mask, tokens, positions,
-                      attention_mask):
+    def shared_prefix(
+        self, prompt_tokens, prompt_positions, prompt_mask, tokens, positions, attention_mask
+    ):
         """The forward pass of G completions per prompt with the prompt computed once per group.
 
         A GRPO group's G rows share their prompt: every layer's prompt activations, keys and
@@ -405,14 +451,17 @@ class Decoder(nnx.Module):
             block = nnx.merge(graphdef, state_l)
             hp = sharding.constrain_batch(hp)
             hc = sharding.constrain_batch(hc)
-            return block.shared_prefix(hp, prompt_positions, mask_pp, hc, positions, prompt_mask,
-                                       mask_cc), None
+            return block.shared_prefix(
+                hp, prompt_positions, mask_pp, hc, positions, prompt_mask, mask_cc
+            ), None
 
         if c.remat:
             body = jax.checkpoint(body)
         (hp, hc), _ = jax.lax.scan(body, (xp, xc), layer_state)
-        return (rms_norm(hp, self.final_norm[...], c.rms_norm_eps),
-                rms_norm(hc, self.final_norm[...], c.rms_norm_eps))
+        return (
+            rms_norm(hp, self.final_norm[...], c.rms_norm_eps),
+            rms_norm(hc, self.final_norm[...], c.rms_norm_eps),
+        )
 
 
 class Transformer(nnx.Module):
@@ -424,9 +473,13 @@ class Transformer(nnx.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = _param(rngs, nnx.initializers.normal(0.02),
-                                  (config.hidden_size, config.vocab_size), ("embed", "vocab"),
-                                  config.param_dtype)
+            self.lm_head = _param(
+                rngs,
+                nnx.initializers.normal(0.02),
+                (config.hidden_size, config.vocab_size),
+                ("embed", "vocab"),
+                config.param_dtype,
+            )
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., E] (output of the final norm) -> logits [..., V] in hidden.dtype."""
@@ -435,8 +488,15 @@ class Transformer(nnx.Module):
             return jnp.einsum("...e,ve->...v", hidden, self.model.embed[...].astype(dt))
         return hidden @ self.lm_head[...].astype(dt)
 
-    def __call__(self, tokens, positions, attention_mask=None, *, cache: Optional[KVCache] = None,
-                 return_hidden: bool = False):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        attention_mask=None,
+        *,
+        cache: KVCache | None = None,
+        return_hidden: bool = False,
+    ):
         """tokens [B, T] int32; positions [B, T] int32 rotary positions (left padding: count from
         the first real token, see positions_from_mask); attention_mask [B, T] bool, True on real
         tokens (key padding mask combined with the causal mask; None = all real);
@@ -484,8 +544,9 @@ class CriticModel(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.model = Decoder(config, rngs=rngs)
-        self.value_head = _param(rngs, nnx.initializers.normal(0.02), (config.hidden_size,),
-                                 ("embed",), "float32")
+        self.value_head = _param(
+            rngs, nnx.initializers.normal(0.02), (config.hidden_size,), ("embed",), "float32"
+        )
         self.value_bias = _param(rngs, nnx.initializers.zeros_init(), (), (), "float32")
 
     def __call__(self, tokens, positions, attention_mask=None) -> jax.Array:

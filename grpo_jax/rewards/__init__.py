@@ -27,19 +27,27 @@ Tasks:
 Golds are answer strings (``example["answer"]``) or, for multi-part answers (OlympiadBench
 ``is_multiple_answer``), lists of strings (``example["answers"]``): all parts must be given.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer
-from grpo_jax.rewards.verify import (CRASH, DEFAULT_CHECKER, GOLD_ERROR, OK, TIMEOUT,
-                                     GoldParseError, VerifierPool)
+from grpo_jax.rewards.verify import (
+    CRASH,
+    DEFAULT_CHECKER,
+    GOLD_ERROR,
+    OK,
+    TIMEOUT,
+    GoldParseError,
+    VerifierPool,
+)
 
 __all__ = ["RewardConfig", "RewardFn", "GoldParseError", "compute_rewards"]
 
@@ -81,10 +89,13 @@ class RewardConfig:
         if self.task not in _TASKS:
             raise ValueError(f"RewardConfig.task must be one of {_TASKS}, got {self.task!r}")
         if self.scale not in _SCALES:
-            raise ValueError(f"RewardConfig.scale must be one of {tuple(_SCALES)}, got {self.scale!r}")
+            raise ValueError(
+                f"RewardConfig.scale must be one of {tuple(_SCALES)}, got {self.scale!r}"
+            )
         if self.on_gold_error not in ("count", "raise"):
-            raise ValueError(f"RewardConfig.on_gold_error must be 'count' or 'raise', "
-                             f"got {self.on_gold_error!r}")
+            raise ValueError(
+                f"RewardConfig.on_gold_error must be 'count' or 'raise', got {self.on_gold_error!r}"
+            )
         if not self.timeout_s > 0:
             raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.num_workers < 1:
@@ -111,10 +122,16 @@ class RewardFn:
         self._pool: VerifierPool | None = None
         self._lock = threading.Lock()
         if config.task != "arithmetic":
-            self._pool = VerifierPool(num_workers=config.num_workers, timeout_s=config.timeout_s,
-                                      checker=config.checker, start_method=config.start_method)
+            self._pool = VerifierPool(
+                num_workers=config.num_workers,
+                timeout_s=config.timeout_s,
+                checker=config.checker,
+                start_method=config.start_method,
+            )
 
-    def __call__(self, completions: Sequence[str], golds: Sequence) -> tuple[np.ndarray, np.ndarray, dict]:
+    def __call__(
+        self, completions: Sequence[str], golds: Sequence
+    ) -> tuple[np.ndarray, np.ndarray, dict]:
         """Score a batch.
 
         Args:
@@ -159,8 +176,14 @@ class RewardFn:
             fmt[i] = bool(_INT_RE.fullmatch(text))
             no_answer += not text
             correct[i] = answer_is_correct(text, g)
-        stats = {"num_timeouts": 0, "num_crashes": 0, "num_no_answer": no_answer,
-                 "num_gold_errors": 0, "num_checked": 0, "num_fast_path": 0}
+        stats = {
+            "num_timeouts": 0,
+            "num_crashes": 0,
+            "num_no_answer": no_answer,
+            "num_gold_errors": 0,
+            "num_checked": 0,
+            "num_fast_path": 0,
+        }
         return correct, fmt, stats
 
     def _verified(self, completions, golds):
@@ -189,8 +212,14 @@ class RewardFn:
                     fast += 1
         unique = list(keys)
         results = self._pool.run(unique) if unique else []
-        stats = {"num_timeouts": 0, "num_crashes": 0, "num_no_answer": no_answer,
-                 "num_gold_errors": 0, "num_checked": len(unique) + fast, "num_fast_path": fast}
+        stats = {
+            "num_timeouts": 0,
+            "num_crashes": 0,
+            "num_no_answer": no_answer,
+            "num_gold_errors": 0,
+            "num_checked": len(unique) + fast,
+            "num_fast_path": fast,
+        }
         for key, (status, value) in zip(unique, results):
             rows = keys[key]
             if status == OK:
@@ -210,14 +239,16 @@ class RewardFn:
         if self._pool is not None:
             self._pool.close()
 
-    def __enter__(self) -> "RewardFn":
+    def __enter__(self) -> RewardFn:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def compute_rewards(completions: Sequence[str], golds: Sequence, config: RewardConfig = RewardConfig()):
+def compute_rewards(
+    completions: Sequence[str], golds: Sequence, config: RewardConfig = RewardConfig()
+):
     """One-shot convenience wrapper: `RewardFn(config)(completions, golds)`, pool closed after."""
     with RewardFn(config) as fn:
         return fn(completions, golds)

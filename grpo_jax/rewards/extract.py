@@ -13,6 +13,7 @@ An answer is only taken from the *last* occurrence: with two boxed answers the l
 The "format" of a completion is OK when the answer came from the task's primary marker
 (``\\boxed`` for math; ``####`` or ``\\boxed`` for gsm8k).
 """
+
 from __future__ import annotations
 
 import re
@@ -28,7 +29,8 @@ __all__ = [
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\b")
 _ANSWER_LINE_RE = re.compile(
-    r"^[ \t>*#_]*(?:final\s+answer|answer)[ \t*_]*[:：][ \t*_]*(.*)$", re.IGNORECASE | re.MULTILINE)
+    r"^[ \t>*#_]*(?:final\s+answer|answer)[ \t*_]*[:：][ \t*_]*(.*)$", re.IGNORECASE | re.MULTILINE
+)
 _GSM8K_RE = re.compile(r"####[ \t]*(.*)")
 _NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
 
@@ -61,7 +63,7 @@ def last_boxed(text: str) -> str | None:
             elif c == "}":
                 depth -= 1
                 if depth == 0:
-                    content = text[i + 1:j].strip()
+                    content = text[i + 1 : j].strip()
                     return content or None
             j += 1
         return None  # unbalanced
@@ -75,7 +77,7 @@ def _strip_math_delims(s: str) -> str:
     s = s.strip().rstrip(".").strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            s = s[len(left):len(s) - len(right)].strip()
+            s = s[len(left) : len(s) - len(right)].strip()
             break
     return s.rstrip(".").strip()
 
@@ -92,7 +94,7 @@ def answer_line(text: str) -> str | None:
     m = matches[-1]
     content = m.group(1).strip()
     if not content:
-        rest = text[m.end():].lstrip("\n")
+        rest = text[m.end() :].lstrip("\n")
         for line in rest.splitlines():
             if line.strip():
                 content = line.strip()
@@ -143,8 +145,12 @@ def extract_answer(text: str, task: str = "math") -> tuple[str | None, str]:
     if task == "math":
         order = (("boxed", last_boxed), ("answer_line", answer_line), ("####", gsm8k_marker))
     elif task == "gsm8k":
-        order = (("####", gsm8k_marker), ("boxed", last_boxed), ("answer_line", answer_line),
-                 ("last_number", last_number))
+        order = (
+            ("####", gsm8k_marker),
+            ("boxed", last_boxed),
+            ("answer_line", answer_line),
+            ("last_number", last_number),
+        )
     else:
         raise ValueError(f"extract_answer: unknown task {task!r} (expected 'math' or 'gsm8k')")
     for method, fn in order:

@@ -23,8 +23,10 @@ Checkers are named ``"module:function"`` and resolved inside the worker, so test
 checker that sleeps or crashes. A checker is called as ``fn(pred: str, gold: str | tuple[str,
 ...]) -> bool`` and may raise `GoldParseError` to flag a gold answer that does not parse.
 """
+
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -35,8 +37,9 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing import connection as mp_connection
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
     "DEFAULT_CHECKER",
@@ -84,7 +87,7 @@ def _split_top_level(s: str) -> list[str]:
     while i < len(s):
         c = s[i]
         if c == "\\" and i + 1 < len(s):  # keep \{ \, etc. intact
-            cur.append(s[i:i + 2])
+            cur.append(s[i : i + 2])
             i += 2
             continue
         if c in "([{":
@@ -167,8 +170,8 @@ def _worker_main(conn, checker: str, sys_path: list[str]) -> None:  # pragma: no
     try:
         fn = resolve_checker(checker)
         if checker == DEFAULT_CHECKER:
-            import math_verify  # noqa: F401  (pay the sympy import before "ready")
-    except BaseException as e:  # noqa: BLE001
+            import math_verify  # noqa: F401 -- preload in the worker
+    except BaseException as e:
         conn.send(("init_error", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ready", os.getpid()))
@@ -184,7 +187,7 @@ def _worker_main(conn, checker: str, sys_path: list[str]) -> None:  # pragma: no
             conn.send((idx, OK, bool(fn(pred, gold))))
         except GoldParseError as e:
             conn.send((idx, GOLD_ERROR, str(e)))
-        except Exception as e:  # noqa: BLE001  (a checker bug costs one item)
+        except Exception as e:
             conn.send((idx, CRASH, f"{type(e).__name__}: {e}"))
 
 
@@ -193,8 +196,12 @@ class _Worker:
 
     def __init__(self, ctx, checker: str):
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, checker, list(sys.path)),
-                                daemon=True, name="grpo_jax-verifier")
+        self.proc = ctx.Process(
+            target=_worker_main,
+            args=(child, checker, list(sys.path)),
+            daemon=True,
+            name="grpo_jax-verifier",
+        )
         self.proc.start()
         child.close()
         self.conn = parent
@@ -209,10 +216,8 @@ class _Worker:
             self.proc.join(timeout=5)
         except (OSError, ValueError):
             pass
-        try:
+        with contextlib.suppress(OSError):
             self.conn.close()
-        except OSError:
-            pass
 
 
 class VerifierPool:
@@ -231,8 +236,14 @@ class VerifierPool:
     they are daemons).
     """
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, checker: str = DEFAULT_CHECKER,
-                 start_method: str | None = None, startup_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        checker: str = DEFAULT_CHECKER,
+        start_method: str | None = None,
+        startup_timeout_s: float = 120.0,
+    ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
@@ -305,8 +316,11 @@ class VerifierPool:
                     w.item = idx
                     w.deadline = time.monotonic() + self.timeout_s
             now = time.monotonic()
-            deadlines = [w.deadline if w.item is not None else w.started + self.startup_timeout_s
-                         for w in self._workers if w.item is not None or not w.ready]
+            deadlines = [
+                w.deadline if w.item is not None else w.started + self.startup_timeout_s
+                for w in self._workers
+                if w.item is not None or not w.ready
+            ]
             wait_s = max(0.0, min(deadlines) - now) if deadlines else None
             handles = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
             ready_handles = set(mp_connection.wait(handles, timeout=wait_s))
@@ -325,7 +339,8 @@ class VerifierPool:
                         elif msg[0] == "init_error":
                             self._close_workers()
                             raise RuntimeError(
-                                f"verifier workers cannot start (checker {self.checker!r}): {msg[1]}")
+                                f"verifier workers cannot start (checker {self.checker!r}): {msg[1]}"
+                            )
                         else:
                             idx, status, value = msg
                             if idx == w.item:
@@ -338,7 +353,8 @@ class VerifierPool:
                             self._close_workers()
                             raise RuntimeError(
                                 f"verifier worker died during start-up (exit code "
-                                f"{w.proc.exitcode}, checker {self.checker!r})")
+                                f"{w.proc.exitcode}, checker {self.checker!r})"
+                            )
                         if w.item is not None:
                             results[w.item] = (CRASH, f"worker died (exit code {w.proc.exitcode})")
                             remaining -= 1
@@ -352,7 +368,8 @@ class VerifierPool:
                 elif not w.ready and w.item is None and now >= w.started + self.startup_timeout_s:
                     self._close_workers()
                     raise RuntimeError(
-                        f"verifier worker did not start within {self.startup_timeout_s:.0f} s")
+                        f"verifier worker did not start within {self.startup_timeout_s:.0f} s"
+                    )
         return results  # type: ignore[return-value]
 
     def _close_workers(self) -> None:
@@ -368,10 +385,8 @@ class VerifierPool:
             if w.proc.is_alive():
                 w.proc.kill()
                 w.proc.join(timeout=5)
-            try:
+            with contextlib.suppress(OSError):
                 w.conn.close()
-            except OSError:
-                pass
         self._workers = []
 
     def close(self) -> None:
@@ -380,7 +395,7 @@ class VerifierPool:
             self._closed = True
             self._close_workers()
 
-    def __enter__(self) -> "VerifierPool":
+    def __enter__(self) -> VerifierPool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -390,5 +405,5 @@ class VerifierPool:
         try:
             if not self._closed:
                 self._close_workers()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass

@@ -29,6 +29,7 @@ called with ``bad_rows="error"``, like the JSONL path.
 hash of the dataset's source files, so a different or edited source directory never reuses a
 stale cache. ``data_dir`` defaults to ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,7 +65,8 @@ class _LocalJsonlBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Nothing is downloaded. Pass source_dir=<data dir> to the builder or "
         "DownloadConfig(manual_dir=<data dir>), the directory holding the dataset folder "
-        "(e.g. shared/data with gsm8k/, math500/, dapo_math_17k/ ...).")
+        "(e.g. shared/data with gsm8k/, math500/, dapo_math_17k/ ...)."
+    )
     DATASET: str = ""
 
     def __init__(self, *, source_dir: str | os.PathLike | None = None, **kwargs):
@@ -99,20 +101,30 @@ class _LocalJsonlBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
             self.info.metadata[f"{split}/{key}"] = value
         for position, ex in enumerate(examples):
             extra = {k: v for k, v in ex.items() if k not in _CORE_FIELDS}
-            yield position, {
-                "problem": ex["problem"], "answer": ex["answer"],
-                "answers": ex.get("answers", []), "level": int(ex.get("level", -1)),
-                "source_index": int(ex["source_index"]), "position": position,
-                "extra_json": json.dumps(extra, ensure_ascii=False, sort_keys=True),
-            }
+            yield (
+                position,
+                {
+                    "problem": ex["problem"],
+                    "answer": ex["answer"],
+                    "answers": ex.get("answers", []),
+                    "level": int(ex.get("level", -1)),
+                    "source_index": int(ex["source_index"]),
+                    "position": position,
+                    "extra_json": json.dumps(extra, ensure_ascii=False, sort_keys=True),
+                },
+            )
 
 
 def _make(name: str, cls_name: str, configs: tuple[str, ...] = ()):
-    attrs = {"DATASET": name, "__module__": __name__,
-             "__doc__": f"TFDS builder for `{name}` read from a local data directory."}
+    attrs = {
+        "DATASET": name,
+        "__module__": __name__,
+        "__doc__": f"TFDS builder for `{name}` read from a local data directory.",
+    }
     if configs:
         attrs["BUILDER_CONFIGS"] = [
-            tfds.core.BuilderConfig(name=c, description=f"{name} config {c!r}") for c in configs]
+            tfds.core.BuilderConfig(name=c, description=f"{name} config {c!r}") for c in configs
+        ]
         attrs["DEFAULT_BUILDER_CONFIG_NAME"] = _ds.DATASETS[name].default_config
     return type(cls_name, (_LocalJsonlBuilder,), attrs)
 
@@ -127,8 +139,18 @@ GrpoMinervaMath = _make("minerva_math", "GrpoMinervaMath")
 GrpoOlympiadbench = _make("olympiadbench", "GrpoOlympiadbench")
 
 BUILDERS: dict[str, type[_LocalJsonlBuilder]] = {
-    cls.DATASET: cls for cls in (GrpoGsm8k, GrpoMath500, GrpoDapoMath, GrpoAime24, GrpoAime25,
-                                 GrpoAmc23, GrpoMinervaMath, GrpoOlympiadbench)}
+    cls.DATASET: cls
+    for cls in (
+        GrpoGsm8k,
+        GrpoMath500,
+        GrpoDapoMath,
+        GrpoAime24,
+        GrpoAime25,
+        GrpoAmc23,
+        GrpoMinervaMath,
+        GrpoOlympiadbench,
+    )
+}
 
 
 def fingerprint(name: str, source_dir=None) -> str:
@@ -149,15 +171,23 @@ def builder_for(name: str, *, config: str | None = None, source_dir=None, data_d
     if name not in BUILDERS:
         raise ValueError(f"no TFDS builder for {name!r}; builders: {', '.join(BUILDERS)}")
     src = _ds.resolve_source_dir(name, source_dir)
-    root = pathlib.Path(data_dir or os.environ.get("TFDS_DATA_DIR")
-                        or pathlib.Path.home() / "tensorflow_datasets")
+    root = pathlib.Path(
+        data_dir or os.environ.get("TFDS_DATA_DIR") or pathlib.Path.home() / "tensorflow_datasets"
+    )
     cache = root / "grpo_jax" / fingerprint(name, src)
     kwargs = {"config": config} if config else {}
     return BUILDERS[name](data_dir=str(cache), source_dir=src, **kwargs), cache, src
 
 
-def load_via_tfds(name: str, split: str, *, config: str | None = None, source_dir=None,
-                  data_dir=None, bad_rows: str = "error") -> tuple[list[dict], dict]:
+def load_via_tfds(
+    name: str,
+    split: str,
+    *,
+    config: str | None = None,
+    source_dir=None,
+    data_dir=None,
+    bad_rows: str = "error",
+) -> tuple[list[dict], dict]:
     """Load a split through its TFDS builder (prepare on first use, then `tfds.data_source`).
 
     Returns the same ``(examples, stats)`` as `grpo_jax.data.datasets.load_with_stats`.
@@ -167,7 +197,8 @@ def load_via_tfds(name: str, split: str, *, config: str | None = None, source_di
     builder, cache, src = builder_for(name, config=config, source_dir=source_dir, data_dir=data_dir)
     if not builder.is_prepared():
         builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(manual_dir=str(src)))
+            download_config=tfds.download.DownloadConfig(manual_dir=str(src))
+        )
     meta = builder.info.metadata or {}
     if bad_rows == "error" and meta.get(f"{split}/num_skipped", 0):
         raise ValueError(meta[f"{split}/first_error"])
@@ -176,8 +207,12 @@ def load_via_tfds(name: str, split: str, *, config: str | None = None, source_di
     records = source.__getitems__(list(range(len(source))))
     examples: list[dict | None] = [None] * len(records)
     for rec in records:
-        ex = {"problem": _str(rec["problem"]), "answer": _str(rec["answer"]),
-              "level": int(rec["level"]), "source_index": int(rec["source_index"])}
+        ex = {
+            "problem": _str(rec["problem"]),
+            "answer": _str(rec["answer"]),
+            "level": int(rec["level"]),
+            "source_index": int(rec["source_index"]),
+        }
         answers = [_str(a) for a in rec["answers"]]
         ex.update(json.loads(_str(rec["extra_json"])))
         if answers:
@@ -186,14 +221,15 @@ def load_via_tfds(name: str, split: str, *, config: str | None = None, source_di
     if any(ex is None for ex in examples):
         raise RuntimeError(f"TFDS cache {cache} is inconsistent (missing positions); delete it")
     _ds.finalize(name, examples)
-    stats = {"num_rows": int(meta.get(f"{split}/num_rows", len(examples))),
-             "num_skipped": int(meta.get(f"{split}/num_skipped", 0)),
-             "num_dropped_cjk": int(meta.get(f"{split}/num_dropped_cjk", 0)),
-             "num_dropped_duplicates": int(meta.get(f"{split}/num_dropped_duplicates", 0)),
-             "num_examples": len(examples)}
+    stats = {
+        "num_rows": int(meta.get(f"{split}/num_rows", len(examples))),
+        "num_skipped": int(meta.get(f"{split}/num_skipped", 0)),
+        "num_dropped_cjk": int(meta.get(f"{split}/num_dropped_cjk", 0)),
+        "num_dropped_duplicates": int(meta.get(f"{split}/num_dropped_duplicates", 0)),
+        "num_examples": len(examples),
+    }
     return examples, stats
 
 
 def _str(x) -> str:
     return x.decode("utf-8") if isinstance(x, (bytes, np.bytes_)) else str(x)
-
