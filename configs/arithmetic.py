@@ -10,8 +10,7 @@ from configs import common
 
 
 def get_config(arg: str = "grpo"):
-    parts = [p for p in (arg or "grpo").split(",") if p]
-    algorithm = parts[0] if parts and parts[0] in common.ALGORITHMS else "grpo"
+    algorithm, parts = common.parse_arg(arg, flags=("heavy_tailed", "smoke"))
     c = common.base_config()
     c.steps = 100  # RL steps
     c.model.preset = "tiny"  # 2 layers, width 64 (see grpo_jax/models/config.py)
@@ -25,14 +24,9 @@ def get_config(arg: str = "grpo"):
     c.data.name = "arithmetic"  # procedural task with exact integer answers
     c.data.template = "arithmetic"  # prompt = "<problem>="
     c.data.max_prompt_tokens = 16  # longest level-5 prompt is 12 characters
-    c.data.arithmetic.num_train = (
-        20000  # training problems (large: the warm start must not memorise)
-    )
-    c.data.arithmetic.levels = (
-        1,
-        2,
-        3,
-    )  # a+b (1 digit), two-digit a+b, a+b-c (see grpo_jax/data/arithmetic.py)
+    c.data.arithmetic.num_train = 20000  # training problems (the warm start must not memorise)
+    # a+b (1 digit), two-digit a+b, a+b-c (see grpo_jax/data/arithmetic.py)
+    c.data.arithmetic.levels = (1, 2, 3)
     c.data.arithmetic.num_eval = 200  # held-out problems (disjoint from training)
     c.data.arithmetic.seed = 0  # task generator seed
 
@@ -57,9 +51,8 @@ def get_config(arg: str = "grpo"):
     c.eval.top_p = 0.8
     c.eval.top_k = 20
     c.eval.batch_size = 512
-    c.gdro.signal = (
-        "failure_rate"  # see README: the surrogate is ~0 at ratio 1 with one update per batch
-    )
+    # the surrogate signal is ~0 at ratio 1 with one update per batch (docs/gdro.md)
+    c.gdro.prompt.signal = c.gdro.rollout.signal = "failure_rate"
     c.reward.num_workers = 1  # arithmetic is scored in-process (no pool is started)
     common.apply_algorithm(c, algorithm)
     if "heavy_tailed" in parts:

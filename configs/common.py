@@ -6,8 +6,6 @@ Units are in the names (`*_steps`, `*_tokens`, `*_per_step`, `*_s`). Every field
 
 import ml_collections
 
-ALGORITHMS = ("grpo", "prompt_gdro", "rollout_gdro", "ppo")
-
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -16,9 +14,8 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "tiny"  # name in grpo_jax.models.PRESETS (ignored if a checkpoint is given)
-    c.model.overrides = (
-        ml_collections.ConfigDict()
-    )  # ModelConfig fields overriding the preset (e.g. hidden_size)
+    # ModelConfig fields overriding the preset (e.g. hidden_size)
+    c.model.overrides = ml_collections.ConfigDict()
     c.model.hf_checkpoint = ""  # Hugging Face checkpoint dir (config.json + safetensors); "" = none
     c.model.gguf_path = ""  # GGUF file to load (dequantised); "" = none
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
@@ -35,25 +32,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.overlong_prompts = "skip"  # prompts over budget: skip | truncate (counted either way)
     c.data.bad_rows = "error"  # rows missing fields: error | skip (counted)
     c.data.max_train_examples = 0  # cap on training examples (0 = all)
-    c.data.arithmetic = (
-        ml_collections.ConfigDict()
-    )  # grpo_jax.data.arithmetic.ArithmeticConfig fields
+    # grpo_jax.data.arithmetic.ArithmeticConfig fields
+    c.data.arithmetic = ml_collections.ConfigDict()
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_step = 32  # P: prompts drawn per RL step
-    c.rollout.rollouts_per_prompt = (
-        8  # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
-    )
+    # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
+    c.rollout.rollouts_per_prompt = 8
     c.rollout.max_new_tokens = 8  # completion budget in tokens
-    c.rollout.generate_batch_size = (
-        0  # rollouts per sampler call (0 = all R in one call); bounds the KV cache
-    )
+    # rollouts per sampler call (0 = all R in one call); bounds the KV cache
+    c.rollout.generate_batch_size = 0
     c.rollout.temperature = 1.0  # sampling temperature for training rollouts
     c.rollout.top_k = 0  # top-k for training rollouts (0 = off)
     c.rollout.top_p = 1.0  # top-p for training rollouts (1 = off)
 
     c.algorithm = ml_collections.ConfigDict()
-    c.algorithm.name = "grpo"  # grpo | prompt_gdro | rollout_gdro | ppo
+    c.algorithm.name = (
+        "grpo"  # a name registered in grpo_jax.algorithms (grpo | prompt_gdro | rollout_gdro | ppo)
+    )
     c.algorithm.estimator = "grpo"  # advantage estimator: grpo | dr_grpo | rloo
     c.algorithm.std = "unbiased"  # group std for grpo: unbiased | population
     c.algorithm.advantage_clip = 5.0  # clip advantages to [-c, c] (0 = off)
@@ -70,44 +66,46 @@ def base_config() -> ml_collections.ConfigDict:
     c.algorithm.reward_scale = "pm1"  # pm1 (+1/-1, paper) | 01
     c.algorithm.dynamic_sampling = False  # DAPO: drop all-equal groups and re-sample
     c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling
-    c.algorithm.ppo_gamma = 1.0  # PPO only: GAE discount
-    c.algorithm.ppo_lam = 0.95  # PPO only: GAE lambda
-    c.algorithm.ppo_value_clip = 0.2  # PPO only: value-loss clip range
-    c.algorithm.ppo_vf_coef = 0.5  # PPO only: value-loss coefficient
-    c.algorithm.ppo_critic_lr = 1e-4  # PPO only: critic learning rate
 
+    # GDRO controllers: each subsection holds the fields of the dataclass it builds
+    # (grpo_jax.gdro.ClassifierConfig / PromptGDROConfig / RolloutGDROConfig; docs there).
     c.gdro = ml_collections.ConfigDict()
-    c.gdro.edges = (
-        0.1,
-        0.2,
-        0.3,
-        0.4,
-        0.5,
-        0.6,
-        0.7,
-        0.8,
-        0.9,
-    )  # pass-rate bin edges (B = len + 1 bins)
-    c.gdro.history = 50  # H: visits kept per prompt by the classifier
-    c.gdro.delta = -1.0  # hysteresis margin (-1 = 0.03 for prompt_gdro, 0 for rollout_gdro)
-    c.gdro.unseen_bin = 0  # bin of never-seen prompts
-    c.gdro.statistic = "any_correct"  # per-visit statistic: any_correct | pass_at_k
-    c.gdro.pass_k = 4  # k for the pass_at_k statistic
-    c.gdro.eta_q = 0.65  # Prompt-GDRO: exponential-weights step size
-    c.gdro.gamma_q = 0.01  # Prompt-GDRO: uniform mixing
-    c.gdro.beta = 0.12  # Prompt-GDRO: EMA rate of bin scores
-    c.gdro.weight_cap = 15.0  # Prompt-GDRO: cap on per-rollout advantage weights
-    c.gdro.score_clip = 0.0  # Prompt-GDRO: clip C on scores before exp (0 = none)
-    c.gdro.apply = "advantage_weight"  # Prompt-GDRO: advantage_weight | resample
-    c.gdro.signal = "surrogate_loss"  # Prompt-GDRO loss signal: surrogate_loss | failure_rate
-    c.gdro.allocator = "bandit"  # Rollout-GDRO: bandit | sqrt
-    c.gdro.n_min = 2  # Rollout-GDRO: fewest rollouts per prompt (>= 2)
-    c.gdro.n_max = 12  # Rollout-GDRO: most rollouts per prompt
-    c.gdro.eta_n = 0.65  # Rollout-GDRO bandit: step size
-    c.gdro.gamma_n = 0.01  # Rollout-GDRO bandit: uniform mixing
-    c.gdro.arm_ema = 0.4  # Rollout-GDRO bandit: EMA decay of arm scores
-    c.gdro.alpha_mu = 0.05  # Rollout-GDRO bandit: dual-ascent step on the price mu
-    c.gdro.v_floor = 0.01  # Rollout-GDRO sqrt: variance floor
+    c.gdro.classifier = ml_collections.ConfigDict()
+    # bin edges (B = len + 1 bins)
+    c.gdro.classifier.edges = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    c.gdro.classifier.history = 50  # H: visits kept per prompt
+    # hysteresis margin (-1 = the curriculum's own: 0.03 for Prompt-GDRO, 0 otherwise)
+    c.gdro.classifier.delta = -1.0
+    c.gdro.classifier.unseen_bin = 0  # bin of never-seen prompts
+    c.gdro.classifier.statistic = "any_correct"  # per-visit statistic: any_correct | pass_at_k
+    c.gdro.classifier.pass_k = 4  # k for the pass_at_k statistic
+    c.gdro.prompt = ml_collections.ConfigDict()
+    c.gdro.prompt.eta = 0.65  # exponential-weights step size (eta_q)
+    c.gdro.prompt.gamma = 0.01  # uniform mixing
+    c.gdro.prompt.beta = 0.12  # EMA rate of bin scores
+    c.gdro.prompt.share_floor = 1e-3  # floor on a bin's batch share in Eq. 12's debiasing
+    c.gdro.prompt.weight_cap = 15.0  # cap on per-rollout advantage weights
+    c.gdro.prompt.score_clip = 0.0  # clip C on scores before exp (0 = none)
+    c.gdro.prompt.apply = "advantage_weight"  # advantage_weight | resample
+    c.gdro.prompt.signal = "surrogate_loss"  # loss signal: surrogate_loss | failure_rate
+    c.gdro.rollout = ml_collections.ConfigDict()
+    c.gdro.rollout.allocator = "bandit"  # bandit | sqrt
+    c.gdro.rollout.n_min = 2  # fewest rollouts per prompt (>= 2)
+    c.gdro.rollout.n_max = 12  # most rollouts per prompt
+    c.gdro.rollout.eta = 0.65  # bandit step size (eta_n)
+    c.gdro.rollout.gamma = 0.01  # bandit uniform mixing
+    c.gdro.rollout.ema_decay = 0.4  # EMA decay of arm scores
+    c.gdro.rollout.alpha_mu = 0.05  # dual-ascent step on the price mu
+    c.gdro.rollout.v_floor = 0.01  # sqrt allocator: variance floor
+    c.gdro.rollout.signal = "surrogate_loss"  # loss signal: surrogate_loss | failure_rate
+
+    # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
+    c.ppo = ml_collections.ConfigDict()
+    c.ppo.gamma = 1.0  # GAE discount
+    c.ppo.lam = 0.95  # GAE lambda
+    c.ppo.value_clip = 0.2  # value-loss clip range
+    c.ppo.vf_coef = 0.5  # value-loss coefficient
+    c.ppo.critic_lr = 1e-4  # critic learning rate
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.learning_rate = 1e-6  # AdamW peak learning rate
@@ -158,10 +156,33 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def apply_algorithm(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """Sets `algorithm.name` and the defaults that go with it (spec: gdro.md sections 2-3)."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
+    """Sets ``algorithm.name`` (a name registered in `grpo_jax.algorithms`).
+
+    Raises: ValueError listing the registered names.
+    """
+    from grpo_jax import algorithms
+
+    algorithms.get(name)
     c.algorithm.name = name
-    if c.gdro.delta < 0:
-        c.gdro.delta = 0.03 if name == "prompt_gdro" else 0.0
     return c
+
+
+def parse_arg(arg: str, flags: tuple[str, ...], default: str = "grpo") -> tuple[str, set[str]]:
+    """Splits a config argument ``"<algorithm>[,flag,...]"`` (the part after ``file.py:``).
+
+    Returns: (algorithm name, the set of flags). The algorithm may be omitted (``default``).
+    Raises: ValueError naming the unknown part and listing the valid algorithms and flags.
+    """
+    from grpo_jax import algorithms
+
+    parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
+    algorithm = default
+    if parts and parts[0] in algorithms.names():
+        algorithm, parts = parts[0], parts[1:]
+    for p in parts:
+        if p not in flags:
+            raise ValueError(
+                f"unknown config argument {p!r}: the first part is an algorithm "
+                f"({' | '.join(algorithms.names())}), then any of: {', '.join(flags) or 'none'}"
+            )
+    return algorithm, set(parts)

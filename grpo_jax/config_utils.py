@@ -38,7 +38,6 @@ def closest_keys(config: ml_collections.ConfigDict, key: str, n: int = 3) -> lis
 
 
 _CHOICES = {
-    "algorithm.name": ("grpo", "prompt_gdro", "rollout_gdro", "ppo"),
     "algorithm.estimator": ("grpo", "dr_grpo", "rloo"),
     "algorithm.std": ("unbiased", "population"),
     "algorithm.loss_agg_mode": (
@@ -49,10 +48,6 @@ _CHOICES = {
     ),
     "algorithm.kl_kind": ("k1", "k2", "k3"),
     "algorithm.reward_scale": ("pm1", "01"),
-    "gdro.apply": ("advantage_weight", "resample"),
-    "gdro.signal": ("surrogate_loss", "failure_rate"),
-    "gdro.allocator": ("bandit", "sqrt"),
-    "gdro.statistic": ("any_correct", "pass_at_k"),
     "data.overlong_prompts": ("skip", "truncate"),
     "data.bad_rows": ("error", "skip"),
     "model.dtype": ("float32", "bfloat16"),
@@ -72,7 +67,6 @@ _POSITIVE = (
     "eval.num_samples",
     "eval.batch_size",
     "logging.every_steps",
-    "gdro.history",
 )
 
 
@@ -96,32 +90,31 @@ def validate(config: ml_collections.ConfigDict) -> None:
         value = _get(config, path)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"config.{path}={value!r} must be a positive integer")
-    g = config.gdro
-    edges = tuple(g.edges)
-    if any(not 0 < e < 1 for e in edges) or list(edges) != sorted(set(edges)):
+    # The algorithm, and the controller configs its curriculum builds (they validate their
+    # own fields: one source for each range and choice). Only the sections it uses are read.
+    from grpo_jax import algorithms  # local: config files import this module without JAX
+
+    name = config.algorithm.name
+    if name not in algorithms.names():
         raise ConfigError(
-            f"config.gdro.edges={edges} must be strictly increasing and inside (0, 1)"
+            f"config.algorithm.name={name!r} is not one of {algorithms.names()} "
+            "(the names registered in grpo_jax.algorithms)"
         )
-    n_bar = config.rollout.rollouts_per_prompt
-    if config.algorithm.name == "rollout_gdro":
-        if g.n_min < 2:
-            raise ConfigError(
-                f"config.gdro.n_min={g.n_min} must be >= 2 (a group of one rollout has no baseline)"
-            )
-        if not g.n_min <= n_bar <= g.n_max:
-            raise ConfigError(
-                f"config.rollout.rollouts_per_prompt={n_bar} (the mean budget n_bar) must lie in "
-                f"[config.gdro.n_min, config.gdro.n_max] = [{g.n_min}, {g.n_max}]"
-            )
-    elif n_bar < 2:
+    algo = algorithms.get(name)
+    try:
+        algo.curriculum.config_kwargs(config)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.gdro: {e}") from None
+    if config.rollout.rollouts_per_prompt < 2:
         raise ConfigError(
-            f"config.rollout.rollouts_per_prompt={n_bar} must be >= 2 (group baseline)"
+            f"config.rollout.rollouts_per_prompt={config.rollout.rollouts_per_prompt} must be "
+            ">= 2 (a group of one rollout has no baseline)"
         )
     if config.algorithm.dynamic_sampling:
-        if config.algorithm.name == "rollout_gdro":
+        if not algo.curriculum.fixed_group_size:
             raise ConfigError(
-                "config.algorithm.dynamic_sampling needs a fixed group size; Rollout-GDRO "
-                "varies it (use grpo, prompt_gdro or ppo, or set dynamic_sampling=False)"
+                f"config.algorithm.dynamic_sampling needs a fixed group size; {name} varies it "
+                "(set dynamic_sampling=False or use an algorithm with equal groups)"
             )
         if config.algorithm.dynamic_sampling_max_rounds < 0:
             raise ConfigError(
@@ -130,9 +123,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
             )
     if config.eval.num_samples < 1:
         raise ConfigError("config.eval.num_samples must be >= 1")
-    for path in ("rollout.temperature", "eval.temperature"):
-        if _get(config, path) < 0:
-            raise ConfigError(f"config.{path} must be >= 0 (0 = greedy)")
+    if not config.rollout.temperature > 0:
+        raise ConfigError(
+            f"config.rollout.temperature={config.rollout.temperature} must be > 0 (the policy's "
+            "log-probs are taken at the sampling temperature; greedy rollouts have no ratio)"
+        )
+    if config.eval.temperature < 0:
+        raise ConfigError(
+            f"config.eval.temperature={config.eval.temperature} must be >= 0 (0 = greedy)"
+        )
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
 

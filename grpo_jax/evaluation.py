@@ -15,12 +15,8 @@ import numpy as np
 
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling, sharding
-
-
-def _to_host(x) -> np.ndarray:
-    from grpo_jax.experiment import Experiment
-
-    return Experiment.to_host(x)
+from grpo_jax import transfer as xfer
+from grpo_jax.data.templates import encode_prompts
 
 
 def _summarise(correct: np.ndarray, answers: list[list[str]] | None, k: int) -> dict:
@@ -54,7 +50,6 @@ def evaluate_policy(
     k: int,
     batch_size: int,
     rng: jax.Array,
-    to_device: Callable[[np.ndarray], jax.Array],
     extract: Callable[[str], str] | None = None,
     progress: bool = False,
     mesh=None,
@@ -72,8 +67,6 @@ def evaluate_policy(
     Returns:
       ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
     """
-    from grpo_jax.experiment import encode_prompts  # local: experiment imports this module
-
     texts = [render(ex["problem"]) for ex in examples]
     # overlong prompts are cut from the left (the question's end and the template stay) and counted
     tokens, mask, _, overlong = encode_prompts(
@@ -88,24 +81,20 @@ def evaluate_policy(
         from tqdm.auto import tqdm
 
         iterator = tqdm(iterator, desc="eval", total=(num + per_call - 1) // per_call)
+    if mesh is None:
+        generate, put = sampling.generate, jax.numpy.asarray
+    else:
+        generate = sharding.under_mesh(mesh, sampling.generate)
+        put = lambda x: xfer.to_device(mesh, x)
     for start in iterator:
         idx = np.arange(start, start + per_call)
         idx = np.where(idx < num, idx, 0)  # pad the last call with problem 0 (discarded)
         rows = np.repeat(idx, k)
         rng, key = jax.random.split(rng)
-        generate = (
-            sampling.generate if mesh is None else sharding.under_mesh(mesh, sampling.generate)
+        out = generate(graphdef, params, put(tokens[rows]), put(mask[rows]), key, sampling_config)
+        completions = xfer.decode_completions(
+            tokenizer, *xfer.to_host((out.completion_tokens, out.lengths))
         )
-        out = generate(
-            graphdef, params, to_device(tokens[rows]), to_device(mask[rows]), key, sampling_config
-        )
-        comp = _to_host(out.completion_tokens)
-        lengths = _to_host(out.lengths)
-        eos = set(tokenizer.eos_ids)
-        completions = [
-            tokenizer.decode([int(t) for t in comp[i, : lengths[i]] if int(t) not in eos])
-            for i in range(len(rows))
-        ]
         golds = [examples[r].get("answers", examples[r]["answer"]) for r in rows]
         _, ok, _ = reward_fn(completions, golds)
         ok = np.asarray(ok, bool).reshape(per_call, k)
@@ -127,8 +116,6 @@ def evaluate_policy(
 
 def evaluate(exp, params, rng: jax.Array) -> dict:
     """Evaluates ``params`` on the experiment's held-out sets; pooled + per dataset."""
-    from grpo_jax.experiment import render
-
     cfg = exp.config.eval
     k = cfg.num_samples
     per_dataset = {}
@@ -140,14 +127,13 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
             params,
             examples,
             tokenizer=exp.tokenizer,
-            reward_fn=exp.eval_reward_fn(name),
+            reward_fn=exp.eval_reward_fns[name],
             sampling_config=exp.eval_sampling,
-            render=lambda p: render(exp.config, exp.tokenizer, p),
+            render=exp.render,
             prompt_len=exp.prompt_len,
             k=k,
             batch_size=cfg.batch_size,
             rng=key,
-            to_device=exp.to_device,
             mesh=exp.mesh,
         )
         pooled_correct.append(per_dataset[name])

@@ -1,7 +1,10 @@
-"""Builds everything a run needs from its config: mesh, model, tokenizer, data, reward, optimizer.
+"""Builds everything a run needs from its config: mesh, model, tokenizer, data, reward,
+optimizer and the algorithm's curriculum and learner.
 
-`build_experiment(config)` returns an `Experiment`; `train.py` holds the loop. Kept apart so
-that evaluation, the AOT compile check and notebooks can build the same pieces.
+`build_experiment(config)` returns an `Experiment`, an immutable description of the run; the
+device programs are made from it by `grpo_jax.steps.make_steps` and the loop is
+`grpo_jax.train`. Kept apart so that evaluation, the AOT compile check and notebooks can build
+the same pieces.
 """
 
 from __future__ import annotations
@@ -17,87 +20,83 @@ import numpy as np
 import optax
 from flax import nnx
 
-from grpo_jax import gdro, sampling, sharding
+from grpo_jax import algorithms, sampling, sharding
 from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import pipeline as pipeline_lib
 from grpo_jax.data import templates
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import transformer
+from grpo_jax.state import make_optimizer
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class Experiment:
-    """The built pieces of one run (host objects; device state lives in TrainState)."""
+    """The built pieces of one run (host objects; device state lives in `state.RunState`).
+
+    Immutable once built; ``dataclasses.replace`` makes variants (e.g. other shardings).
+
+    Attributes:
+      config: the run's ``ml_collections.ConfigDict``.
+      mesh: the device mesh (axes data, fsdp, tensor).
+      model_config, graphdef, param_shardings, init_params_fn: the policy: its architecture,
+        ``nnx`` graph, parameter shardings and a pure ``() -> params`` initialiser.
+      tokenizer: ``encode``/``decode``/``eos_ids``/``pad_id`` (None in compile-only builds).
+      prompt_len: Lp, prompts left-padded to it; max_new_tokens: Lc.
+      prompt_tokens [N, Lp] int32, prompt_mask [N, Lp] bool, golds [N], levels [N], examples
+        [N]: the training pool, indexed by prompt id.
+      eval_sets: held-out set name -> examples; reward_fn: the training reward;
+        eval_reward_fns: held-out set name -> its reward function.
+      train_sampling, eval_sampling: `sampling.SamplingConfig` of rollouts and evaluation.
+      tx: the policy's optax optimizer.
+      mini_batch_size, micro_batch_size, generate_batch_size: rows per update, per
+        forward/backward, per sampler call; prompt_group_size: G with a shared prompt forward.
+      on_policy: one pass over one mini-batch (old log-probs = current ones, never computed).
+      algorithm, curriculum, learner: the registered algorithm and its built strategies.
+      data_stats: counts of the data loading (overlong prompts, skipped rows, ...).
+      state_shardings, abstract_state: the train state's shardings and shapes (every jitted
+        step takes and returns these, so steps never recompile because of a sharding change).
+    """
 
     config: ml_collections.ConfigDict
     mesh: jax.sharding.Mesh
-    model_config: Any
+    model_config: model_config_lib.ModelConfig
     graphdef: Any
     param_shardings: Any
     init_params_fn: Callable[[], Any]
     tokenizer: Any
     prompt_len: int
     max_new_tokens: int
-    # training prompts, indexed by prompt id (= position in `examples`)
     prompt_tokens: np.ndarray
     prompt_mask: np.ndarray
     golds: list
     levels: list
     examples: list
-    num_prompt_ids: int
     eval_sets: dict
     reward_fn: Any
-    train_sampling: Any
-    eval_sampling: Any
-    tx: Any
+    eval_reward_fns: dict
+    train_sampling: sampling.SamplingConfig
+    eval_sampling: sampling.SamplingConfig
+    tx: optax.GradientTransformation
     mini_batch_size: int
     generate_batch_size: int
     micro_batch_size: int
+    prompt_group_size: int
     on_policy: bool
-    classifier_cfg: Any
-    prompt_gdro_cfg: Any
-    rollout_gdro_cfg: Any
-    num_bins: int
+    algorithm: algorithms.Algorithm
+    curriculum: algorithms.Curriculum
+    learner: algorithms.Learner
     data_stats: dict
-    prompt_group_size: int = 1  # G when config.algorithm.shared_prompt_forward, else 1
-    critic_graphdef: Any = None
-    critic_init_fn: Callable[[], Any] | None = None
-    critic_tx: Any = None
-    ref_params: Any = None
     state_shardings: Any = None
-    _eval_reward_fns: dict = dataclasses.field(default_factory=dict)
+    abstract_state: Any = None
 
-    # --- helpers used by the loop
     @property
-    def all_prompt_ids(self) -> jax.Array:
-        return jnp.arange(self.num_prompt_ids, dtype=jnp.int32)
+    def num_bins(self) -> int:
+        return self.curriculum.num_bins
 
-    def to_device(self, x: np.ndarray) -> jax.Array:
-        """The *global* host batch -> a global array sharded over the batch axes.
-
-        Every process holds the same global numpy batch (the pipeline is deterministic and
-        identical on all hosts); each one supplies the shards its devices own.
-        """
-        x = np.asarray(x)
-        return jax.make_array_from_callback(
-            x.shape, sharding.batch_sharding(self.mesh, x.ndim), lambda index: x[index]
-        )
-
-    @staticmethod
-    def to_host(x: jax.Array) -> np.ndarray:
-        """A global (possibly multi-host) array -> the full numpy array on every process."""
-        if jax.process_count() == 1 or x.is_fully_addressable:
-            return np.asarray(x)
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids if int(i) not in self.tokenizer.eos_ids])
-
-    def make_source(self):
-        # Every process draws the same *global* batch (process_count=1): the controllers need
-        # every prompt's bin, and device arrays are assembled from it shard by shard.
+    def make_source(self) -> pipeline_lib.PromptSource:
+        """The training prompt stream. Every process draws the same *global* batch: the
+        controllers need every prompt's bin, and device arrays are assembled from it shard by
+        shard (`transfer.to_device`)."""
         return pipeline_lib.PromptSource(
             self.examples,
             self.config.rollout.prompts_per_step,
@@ -106,100 +105,28 @@ class Experiment:
             process_count=1,
         )
 
-    def _state_init_fn(self, make_state):
-        def init():
-            params = jax.lax.with_sharding_constraint(self.init_params_fn(), self.param_shardings)
-            kwargs = {}
-            if self.critic_init_fn is not None:
-                cparams = self.critic_init_fn()
-                kwargs = {
-                    "critic_params": cparams,
-                    "critic_opt_state": self.critic_tx.init(cparams),
-                }
-            return make_state(
-                step=jnp.zeros((), jnp.int32),
-                params=params,
-                opt_state=self.tx.init(params),
-                rng=jax.random.PRNGKey(self.config.seed),
-                skips=jnp.zeros((), jnp.int32),
-                **kwargs,
-            )
-
-        return init
-
-    def _state_shardings_for(self, shapes):
-        """Shardings of a TrainState shaped like ``shapes``: parameters by the mesh rules, every
-        parameter-shaped optimizer leaf (Adam mu/nu) like its parameter, scalars replicated."""
-        repl = sharding.replicated(self.mesh)
-
-        def opt(tx, opt_state, param_sh):
-            return optax.tree_map_params(
-                tx, lambda _, s: s, opt_state, param_sh, transform_non_params=lambda _: repl
-            )
-
-        out = jax.tree.map(lambda _: repl, shapes)
-        out = out.replace(
-            params=self.param_shardings,
-            opt_state=opt(self.tx, shapes.opt_state, self.param_shardings),
+    def state_init_fn(self):
+        """The train state's pure initialiser (parameters constrained to their shardings)."""
+        params = jax.lax.with_sharding_constraint(self.init_params_fn(), self.param_shardings)
+        return self.learner.state_cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=self.tx.init(params),
+            rng=jax.random.PRNGKey(self.config.seed),
+            skips=jnp.zeros((), jnp.int32),
+            **self.learner.init_extra(),
         )
-        if getattr(shapes, "critic_params", None) is not None:
-            critic_sh = sharding.param_shardings(
-                nnx.split(_abstract_model(self.model_config, transformer.CriticModel), nnx.Param)[
-                    1
-                ],
-                self.mesh,
-            )
-            out = out.replace(
-                critic_params=critic_sh,
-                critic_opt_state=opt(self.critic_tx, shapes.critic_opt_state, critic_sh),
-            )
-        return out
 
-    def _mesh_context(self):
+    def mesh_context(self):
         return jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh
 
-    def init_state(self, make_state):
-        """TrainState created by one jitted init, parameters directly in their sharding.
-
-        Sets ``self.state_shardings`` (the shardings every jitted step takes and returns, so
-        steps never recompile because of a sharding change); optimizer moments are sharded like
-        their parameters (see ``abstract_state``).
-        """
-        self.abstract_state(make_state)
-        with self._mesh_context():
-            return jax.jit(self._state_init_fn(make_state), out_shardings=self.state_shardings)()
-
-    def abstract_state(self, make_state):
-        """The TrainState ``init_state`` would build, as ``jax.ShapeDtypeStruct`` with shardings.
-
-        Nothing is allocated or compiled (``jax.eval_shape``); sets ``self.state_shardings``.
-        For compile-only checks (experiments/aot.py) and restoring checkpoints.
-        """
-        with self._mesh_context():
-            shapes = jax.eval_shape(self._state_init_fn(make_state))
-        self.state_shardings = self._state_shardings_for(shapes)
-        return jax.tree.map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            shapes,
-            self.state_shardings,
-        )
-
-    def set_ref_params(self, restored, state) -> None:
-        """The frozen reference: the starting policy (after any warm start)."""
-        if self.config.algorithm.kl_coef <= 0:
-            self.ref_params = None
-        elif restored is not None:
-            self.ref_params = restored
-        else:
-            self.ref_params = jax.tree.map(jnp.copy, state.params)
-
-    def ref_params_or_none(self, state):
-        if self.config.algorithm.kl_coef <= 0:
-            return None
-        return self.ref_params if self.ref_params is not None else state.params
+    def render(self, problem: str) -> str:
+        """A problem's prompt text (``config.data.template``)."""
+        return render(self.config, self.tokenizer, problem)
 
     def sft_data(self):
-        """(tokens [N, Lp + La], attention mask, target mask) for the supervised warm start."""
+        """(tokens [N, Lp + La] int32, attention mask bool, target mask float32) for the
+        supervised warm start: each training prompt followed by its gold answer and EOS."""
         answers = [self.tokenizer.encode(str(g)) + [self.tokenizer.eos_ids[0]] for g in self.golds]
         la = min(max(len(a) for a in answers), self.max_new_tokens)
         n = len(answers)
@@ -211,53 +138,28 @@ class Experiment:
             amask[i, : len(a)] = True
         tokens = np.concatenate([self.prompt_tokens, ans], axis=1)
         mask = np.concatenate([self.prompt_mask, amask], axis=1)
-        target = np.concatenate([np.zeros_like(self.prompt_mask), amask], axis=1).astype(np.float32)
-        return tokens, mask, target
-
-    def eval_reward_fn(self, dataset: str):
-        """The reward function for a held-out set (shared with training when the task matches)."""
-        task = reward_task(dataset)
-        if task == reward_task(self.config.data.name):
-            return self.reward_fn
-        if task not in self._eval_reward_fns:
-            self._eval_reward_fns[task] = make_reward_fn(self.config, dataset)
-        return self._eval_reward_fns[task]
+        target = np.concatenate([np.zeros_like(self.prompt_mask), amask], axis=1)
+        return tokens, mask, target.astype(np.float32)
 
     def close(self) -> None:
-        for fn in [self.reward_fn, *self._eval_reward_fns.values()]:
+        """Stops the reward worker processes."""
+        for fn in {id(f): f for f in [self.reward_fn, *self.eval_reward_fns.values()]}.values():
             close = getattr(fn, "close", None)
             if close is not None:
                 close()
 
 
-def encode_prompts(
-    tokenizer, texts: list[str], max_len: int, overlong: str, *, return_overlong: bool = False
-):
-    """Left-pads token ids to ``max_len``.
-
-    Returns:
-      (tokens [N, max_len] int32, mask [N, max_len] bool, kept [N] bool), plus
-      overlong [N] bool (longer than ``max_len``, in either mode) with ``return_overlong``.
-      Prompts longer than ``max_len`` are dropped (``overlong="skip"``; kept=False) or cut from
-      the left (``"truncate"``, keeping the end of the prompt, where the question and template are).
-    """
-    n = len(texts)
-    tokens = np.full((n, max_len), tokenizer.pad_id, np.int32)
-    mask = np.zeros((n, max_len), bool)
-    kept = np.ones((n,), bool)
-    over = np.zeros((n,), bool)
-    for i, text in enumerate(texts):
-        ids = tokenizer.encode(text)
-        if len(ids) > max_len:
-            over[i] = True
-            if overlong == "skip":
-                kept[i] = False
-                continue
-            ids = ids[-max_len:]
-        if ids:
-            tokens[i, max_len - len(ids) :] = ids
-            mask[i, max_len - len(ids) :] = True
-    return (tokens, mask, kept, over) if return_overlong else (tokens, mask, kept)
+def state_shardings(exp_mesh, tx, param_shardings, learner, shapes):
+    """Shardings of a train state shaped like ``shapes``: parameters by the mesh rules, every
+    parameter-shaped optimizer leaf (Adam mu/nu) like its parameter, the rest replicated."""
+    repl = sharding.replicated(exp_mesh)
+    out = jax.tree.map(lambda _: repl, shapes)
+    opt = optax.tree_map_params(
+        tx, lambda _, s: s, shapes.opt_state, param_shardings, transform_non_params=lambda _: repl
+    )
+    return out.replace(
+        params=param_shardings, opt_state=opt, **learner.extra_shardings(shapes, exp_mesh)
+    )
 
 
 def _load_model(config, tokenizer):
@@ -352,6 +254,7 @@ def _load_examples(config, name: str, split: str, stats: dict | None = None) -> 
 
 
 def render(config, tokenizer, problem: str) -> str:
+    """A problem's prompt text under ``config.data.template``."""
     return templates.render_prompt(problem, template=config.data.template, tokenizer=tokenizer)
 
 
@@ -374,44 +277,6 @@ def make_reward_fn(config, dataset: str | None = None):
     )
 
 
-def gdro_configs(config):
-    """The controllers' static configs from `config.gdro` (they validate on construction)."""
-    g = config.gdro
-    try:
-        cls_cfg = gdro.ClassifierConfig(
-            edges=tuple(g.edges),
-            history=g.history,
-            delta=max(g.delta, 0.0),
-            unseen_bin=g.unseen_bin,
-            statistic=g.statistic,
-            pass_k=g.pass_k,
-        )
-        pg_cfg = gdro.PromptGDROConfig(
-            eta=g.eta_q,
-            gamma=g.gamma_q,
-            beta=g.beta,
-            weight_cap=g.weight_cap,
-            score_clip=g.score_clip or None,
-            apply=g.apply,
-            signal=g.signal,
-        )
-        rg_cfg = gdro.RolloutGDROConfig(
-            allocator=g.allocator,
-            n_min=g.n_min,
-            n_max=g.n_max,
-            n_bar=config.rollout.rollouts_per_prompt,
-            eta=g.eta_n,
-            gamma=g.gamma_n,
-            ema_decay=g.arm_ema,
-            alpha_mu=g.alpha_mu,
-            v_floor=g.v_floor,
-            signal=g.signal,
-        )
-    except ValueError as e:
-        raise ConfigError(f"config.gdro: {e}") from None
-    return cls_cfg, pg_cfg, rg_cfg
-
-
 def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = True) -> Experiment:
     """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run.
 
@@ -419,8 +284,10 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
     for the built-in arithmetic tokenizer) no tokenizer: the vocabulary is the preset's (or
     ``config.model.overrides.vocab_size``), eos_ids=(0,), pad 0.
     """
-    from grpo_jax import train as train_lib  # make_optimizer
-
+    try:
+        algo = algorithms.get(config.algorithm.name)
+    except ValueError as e:
+        raise ConfigError(f"config.algorithm.name: {e}") from None
     devices = jax.devices()[: config.mesh.num_devices or None]
     try:
         mesh = sharding.make_mesh(
@@ -458,10 +325,10 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
     group = 1
     if config.algorithm.shared_prompt_forward:
         group = n_bar
-        if config.algorithm.name == "rollout_gdro":
+        if not algo.curriculum.fixed_group_size:
             raise ConfigError(
                 "config.algorithm.shared_prompt_forward needs groups of equal size; "
-                "rollout_gdro allocates a varying number of rollouts per prompt"
+                f"{algo.name} allocates a varying number of rollouts per prompt"
             )
         for name, v in (
             ("algorithm.mini_batch_size", mb),
@@ -491,7 +358,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         if config.data.max_train_examples:
             raw = raw[: config.data.max_train_examples]
         texts = [render(config, tokenizer, ex["problem"]) for ex in raw]
-        tokens, mask, kept, over = encode_prompts(
+        tokens, mask, kept, over = templates.encode_prompts(
             tokenizer, texts, lp, config.data.overlong_prompts, return_overlong=True
         )
         data_stats = {
@@ -530,7 +397,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         num_ids = 1
 
     steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)
-    tx = train_lib.make_optimizer(config.optimizer, steps_updates)
+    tx = make_optimizer(config.optimizer, steps_updates)
     sc = config.rollout
     eos = tuple(tokenizer.eos_ids) if tokenizer is not None else (0,)
     pad_id = tokenizer.pad_id if tokenizer is not None else 0
@@ -552,7 +419,12 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         eos_ids=eos,
         pad_id=pad_id,
     )
-    cls_cfg, pg_cfg, rg_cfg = gdro_configs(config)
+    curriculum, learner = build_strategies(config, algo, num_ids, model_cfg, steps_updates, lp)
+    reward_fn = make_reward_fn(config) if with_data else None
+    eval_reward_fns = {}
+    for name in eval_sets:
+        same = reward_task(name) == reward_task(config.data.name)
+        eval_reward_fns[name] = reward_fn if same else make_reward_fn(config, name)
     exp = Experiment(
         config=config,
         mesh=mesh,
@@ -568,9 +440,9 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         golds=golds,
         levels=levels,
         examples=examples,
-        num_prompt_ids=num_ids,
         eval_sets=eval_sets,
-        reward_fn=make_reward_fn(config) if with_data else None,
+        reward_fn=reward_fn,
+        eval_reward_fns=eval_reward_fns,
         train_sampling=train_sampling,
         eval_sampling=eval_sampling,
         tx=tx,
@@ -579,23 +451,28 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         micro_batch_size=micro,
         prompt_group_size=group,
         on_policy=(config.algorithm.num_iterations == 1 and mb == R),
-        classifier_cfg=cls_cfg,
-        prompt_gdro_cfg=pg_cfg,
-        rollout_gdro_cfg=rg_cfg,
-        num_bins=len(config.gdro.edges) + 1,
+        algorithm=algo,
+        curriculum=curriculum,
+        learner=learner,
         data_stats=data_stats,
     )
-    if config.algorithm.name == "ppo":
-        critic_abstract = _abstract_model(model_cfg, transformer.CriticModel)
-        exp.critic_graphdef = nnx.split(critic_abstract, nnx.Param)[0]
+    with exp.mesh_context():
+        shapes = jax.eval_shape(exp.state_init_fn)
+    shards = state_shardings(mesh, tx, shardings, learner, shapes)
+    abstract = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shards
+    )
+    return dataclasses.replace(exp, state_shardings=shards, abstract_state=abstract)
 
-        def critic_init():
-            with nnx.use_eager_sharding(False):
-                critic = transformer.CriticModel(model_cfg, rngs=nnx.Rngs(config.seed + 1))
-            return nnx.split(critic, nnx.Param)[1].to_pure_dict()
 
-        exp.critic_init_fn = critic_init
-        exp.critic_tx = train_lib.make_optimizer(
-            config.optimizer, steps_updates, learning_rate=config.algorithm.ppo_critic_lr
-        )
-    return exp
+def build_strategies(config, algo, num_prompts, model_cfg, total_updates, prompt_len):
+    """The algorithm's curriculum and learner, built from their config sections.
+
+    Raises: ConfigError naming the section of a bad value.
+    """
+    try:
+        curriculum = algo.curriculum.from_config(config, num_prompts=num_prompts)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.gdro: {e}") from None
+    learner = algo.learner.from_config(config, model_cfg, total_updates, prompt_len=prompt_len)
+    return curriculum, learner

@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from grpo_jax.rewards.extract import integer_answer_is_correct as answer_is_correct
+
 __all__ = [
     "ArithmeticConfig",
     "CharTokenizer",
@@ -139,23 +141,6 @@ def evaluate_expression(problem: str) -> int:
 def format_prompt(problem: str) -> str:
     """The prompt string the model sees for an arithmetic problem: ``problem + "="``."""
     return problem + "="
-
-
-def answer_is_correct(completion: str, gold: str | int) -> bool:
-    """Exact integer match of a completion against the gold answer (the arithmetic reward).
-
-    Args:
-      completion: decoded completion text up to (not including) EOS. Surrounding whitespace is
-        ignored; anything else (a second number, words, ``"19.0"``) makes it wrong.
-      gold: the gold integer or its decimal string.
-
-    Returns:
-      True iff ``completion.strip()`` is an optionally ``-``-signed decimal integer equal to gold.
-    """
-    text = completion.strip()
-    if not re.fullmatch(r"-?\d{1,30}", text):
-        return False
-    return int(text) == int(gold)
 
 
 def answer_reward(

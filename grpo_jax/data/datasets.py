@@ -50,7 +50,7 @@ Bad rows (invalid JSON, a missing or empty problem or gold answer): ``bad_rows="
 ValueError naming the file and the 1-based line; ``bad_rows="skip"`` drops them and counts them
 (`load_with_stats` returns the counts).
 
-Reading path: plain JSONL by default (about 0.1 s for DAPO-17k). ``use_tfds=True`` goes through
+Reading path: plain JSONL (about 0.1 s for DAPO-17k). `grpo_jax.data.load(..., use_tfds=True)` goes through
 the TFDS builders in `grpo_jax.data.builders` (array_record files prepared once into
 ``tfds_data_dir``, read back with ``tfds.data_source``); both paths return identical examples.
 """
@@ -199,9 +199,9 @@ def _strip_dollars(s: str) -> str:
 
 def split_multiple_answer(text: str) -> list[str]:
     """Split an OlympiadBench multi-answer string at top-level commas (``$`` removed)."""
-    from grpo_jax.rewards.verify import _split_top_level
+    from grpo_jax.rewards.extract import split_top_level
 
-    return [p for p in (_strip_dollars(x) for x in _split_top_level(_strip_dollars(text))) if p]
+    return [p for p in (_strip_dollars(x) for x in split_top_level(_strip_dollars(text))) if p]
 
 
 def _olympiad(row: dict) -> dict:
@@ -376,8 +376,6 @@ def load_with_stats(
     source_dir: str | os.PathLike | None = None,
     config: str | None = None,
     bad_rows: str = "error",
-    use_tfds: bool = False,
-    tfds_data_dir: str | os.PathLike | None = None,
     arithmetic_config=None,
 ) -> tuple[list[dict], dict]:
     """Load a dataset split; also return counts.
@@ -389,8 +387,6 @@ def load_with_stats(
       source_dir: data directory (default: see module docstring).
       config: dataset config (``dapo_math``: ``"en_dedup"`` default, or ``"full"``).
       bad_rows: ``"error"`` or ``"skip"``.
-      use_tfds: read through the TFDS builder (array_record, prepared on first use).
-      tfds_data_dir: TFDS data dir for the prepared files (default ``~/tensorflow_datasets``).
       arithmetic_config: `ArithmeticConfig` for ``name="arithmetic"`` (default config).
 
     Returns:
@@ -416,18 +412,6 @@ def load_with_stats(
             "num_examples": len(examples),
         }
     spec, config = _spec(name, split, config)
-    if use_tfds:
-        from grpo_jax.data import builders
-
-        examples, stats = builders.load_via_tfds(
-            name,
-            split,
-            config=config,
-            source_dir=source_dir,
-            data_dir=tfds_data_dir,
-            bad_rows=bad_rows,
-        )
-        return examples, stats
     rows = list(read_rows(name, split, source_dir))
     examples, skipped = convert_rows(name, rows, bad_rows=bad_rows)
     examples, counts = filter_examples(name, config, examples)
@@ -436,25 +420,6 @@ def load_with_stats(
     return examples, stats
 
 
-def load(
-    name: str,
-    split: str = "test",
-    *,
-    source_dir: str | os.PathLike | None = None,
-    config: str | None = None,
-    bad_rows: str = "error",
-    use_tfds: bool = False,
-    tfds_data_dir: str | os.PathLike | None = None,
-    arithmetic_config=None,
-) -> list[dict]:
+def load(name: str, split: str = "test", **kwargs) -> list[dict]:
     """`load_with_stats` without the stats (see there for arguments and errors)."""
-    return load_with_stats(
-        name,
-        split,
-        source_dir=source_dir,
-        config=config,
-        bad_rows=bad_rows,
-        use_tfds=use_tfds,
-        tfds_data_dir=tfds_data_dir,
-        arithmetic_config=arithmetic_config,
-    )[0]
+    return load_with_stats(name, split, **kwargs)[0]

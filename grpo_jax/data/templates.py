@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 __all__ = ["DAPO_SUFFIX", "TEMPLATES", "render_prompt", "render_example"]
 
 DAPO_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
@@ -73,3 +75,33 @@ def render_prompt(
 def render_example(example: dict, **kwargs) -> str:
     """`render_prompt(example["problem"], **kwargs)`."""
     return render_prompt(example["problem"], **kwargs)
+
+
+def encode_prompts(
+    tokenizer, texts: list[str], max_len: int, overlong: str, *, return_overlong: bool = False
+):
+    """Left-pads token ids to ``max_len``.
+
+    Returns:
+      (tokens [N, max_len] int32, mask [N, max_len] bool, kept [N] bool), plus
+      overlong [N] bool (longer than ``max_len``, in either mode) with ``return_overlong``.
+      Prompts longer than ``max_len`` are dropped (``overlong="skip"``; kept=False) or cut from
+      the left (``"truncate"``, keeping the end of the prompt, where the question and template are).
+    """
+    n = len(texts)
+    tokens = np.full((n, max_len), tokenizer.pad_id, np.int32)
+    mask = np.zeros((n, max_len), bool)
+    kept = np.ones((n,), bool)
+    over = np.zeros((n,), bool)
+    for i, text in enumerate(texts):
+        ids = tokenizer.encode(text)
+        if len(ids) > max_len:
+            over[i] = True
+            if overlong == "skip":
+                kept[i] = False
+                continue
+            ids = ids[-max_len:]
+        if ids:
+            tokens[i, max_len - len(ids) :] = ids
+            mask[i, max_len - len(ids) :] = True
+    return (tokens, mask, kept, over) if return_overlong else (tokens, mask, kept)

@@ -21,7 +21,7 @@ Tasks:
   * ``"gsm8k"``: answer = last ``####`` (else boxed / ``Answer:`` / last number), reduced to a
     number; math-verify in workers; ``format_ok`` = ``####`` or ``\\boxed``.
   * ``"arithmetic"``: exact integer match of the stripped completion (text up to EOS) in-process
-    (`grpo_jax.data.arithmetic.answer_is_correct`); ``format_ok`` = the completion is an integer
+    (`grpo_jax.rewards.extract.integer_answer_is_correct`); ``format_ok`` = the completion is an integer
     literal. No worker pool is started.
 
 Golds are answer strings (``example["answer"]``) or, for multi-part answers (OlympiadBench
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer
+from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer, integer_answer_is_correct
 from grpo_jax.rewards.verify import (
     CRASH,
     DEFAULT_CHECKER,
@@ -165,8 +165,6 @@ class RewardFn:
         return rewards, correct, stats
 
     def _arithmetic(self, completions, golds):
-        from grpo_jax.data.arithmetic import answer_is_correct
-
         n = len(completions)
         correct = np.zeros(n, dtype=bool)
         fmt = np.zeros(n, dtype=bool)
@@ -175,7 +173,7 @@ class RewardFn:
             text = c.strip()
             fmt[i] = bool(_INT_RE.fullmatch(text))
             no_answer += not text
-            correct[i] = answer_is_correct(text, g)
+            correct[i] = integer_answer_is_correct(text, g)
         stats = {
             "num_timeouts": 0,
             "num_crashes": 0,

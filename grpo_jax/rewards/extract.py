@@ -164,3 +164,44 @@ def extract_answer(text: str, task: str = "math") -> tuple[str | None, str]:
 
 
 PRIMARY_FORMATS = {"math": ("boxed",), "gsm8k": ("####", "boxed")}
+
+
+def split_top_level(s: str) -> list[str]:
+    """Split at commas that are not inside (), [], {} (a multi-answer prediction)."""
+    parts, depth, cur = [], 0, []
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):  # keep \{ \, etc. intact
+            cur.append(s[i : i + 2])
+            i += 2
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]
+
+
+def integer_answer_is_correct(completion: str, gold: str | int) -> bool:
+    """Exact integer match of a completion against the gold answer (the arithmetic reward).
+
+    Args:
+      completion: decoded completion text up to (not including) EOS. Surrounding whitespace is
+        ignored; anything else (a second number, words, ``"19.0"``) makes it wrong.
+      gold: the gold integer or its decimal string.
+
+    Returns:
+      True iff ``completion.strip()`` is an optionally ``-``-signed decimal integer equal to gold.
+    """
+    text = completion.strip()
+    if not re.fullmatch(r"-?\d{1,30}", text):
+        return False
+    return int(text) == int(gold)

@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from multiprocessing import connection as mp_connection
 from typing import Any
 
+from grpo_jax.rewards.extract import split_top_level
+
 __all__ = [
     "DEFAULT_CHECKER",
     "GoldParseError",
@@ -80,30 +82,6 @@ def _verify(gold_parsed: tuple, pred_parsed: tuple) -> bool:
     return bool(math_verify.verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None))
 
 
-def _split_top_level(s: str) -> list[str]:
-    """Split at commas that are not inside (), [], {} (a multi-answer prediction)."""
-    parts, depth, cur = [], 0, []
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):  # keep \{ \, etc. intact
-            cur.append(s[i : i + 2])
-            i += 2
-            continue
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        if c == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(c)
-        i += 1
-    parts.append("".join(cur).strip())
-    return [p for p in parts if p]
-
-
 def _gold(g: str) -> tuple:
     parsed = parse_answer(g)
     if not parsed:
@@ -139,7 +117,7 @@ def math_verify_check(pred: str, gold: str | Sequence[str]) -> bool:
     pred_parsed = parse_answer(pred)
     if whole and pred_parsed and _verify(whole, pred_parsed):
         return True
-    pred_parts = _split_top_level(pred)
+    pred_parts = split_top_level(pred)
     if len(pred_parts) != len(golds):
         return False
     unused = list(range(len(golds)))

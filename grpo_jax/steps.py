@@ -1,0 +1,472 @@
+"""The jitted programs of one RL step, and the run's set-up: `make_steps(exp)`, `init_run(exp)`.
+
+Everything here runs on device. `make_steps` returns one typed `Steps` bundle (the sampler, the
+advantage estimator, the log-prob pass, the policy update and the on-device training loop over
+mini-batches); `init_run` builds a run's initial `RunState` (parameters in their sharding, the
+optional supervised warm start, the frozen reference, the curriculum's state). The trainer
+(`grpo_jax.train`), `experiments/compare.py`, the benchmarks and the tests all start a run with
+these two functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from grpo_jax import advantages as advantages_lib
+from grpo_jax import losses, sampling, sharding
+from grpo_jax.experiment import Experiment
+from grpo_jax.models.transformer import positions_from_mask
+from grpo_jax.state import Batch, RunState, TrainState
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def completion_logprobs(
+    graphdef,
+    params,
+    tokens,
+    attention_mask,
+    prompt_len: int,
+    temperature: float,
+    group_size: int = 1,
+):
+    """Log-probs of the completion tokens under the policy, float32 [R, Lc].
+
+    The logits at position t score token t+1 (one-position shift); only the Lc completion
+    positions are scored. Temperature as when sampling (grpo.md, "Log-probs from logits").
+
+    Args:
+      tokens [R, Lp + Lc] int32 (prompt left-padded to Lp = prompt_len, then the completion),
+      attention_mask [R, Lp + Lc] bool, temperature: float (> 0).
+      group_size: G > 1 when rows come in consecutive groups of G with identical prompt tokens
+        and mask (a GRPO group): the prompt is then run once per group (`Decoder.shared_prefix`),
+        the same values up to float rounding for less compute. 1 = every row on its own.
+    Raises:
+      ValueError: R is not a multiple of group_size.
+    """
+    model = nnx.merge(graphdef, params)
+    positions = positions_from_mask(attention_mask)
+    R, L = tokens.shape
+    if group_size > 1 and L - prompt_len > 1:
+        if R % group_size:
+            raise ValueError(f"{R} rows are not a multiple of group_size {group_size}")
+        G, lp = group_size, prompt_len
+        hp, hc = model.model.shared_prefix(
+            tokens[::G, :lp],
+            positions[::G, :lp],
+            attention_mask[::G, :lp],
+            tokens[:, lp:-1],
+            positions[:, lp:-1],
+            attention_mask[:, lp:-1],
+        )
+        # position Lp - 1 (the prompt's last token) scores the first completion token
+        hidden = jnp.concatenate([jnp.repeat(hp[:, -1:], G, axis=0), hc], axis=1)
+    else:
+        hidden, _ = model(
+            tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1], return_hidden=True
+        )
+        hidden = hidden[:, prompt_len - 1 :]
+    # project only the Lc completion positions to the vocabulary (the prompt's logits are never
+    # used: at Lp = 256, Lc = 64 that is 5x less logits memory and LM-head compute)
+    return losses.logprobs_from_logits(model.logits(hidden), tokens[:, prompt_len:], temperature)
+
+
+def split_rows(x, chunks: int, group: int = 1):
+    """[R, ...] -> [chunks, R / chunks, ...]: chunk j holds the groups {i * chunks + j} of
+    ``group`` consecutive rows (group 1: rows {i * chunks + j}). A batch sharded in contiguous
+    row blocks over ``data`` x ``fsdp`` is split without moving a row between devices, and a
+    GRPO group stays whole (``group`` = rollouts per prompt). Inverse: ``merge_rows``."""
+    per = x.shape[0] // chunks
+    x = x.reshape(per // group, chunks, group, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape(chunks, per, *x.shape[3:])
+
+
+def merge_rows(x, group: int = 1):
+    """Inverse of ``split_rows``: [chunks, R / chunks, ...] -> [R, ...]."""
+    chunks, per = x.shape[:2]
+    x = x.reshape(chunks, per // group, group, *x.shape[2:])
+    return jnp.swapaxes(x, 0, 1).reshape(chunks * per, *x.shape[3:])
+
+
+def chunked_completion_logprobs(
+    graphdef,
+    params,
+    tokens,
+    attention_mask,
+    prompt_len: int,
+    temperature: float,
+    rows_per_chunk: int,
+    group_size: int = 1,
+):
+    """``completion_logprobs`` computed ``rows_per_chunk`` rows at a time (``lax.map``).
+
+    Peak memory is one chunk's activations and logits instead of the whole batch's (at Qwen3-8B
+    x 1024 rollouts x 5,120 tokens: 43 GiB instead of 156 GiB per device on 64 chips,
+    ``reports/aot.md``). Chunk ``j`` holds rows ``{i * C + j}`` (``split_rows``, whole groups of
+    ``group_size``), so no row changes device. Rows are independent, so the values equal the
+    unchunked ones up to float rounding. One pass when ``rows_per_chunk`` does not divide R.
+
+    Args: as ``completion_logprobs``. Returns: [R, Lc] float32.
+    """
+    R = tokens.shape[0]
+    if rows_per_chunk <= 0 or rows_per_chunk >= R or R % rows_per_chunk:
+        return completion_logprobs(
+            graphdef, params, tokens, attention_mask, prompt_len, temperature, group_size
+        )
+    chunks = R // rows_per_chunk
+    out = jax.lax.map(
+        lambda a: completion_logprobs(
+            graphdef, params, a[0], a[1], prompt_len, temperature, group_size
+        ),
+        (split_rows(tokens, chunks, group_size), split_rows(attention_mask, chunks, group_size)),
+    )
+    return merge_rows(out, group_size)
+
+
+# ----------------------------------------------------------------------------- the update
+
+
+def _all_finite(tree) -> jax.Array:
+    """True when every element of every leaf is finite (bool [])."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _select(ok, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def _update_fn(exp: Experiment):
+    """The unjitted ``update(state, batch) -> (state, metrics)`` of one mini-batch."""
+    cfg = exp.config.algorithm
+    graphdef, lp = exp.graphdef, exp.prompt_len
+    temperature = float(exp.config.rollout.temperature)
+    on_policy, micro, group = exp.on_policy, exp.micro_batch_size, exp.prompt_group_size
+    learner = exp.learner
+
+    def loss_fn(params, batch: Batch, denominator=None):
+        logprobs = completion_logprobs(
+            graphdef, params, batch.tokens, batch.attention_mask, lp, temperature, group
+        )
+        old = jax.lax.stop_gradient(logprobs) if on_policy else batch.old_logprobs
+        return losses.policy_loss(
+            logprobs,
+            old,
+            batch.advantages,
+            batch.completion_mask,
+            epsilon_low=cfg.epsilon_low,
+            epsilon_high=cfg.epsilon_high,
+            dual_clip=cfg.dual_clip or None,
+            loss_agg_mode=cfg.loss_agg_mode,
+            max_len=exp.max_new_tokens,
+            ref_logprobs=batch.ref_logprobs if cfg.kl_coef > 0 else None,
+            kl_coef=cfg.kl_coef,
+            kl_kind=cfg.kl_kind,
+            sample_weights=batch.sample_weights,
+            denominator=denominator,
+        )
+
+    def accumulate(fn, params, batch: Batch, denominator):
+        """(loss, aux, grads) of ``fn`` over the batch's rows, ``micro`` rows per pass.
+
+        The whole mini-batch's loss denominator is passed to every micro-batch, so the summed
+        losses and gradients equal the one-pass ones (``losses.policy_loss``, "Micro-batching").
+        Micro-batch j holds rows {i * n + j} (``split_rows``): no row changes device.
+        """
+        rows = batch.tokens.shape[0]
+        if micro >= rows:
+            (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
+            return loss, aux, grads
+        n = rows // micro
+
+        def body(acc, micro_batch):
+            (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(params, micro_batch, denominator)
+            return jax.tree.map(jnp.add, acc, g), (loss, aux)
+
+        grads, (loss, aux) = jax.lax.scan(
+            body,
+            jax.tree.map(jnp.zeros_like, params),
+            jax.tree.map(lambda x: split_rows(x, n, group), batch),
+        )
+        # per-rollout losses back in row order; clip fraction, KL, ratio: mean of micro-batches
+        aux = {
+            k: merge_rows(v, group) if k == "per_rollout_loss" else jnp.mean(v)
+            for k, v in aux.items()
+        }
+        return jnp.sum(loss), aux, grads
+
+    def update(state: TrainState, batch: Batch):
+        """One AdamW step; a non-finite loss, gradient norm or new parameter skips it (state
+        kept, ``skips`` + 1; a good step resets ``skips``)."""
+        den = losses.loss_denominator(
+            batch.completion_mask, cfg.loss_agg_mode, max_len=exp.max_new_tokens
+        )
+        loss, aux, grads = accumulate(loss_fn, state.params, batch, den)
+        gnorm = optax.global_norm(grads)
+        updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _all_finite(params)
+        metrics = {
+            "loss": loss,
+            "grad_norm": gnorm,
+            "clip_fraction": aux["clip_fraction"],
+            "approx_kl": aux["approx_kl"],
+            "ratio_mean": aux["ratio_mean"],
+            "per_rollout_loss": aux["per_rollout_loss"],
+            "update_ok": ok,
+        }
+        if "kl" in aux:
+            metrics["kl"] = aux["kl"]
+        new = state.replace(
+            params=_select(ok, params, state.params),
+            opt_state=_select(ok, opt_state, state.opt_state),
+            skips=jnp.where(ok, 0, state.skips + 1),
+        )
+        new, extra = learner.extra_update(new, batch, accumulate)
+        return new, {**metrics, **extra}
+
+    return update
+
+
+def _take(mesh, batch, idx):
+    """Rows ``idx`` of every leaf, laid out over the batch sharding (an eager ``x[idx]`` comes
+    back replicated, which a multi-process jit refuses as an argument)."""
+    return jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(x[idx], sharding.batch_sharding(mesh, x.ndim)),
+        batch,
+    )
+
+
+def _train_fn(exp: Experiment, update):
+    """``train(state, batch, key) -> (state, metrics)``: ``num_iterations`` passes over the
+    batch in mini-batches, all on device (``lax.scan``).
+
+    Each pass shuffles the rows with its own key from ``key`` (whole groups when each group's
+    prompt runs once); with one mini-batch the batch is used as it is. Metrics: the mean over
+    all updates of each update metric, ``skipped_updates`` (int32 count), and
+    ``per_rollout_loss`` [R] float32 of the first pass, in row order (the controllers' signal).
+    """
+    R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
+    mb, g, iters = exp.mini_batch_size, exp.prompt_group_size, exp.config.algorithm.num_iterations
+    n_mb = R // mb
+
+    def train(state, batch, key):
+        def one_pass(state, key):
+            if n_mb == 1:
+                state, m = update(state, batch)
+                return state, jax.tree.map(lambda x: x[None], m), jnp.arange(R)[None]
+            perm = jax.random.permutation(key, R // g)[:, None] * g + jnp.arange(g)
+            idx = perm.reshape(n_mb, mb)
+            take = lambda s, rows: update(s, _take(exp.mesh, batch, rows))
+            state, m = jax.lax.scan(take, state, idx)
+            return state, m, idx
+
+        keys = jax.random.split(key, iters)
+        state, first, idx = one_pass(state, keys[0])
+        passes = [first]
+        if iters > 1:
+            state, rest = jax.lax.scan(lambda s, k: one_pass(s, k)[:2], state, keys[1:])
+            passes.append(jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), rest))
+        out = {}
+        for k in first:
+            if k == "per_rollout_loss":
+                continue
+            v = jnp.concatenate([m[k].reshape(-1) for m in passes])
+            if k == "update_ok":
+                out["skipped_updates"] = jnp.sum(~v)
+            else:
+                out[k] = jnp.mean(v)
+        out["per_rollout_loss"] = (
+            jnp.zeros((R,), jnp.float32)
+            .at[idx.reshape(-1)]
+            .set(first["per_rollout_loss"].reshape(-1))
+        )
+        return state, out
+
+    return train
+
+
+# ----------------------------------------------------------------------------- the bundle
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """The jitted programs of one RL step (built once per run by `make_steps`).
+
+    Attributes:
+      generate: ``(params, prompt_tokens [r, Lp] int32, prompt_mask [r, Lp] bool, key) ->
+        sampling.Rollouts`` with the run's training `SamplingConfig`.
+      advantages: ``(rewards [R] float32, segment_ids [R] int32) -> (advantages [R] float32,
+        stats)`` (group-relative estimator of ``config.algorithm``).
+      logprobs: ``(params, tokens [R, L] int32, attention_mask [R, L] bool) -> [R, Lc]``
+        (reference / old log-probs, a micro-batch of rows at a time).
+      finish_batch: ``(state, batch, rewards [R]) -> batch`` (the learner's; PPO: GAE).
+      update: ``(state, batch) -> (state, metrics)``: one mini-batch step, donated state.
+      train: ``(state, batch, key) -> (state, metrics)``: all passes and mini-batches of a step
+        on device, donated state (metrics as `_train_fn`).
+      take: ``(tree, idx [n] int32) -> tree`` rows laid out over the batch sharding.
+      concat: ``([tree, ...]) -> tree`` joined along the rows, over the batch sharding.
+    """
+
+    generate: Callable
+    advantages: Callable
+    logprobs: Callable
+    finish_batch: Callable
+    update: Callable
+    train: Callable
+    take: Callable
+    concat: Callable
+
+
+def make_steps(exp: Experiment) -> Steps:
+    """Jits the step's programs for ``exp`` (nothing is compiled until first called)."""
+    algo = exp.config.algorithm
+    P = exp.config.rollout.prompts_per_step
+    mesh = exp.mesh
+    batch_sh = sharding.batch_sharding(mesh)
+    update = _update_fn(exp)
+
+    def generate(params, prompt_tokens, prompt_mask, key):
+        return sampling.generate(
+            exp.graphdef, params, prompt_tokens, prompt_mask, key, exp.train_sampling
+        )
+
+    def concat(parts):
+        return jax.tree.map(
+            lambda *a: jax.lax.with_sharding_constraint(
+                jnp.concatenate(a), sharding.batch_sharding(mesh, a[0].ndim)
+            ),
+            *parts,
+        )
+
+    return Steps(
+        generate=sharding.under_mesh(mesh, generate),
+        advantages=jax.jit(
+            functools.partial(
+                advantages_lib.compute,
+                num_segments=P,
+                estimator=algo.estimator,
+                std=algo.std,
+                clip=algo.advantage_clip or None,
+                nonfinite="mask",
+            )
+        ),
+        logprobs=jax.jit(
+            sharding.under_mesh(
+                mesh,
+                functools.partial(
+                    chunked_completion_logprobs,
+                    exp.graphdef,
+                    prompt_len=exp.prompt_len,
+                    temperature=float(exp.config.rollout.temperature),
+                    rows_per_chunk=exp.micro_batch_size,
+                    group_size=exp.prompt_group_size,
+                ),
+            )
+        ),
+        finish_batch=jax.jit(sharding.under_mesh(mesh, exp.learner.finish_batch)),
+        update=jax.jit(
+            sharding.under_mesh(mesh, update),
+            in_shardings=(exp.state_shardings, batch_sh),
+            out_shardings=(exp.state_shardings, None),
+            donate_argnums=0,
+        ),
+        train=jax.jit(
+            sharding.under_mesh(mesh, _train_fn(exp, update)),
+            in_shardings=(exp.state_shardings, batch_sh, sharding.replicated(mesh)),
+            out_shardings=(exp.state_shardings, None),
+            donate_argnums=0,
+        ),
+        take=jax.jit(functools.partial(_take, mesh)),
+        concat=jax.jit(concat),
+    )
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def init_train_state(exp: Experiment) -> TrainState:
+    """The initial train state, made by one jitted init directly in ``exp.state_shardings``."""
+    with exp.mesh_context():
+        return jax.jit(exp.state_init_fn, out_shardings=exp.state_shardings)()
+
+
+def init_run(
+    exp: Experiment, *, params=None, warm_start: bool = True, train_state=None
+) -> tuple[RunState, dict]:
+    """A run's initial state: parameters, the supervised warm start, reference and controllers.
+
+    Args:
+      exp: the built experiment.
+      params: start from these policy parameters (a pure dict, e.g. a shared warm start)
+        instead of the model's initialisation; the optimizer state is fresh either way.
+      warm_start: run ``config.sft`` (when ``sft.steps > 0`` and ``params`` is None).
+      train_state: an initial `TrainState` already made by `init_train_state` (not made again).
+    Returns:
+      (RunState, sft metrics dict: empty without a warm start). The reference is a copy of the
+      starting policy (after the warm start) when ``config.algorithm.kl_coef > 0``.
+    """
+    state = init_train_state(exp) if train_state is None else train_state
+    sft_metrics = {}
+    if params is None and warm_start and exp.config.sft.steps > 0:
+        params, sft_metrics = supervised_warmstart(exp, state.params)
+    if params is not None:
+        state = jax.device_put(
+            state.replace(params=params, opt_state=exp.tx.init(params)), exp.state_shardings
+        )
+    ref = jax.tree.map(jnp.copy, state.params) if exp.config.algorithm.kl_coef > 0 else None
+    return RunState(train=state, controllers=exp.curriculum.init(), ref_params=ref), sft_metrics
+
+
+def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
+    """Short supervised fine-tuning on (prompt, gold answer) pairs before RL (``config.sft``).
+
+    Used by the embedded default so RL starts from a policy that knows the answer format (a
+    model at 0% reward gets no GRPO signal). Returns (params, metrics).
+    """
+    cfg = exp.config.sft
+    tokens, mask, target_mask = exp.sft_data()
+    n = tokens.shape[0]
+    tx = optax.adamw(cfg.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
+    opt_state = tx.init(params)
+    graphdef = exp.graphdef
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, opt_state, tok, msk, tmask):
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p)
+            logits, _ = model(tok[:, :-1], positions_from_mask(msk)[:, :-1], msk[:, :-1])
+            lp = losses.logprobs_from_logits(logits, tok[:, 1:])
+            m = tmask[:, 1:]
+            return -(lp * m).sum() / jnp.maximum(m.sum(), 1.0)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    gen = np.random.default_rng(exp.config.seed + 1)
+    t0 = time.perf_counter()
+    loss = float("nan")
+    for _ in range(cfg.steps):
+        idx = gen.choice(n, size=cfg.batch_size, replace=n < cfg.batch_size)
+        params, opt_state, loss = step(
+            params,
+            opt_state,
+            jnp.asarray(tokens[idx]),
+            jnp.asarray(mask[idx]),
+            jnp.asarray(target_mask[idx]),
+        )
+    return params, {
+        "sft_loss": float(loss),
+        "sft_seconds": time.perf_counter() - t0,
+        "sft_steps": cfg.steps,
+    }
