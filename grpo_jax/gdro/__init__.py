@@ -23,7 +23,8 @@ Every config has ``mode = "corrected"`` (default) or ``"paper"``; ``paper_config
 three paper / released-code configs. Departures and fields: docs/gdro.md.
 
 ``apply="resample"``: ``all_bins = classify(ccfg, cstate, all_ids)``,
-``q = prompt_gdro_q(pcfg, pstate, all_bins)``, ``ids = sample_prompts_by_bin(q, all_bins, key, P)``.
+``q = resample_q(pcfg, pstate, all_bins)`` (``[B + 1]``, slot ``B`` = unseen),
+``ids = sample_prompts_by_bin(q, all_bins, key, P)``.
 """
 
 from grpo_jax.gdro.classifier import (
@@ -47,6 +48,7 @@ from grpo_jax.gdro.prompt_gdro import (
     prompt_gdro_update,
     prompt_gdro_weight_diagnostics,
     prompt_gdro_weights,
+    resample_q,
     sample_prompts_by_bin,
     weight_diagnostics,
 )
@@ -110,6 +112,7 @@ __all__ = [
     "prompt_gdro_update",
     "prompt_gdro_diagnostics",
     "sample_prompts_by_bin",
+    "resample_q",
     "loss_signal",
     "RolloutGDROConfig",
     "RolloutGDROState",

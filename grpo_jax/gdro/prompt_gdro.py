@@ -260,7 +260,8 @@ def _weights(config, state, bins_per_rollout, valid, advantages, informative):
     seen = (bins < b).astype(jnp.float32) * v
     q = prompt_gdro_q(config, state, bins, seen)
     qi = q[jnp.clip(bins, 0, b - 1)] * seen
-    norm = jnp.where(jnp.sum(qi * inf) > 0, inf, seen)  # no informative rollout: all of them
+    inf_seen = inf * seen
+    norm = jnp.where(jnp.sum(qi * inf_seen) > 0, inf_seen, seen)  # none informative: all seen
     w = qi * jnp.sum(norm) / jnp.maximum(jnp.sum(qi * norm), 1e-30)
     w = jnp.where(seen > 0, w, v)  # unseen prompts: weight 1
     return jnp.minimum(w, config.weight_cap), w, inf
@@ -470,6 +471,31 @@ def prompt_gdro_diagnostics(
     return out
 
 
+@functools.partial(jax.jit, static_argnames="config")
+def resample_q(
+    config: PromptGDROConfig, state: PromptGDROState, dataset_bins: jax.Array
+) -> jax.Array:
+    """Sampling probabilities ``[B + 1]`` float32 for ``apply="resample"`` over all dataset
+    prompts, slot ``B`` = unseen prompts.
+
+    ``P(unseen) = N_u / N`` (their share under the uniform sampler: with a large pool most
+    prompts are unseen and the draw stays near uniform), ``P(b) = (1 - N_u / N) q_b`` with ``q``
+    from ``prompt_gdro_q`` over the seen bins. Without unseen prompts (paper mode) this is
+    ``prompt_gdro_q`` with a 0 appended. Feed it with ``dataset_bins`` to
+    ``sample_prompts_by_bin`` or ``PromptSource.next_by_bin``.
+
+    Args:
+      dataset_bins: ``[N]`` int32 in ``[0, B]``, ``classify`` over all ids ``0 .. N-1``.
+    """
+    b = state.score.shape[0]
+    bins = jnp.asarray(dataset_bins, jnp.int32)
+    seen = bins < b
+    q = prompt_gdro_q(config, state, jnp.where(seen, bins, 0), seen)
+    frac_unseen = 1.0 - jnp.mean(seen.astype(jnp.float32))
+    q = jnp.where(jnp.any(seen), q * (1.0 - frac_unseen), q)
+    return jnp.concatenate([q, frac_unseen[None]])
+
+
 @functools.partial(jax.jit, static_argnames="num_prompts")
 def sample_prompts_by_bin(
     q: jax.Array, dataset_bins: jax.Array, key: jax.Array, num_prompts: int
@@ -482,7 +508,8 @@ def sample_prompts_by_bin(
     duplicate ids.
 
     Args:
-      q: ``[B]`` float bin probabilities (``prompt_gdro_q`` over ``dataset_bins``).
+      q: ``[B]`` float bin probabilities (``prompt_gdro_q`` over ``dataset_bins``), or ``[B + 1]``
+        from ``resample_q`` when ``dataset_bins`` holds the unseen marker ``B``.
       dataset_bins: ``[N]`` int32, ``classify`` over all ids ``0 .. N-1``.
       key: PRNG key.
       num_prompts: ``P`` (static).
@@ -515,6 +542,7 @@ __all__ = [
     "prompt_gdro_update",
     "prompt_gdro_diagnostics",
     "sample_prompts_by_bin",
+    "resample_q",
     "loss_signal",
     "APPLY_MODES",
     "SIGNALS",
