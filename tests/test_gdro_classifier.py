@@ -109,11 +109,11 @@ def test_moves_down_with_uniform_edges_and_delta():
 # ----------------------------------------------------------------------------- visits
 
 
-def test_unseen_prompts_land_in_unseen_bin():
-    c = gdro.ClassifierConfig()
+def test_paper_unseen_prompts_land_in_unseen_bin():
+    c = gdro.ClassifierConfig(mode="paper")
     s = gdro.classifier_init(c, 4)
     np.testing.assert_array_equal(gdro.classify(c, s, jnp.arange(4)), [0, 0, 0, 0])
-    c5 = gdro.ClassifierConfig(unseen_bin=5)
+    c5 = gdro.ClassifierConfig(unseen_bin=5, mode="paper")
     s5 = gdro.classifier_init(c5, 4)
     s5 = gdro.classifier_update(c5, s5, jnp.array([1]), jnp.array([True]))
     np.testing.assert_array_equal(gdro.classify(c5, s5, jnp.arange(4)), [5, 9, 5, 5])
@@ -142,7 +142,7 @@ def test_classify_uses_past_visits_only_and_update_records_the_bin_used():
 
 
 def test_duplicate_ids_are_one_visit_combined_with_any():
-    c = gdro.ClassifierConfig(history=5)
+    c = gdro.ClassifierConfig(history=5, mode="paper")
     s0 = gdro.classifier_init(c, 3)
     a = gdro.classifier_update(c, s0, jnp.array([2, 2, 0]), jnp.array([True, False, False]))
     b = gdro.classifier_update(c, s0, jnp.array([0, 2, 2]), jnp.array([False, False, True]))
@@ -166,7 +166,7 @@ def test_visit_outcome_any_correct_and_short_groups():
     seg = jnp.array([0, 0, 1, 1, 1, 2])
     corr = jnp.array([False, True, False, False, False, True])
     np.testing.assert_array_equal(
-        gdro.visit_outcome(gdro.ClassifierConfig(), corr, seg, 3), [1, 0, 1]
+        gdro.visit_outcome(gdro.ClassifierConfig(statistic="any_correct"), corr, seg, 3), [1, 0, 1]
     )
     # pass@4 with groups of 2, 3 and 1 rollouts: all shorter than k -> any-correct.
     np.testing.assert_array_equal(
@@ -204,7 +204,7 @@ def test_bin_success_is_mean_estimate_per_bin():
 
 
 def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
-    for stat in ("any_correct", "pass_at_k"):
+    for stat in gdro.classifier.STATISTICS:
         c = gdro.ClassifierConfig(history=6, statistic=stat)
         s = gdro.classifier_init(c, 20)
         rng = np.random.default_rng(0)
@@ -221,7 +221,8 @@ def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
         )
     assert (
         orbax_roundtrip(
-            tmp_path / "int8", gdro.classifier_init(gdro.ClassifierConfig(), 3)
+            tmp_path / "int8",
+            gdro.classifier_init(gdro.ClassifierConfig(statistic="any_correct"), 3),
         ).buffer.dtype
         == jnp.int8
     )
@@ -239,6 +240,7 @@ def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
         (dict(unseen_bin=10), "unseen_bin"),
         (dict(statistic="mean"), "statistic"),
         (dict(pass_k=0), "pass_k"),
+        (dict(mode="released"), "mode"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
@@ -268,3 +270,93 @@ def test_classify_and_update_trace_under_jit():
     s, bins = step(s, jnp.array([0, 3]), jnp.array([True, False]))
     s, bins = step(s, jnp.array([0, 3]), jnp.array([True, False]))
     np.testing.assert_array_equal(bins, [9, 0])
+
+
+# ----------------------------------------------------------------------------- corrected default
+
+
+def test_default_statistic_is_the_per_sample_success_rate():
+    c = gdro.ClassifierConfig()
+    assert c.statistic == "success_rate" and c.buffer_dtype == jnp.float32
+    seg = jnp.array([0, 0, 0, 0, 1, 1, 1, 2])
+    corr = jnp.array([True, False, True, False, False, False, False, True])
+    np.testing.assert_allclose(gdro.visit_outcome(c, corr, seg, 3), [0.5, 0.0, 1.0])
+    # Window mean of the per-visit fractions: 0.5, 0.25, 1.0 -> 7/12 (bin 5); H = 2 -> 0.625.
+    for h, want, b in [(3, 7 / 12, 5), (2, 0.625, 6)]:
+        cfg = gdro.ClassifierConfig(history=h, delta=0.0)
+        s = gdro.classifier_init(cfg, 1)
+        for v in (0.5, 0.25, 1.0):
+            s = gdro.classifier_update(cfg, s, jnp.array([0]), jnp.array([v]))
+        assert float(gdro.success_estimate(cfg, s, jnp.array([0]))[0]) == pytest.approx(want)
+        assert int(gdro.classify(cfg, s, jnp.array([0]))[0]) == b
+
+
+def test_success_rate_separates_prompts_any_correct_lumps_together():
+    # 8 rollouts, per-sample success 2/8 and 7/8: any-correct puts both in the top bin.
+    seg = jnp.repeat(jnp.arange(2), 8)
+    corr = jnp.asarray([1, 1, 0, 0, 0, 0, 0, 0] + [1] * 7 + [0], bool)
+    bins = {}
+    for stat in ("success_rate", "any_correct"):
+        c = gdro.ClassifierConfig(statistic=stat, delta=0.0)
+        s = gdro.classifier_update(
+            c, gdro.classifier_init(c, 2), jnp.arange(2), gdro.visit_outcome(c, corr, seg, 2)
+        )
+        bins[stat] = np.asarray(gdro.classify(c, s, jnp.arange(2))).tolist()
+    assert bins == {"success_rate": [2, 8], "any_correct": [9, 9]}
+
+
+def test_unseen_prompts_get_the_marker_and_no_anchor():
+    c = gdro.ClassifierConfig(delta=0.03)
+    assert c.unseen_index == c.num_bins == 10
+    s = gdro.classifier_init(c, 3)
+    np.testing.assert_array_equal(gdro.classify(c, s, jnp.arange(3)), [10, 10, 10])
+    # First visit at p = 0.28: the raw bin 2. (Taking the marker as the hysteresis anchor would
+    # give bin(p + delta) = 3.)
+    s = gdro.classifier_update(c, s, jnp.array([1]), jnp.array([0.28]))
+    assert int(s.last_bin[1]) == 10
+    np.testing.assert_array_equal(gdro.classify(c, s, jnp.arange(3)), [10, 2, 10])
+    # Never-solved prompts are seen and in bin 0, apart from the unseen ones.
+    s = gdro.classifier_update(c, s, jnp.array([0]), jnp.array([0.0]))
+    np.testing.assert_array_equal(gdro.classify(c, s, jnp.arange(3)), [0, 2, 10])
+
+
+def test_duplicates_with_success_rate_are_averaged():
+    c = gdro.ClassifierConfig(history=4)
+    s0 = gdro.classifier_init(c, 2)
+    a = gdro.classifier_update(c, s0, jnp.array([1, 0, 1]), jnp.array([0.5, 0.0, 1.0]))
+    b = gdro.classifier_update(c, s0, jnp.array([1, 1, 0]), jnp.array([1.0, 0.5, 0.0]))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    assert int(a.count[1]) == 1 and float(a.buffer[1, 0]) == pytest.approx(0.75)
+
+
+def test_bin_success_leaves_unseen_prompts_out():
+    c = gdro.ClassifierConfig(history=4, delta=0.0)
+    s = gdro.classifier_init(c, 3)
+    s = gdro.classifier_update(c, s, jnp.array([0, 1]), jnp.array([0.25, 0.5]))
+    ids = jnp.array([0, 1, 2])
+    bins = gdro.classify(c, s, ids)
+    np.testing.assert_array_equal(bins, [2, 5, 10])
+    want = np.zeros(10)
+    want[2], want[5] = 0.25, 0.5
+    np.testing.assert_allclose(gdro.bin_success(c, s, ids, bins), want, atol=1e-7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    fractions=st.lists(st.sampled_from([0.0, 0.125, 0.25, 1 / 3, 0.5, 0.75, 1.0]), max_size=12),
+    h=st.sampled_from([1, 3, 5]),
+)
+def test_success_estimate_is_the_window_mean_of_visit_fractions(fractions, h):
+    c = gdro.ClassifierConfig(history=h, delta=0.0)
+    s = gdro.classifier_init(c, 2)
+    for f in fractions:
+        s = gdro.classifier_update(c, s, jnp.array([1]), jnp.array([f], jnp.float32))
+    p = float(gdro.success_estimate(c, s, jnp.array([1]))[0])
+    window = fractions[-h:]
+    assert p == pytest.approx(float(np.mean(window)) if window else 0.0, abs=1e-6)
+    b = int(gdro.classify(c, s, jnp.array([1]))[0])
+    if window:
+        assert b == int(np.searchsorted(np.float32(EDGES), np.float32(p), side="right"))
+    else:
+        assert b == 10

@@ -29,8 +29,11 @@ def hand_weights(q, bins):
     return [q[b] * len(bins) / total for b in bins]
 
 
-def test_hand_computed_scores_q_and_weights_over_two_steps():
-    cfg = gdro.PromptGDROConfig()
+PAPER = gdro.PromptGDROConfig(mode="paper")
+
+
+def test_paper_hand_computed_scores_q_and_weights_over_two_steps():
+    cfg = PAPER
     s = gdro.prompt_gdro_init(cfg, 3)
     # Step 1. Shares 0.25/0.5/0.25; bin means 2, 0.5, 0 -> debiased 8, 1, 0; first obs sets S.
     s, diag = gdro.prompt_gdro_update(cfg, s, jnp.asarray(BINS), jnp.asarray(LOSS))
@@ -137,8 +140,8 @@ def test_resample_mode_weights_are_one():
     np.testing.assert_array_equal(gdro.prompt_gdro_weights(cfg, s, jnp.array([0, 1, 2, 2])), 1.0)
 
 
-def test_more_prompts_in_a_bin_never_raise_its_score_or_weight():
-    cfg = gdro.PromptGDROConfig()
+def test_paper_more_prompts_in_a_bin_never_raise_its_score_or_weight():
+    cfg = PAPER
     out = {}
     for n0 in (2, 4, 8):
         bins = jnp.asarray([0] * n0 + [1] * 6 + [2] * 4)
@@ -168,14 +171,15 @@ def test_signal_is_a_mean_not_a_sum():
 def test_loss_signal_selection():
     per_rollout = jnp.array([0.1, -0.2])
     correct = jnp.array([True, False])
+    surrogate = gdro.PromptGDROConfig(signal="surrogate_loss")
     np.testing.assert_allclose(
-        gdro.loss_signal(gdro.PromptGDROConfig(), per_rollout_loss=per_rollout), per_rollout
+        gdro.loss_signal(surrogate, per_rollout_loss=per_rollout), per_rollout
     )
     np.testing.assert_array_equal(
-        gdro.loss_signal(gdro.PromptGDROConfig(signal="failure_rate"), correct=correct), [0.0, 1.0]
+        gdro.loss_signal(gdro.PromptGDROConfig(), correct=correct), [0.0, 1.0]
     )
     with pytest.raises(ValueError, match="per_rollout_loss"):
-        gdro.loss_signal(gdro.PromptGDROConfig(), correct=correct)
+        gdro.loss_signal(surrogate, correct=correct)
     with pytest.raises(ValueError, match="correct"):
         gdro.loss_signal(gdro.PromptGDROConfig(signal="failure_rate"), per_rollout_loss=per_rollout)
 
@@ -300,6 +304,7 @@ def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
         (dict(apply="sum"), "apply"),
         (dict(signal="reward"), "signal"),
         (dict(score_clip=-1.0), "score_clip"),
+        (dict(mode="patch"), "mode"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
@@ -310,7 +315,147 @@ def test_config_validation_names_the_field(kwargs, field):
 def test_config_defaults_and_configdict():
     c = gdro.PromptGDROConfig()
     assert (c.eta, c.gamma, c.beta, c.weight_cap, c.share_floor) == (0.65, 0.01, 0.12, 15.0, 1e-3)
-    assert (c.apply, c.signal, c.score_clip) == ("advantage_weight", "surrogate_loss", None)
+    assert (c.apply, c.signal, c.score_clip) == ("advantage_weight", "failure_rate", None)
+    assert (c.share_division, c.renormalise_informative, c.mode) == (False, True, "corrected")
     section = ml_collections.ConfigDict(dict(eta=0.5, apply="resample"))
     assert gdro.PromptGDROConfig(**section) == gdro.PromptGDROConfig.from_dict(section)
     hash(c)
+
+
+# ----------------------------------------------------------------------------- corrected default
+
+
+def test_corrected_hand_computed_scores_and_informative_weights():
+    cfg = gdro.PromptGDROConfig(gamma=0.0)
+    s = gdro.prompt_gdro_init(cfg, 3)
+    # No Eq. 12 division: the first observation sets S to the bin means 2, 0.5, 0.
+    s, _ = gdro.prompt_gdro_update(cfg, s, jnp.asarray(BINS), jnp.asarray(LOSS))
+    np.testing.assert_allclose(s.score, [2.0, 0.5, 0.0], rtol=1e-6)
+    e = np.exp(0.65 * np.array([2.0, 0.5, 0.0]))
+    q = e / e.sum()
+    # Rollouts 2, 3 (bin 1) and 6, 7 (bin 2) have zero advantage: the weights have mean 1 over
+    # the informative rollouts 0, 1, 4, 5 = bins 0, 0, 1, 1.
+    adv = jnp.asarray([1.0, -1.0, 0.0, 0.0, 0.5, -0.5, 0.0, 0.0])
+    w = np.asarray(gdro.prompt_gdro_weights(cfg, s, jnp.asarray(BINS), advantages=adv))
+    scale = 4 / (2 * q[0] + 2 * q[1])
+    np.testing.assert_allclose(w, q[BINS] * scale, rtol=1e-5)
+    assert w[[0, 1, 4, 5]].mean() == pytest.approx(1.0, rel=1e-6)
+    informative = np.asarray(adv) != 0
+    np.testing.assert_array_equal(
+        gdro.prompt_gdro_weights(cfg, s, jnp.asarray(BINS), informative=jnp.asarray(informative)),
+        w,
+    )
+    # Paper normalisation (all rollouts) differs on the same input.
+    paper_w = gdro.prompt_gdro_weights(
+        gdro.PromptGDROConfig(gamma=0.0, renormalise_informative=False), s, jnp.asarray(BINS)
+    )
+    np.testing.assert_allclose(paper_w, q[BINS] * 8 / q[BINS].sum(), rtol=1e-5)
+    assert not np.allclose(paper_w, w)
+
+
+def test_corrected_score_does_not_depend_on_bin_counts():
+    cfg = gdro.PromptGDROConfig()
+    scores = []
+    for n0 in (1, 2, 8):
+        bins = jnp.asarray([0] * n0 + [1] * 6)
+        losses = jnp.asarray([1.0] * n0 + [0.5] * 6)
+        s, _ = gdro.prompt_gdro_update(cfg, gdro.prompt_gdro_init(cfg, 2), bins, losses)
+        scores.append(np.asarray(s.score))
+    np.testing.assert_allclose(scores, [[1.0, 0.5]] * 3, rtol=1e-6)
+
+
+def test_share_floor_is_a_live_field():
+    # Paper division: bin 0 holds 1 of 100 rollouts (share 0.01); floor 0.05 bounds the division.
+    bins = jnp.asarray([0] + [1] * 99)
+    losses = jnp.ones(100)
+    got = {}
+    for floor in (1e-3, 0.05):
+        cfg = gdro.PromptGDROConfig(mode="paper", share_floor=floor)
+        s, _ = gdro.prompt_gdro_update(cfg, gdro.prompt_gdro_init(cfg, 2), bins, losses)
+        got[floor] = np.asarray(s.score)
+    np.testing.assert_allclose(got[1e-3], [100.0, 100 / 99], rtol=1e-5)
+    np.testing.assert_allclose(got[0.05], [20.0, 100 / 99], rtol=1e-5)
+
+
+def test_unseen_rollouts_weight_one_and_no_score():
+    cfg = gdro.PromptGDROConfig(gamma=0.0)
+    s = gdro.prompt_gdro_init(cfg, 2).replace(
+        score=jnp.array([1.0, 0.0]), seen=jnp.array([True, True])
+    )
+    bins = jnp.asarray([0, 0, 1, 1, 2, 2])  # 2 = B: unseen prompts
+    adv = jnp.asarray([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    w = np.asarray(gdro.prompt_gdro_weights(cfg, s, bins, advantages=adv))
+    e = np.exp(0.65)
+    np.testing.assert_allclose(w, [2 * e / (e + 1)] * 2 + [2 / (e + 1)] * 2 + [1.0, 1.0], rtol=1e-5)
+    assert w.mean() == pytest.approx(1.0, rel=1e-6)
+    s2, d = gdro.prompt_gdro_update(cfg, s, bins, jnp.asarray([0.0, 0, 1, 1, 50, 50]))
+    np.testing.assert_allclose(s2.score, [0.88 * 1.0, 0.12 * 1.0], rtol=1e-6)
+    assert d["gdro/unseen_share"] == pytest.approx(1 / 3)
+    np.testing.assert_allclose(d["gdro/bin_share"], [0.5, 0.5])
+
+
+def test_weight_diagnostics_hand_values():
+    d = gdro.weight_diagnostics(
+        np.array([1.0, 3.0, 7.0]), np.array([True, True, False]), weight_cap=3.0
+    )
+    assert d["gdro/weight_ess"] == pytest.approx(16 / 20)  # (1 + 3)^2 / (2 (1 + 9))
+    assert d["gdro/weight_cap_bound"] == 1 and d["gdro/weight_capped_fraction"] == 0.5
+    d = gdro.weight_diagnostics(np.ones(4), weight_cap=15.0)
+    assert d["gdro/weight_ess"] == 1.0 and d["gdro/weight_cap_bound"] == 0
+    # From the update: the weights of this step (pre-update state), over informative rollouts.
+    cfg = gdro.PromptGDROConfig()
+    s = gdro.prompt_gdro_init(cfg, 2).replace(score=jnp.array([10.0, 0.0]))
+    bins = jnp.asarray([0] + [1] * 99)
+    adv = jnp.ones(100)
+    w = np.asarray(gdro.prompt_gdro_weights(cfg, s, bins, advantages=adv))
+    _, d = gdro.prompt_gdro_update(cfg, s, bins, jnp.zeros(100), advantages=adv)
+    assert d["gdro/weight_cap_bound"] == 1 and w[0] == 15.0
+    assert d["gdro/weight_ess"] == pytest.approx(w.sum() ** 2 / (100 * (w**2).sum()), rel=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(scores=scores_st, data=st.data())
+def test_informative_weights_mean_one_before_cap_and_ess_in_unit_interval(scores, data):
+    b = len(scores)
+    bins = draw_bins(data, b)
+    r = len(bins)
+    bins = np.where(np.asarray(data.draw(st.lists(st.booleans(), min_size=r, max_size=r))), b, bins)
+    inf = np.asarray(data.draw(st.lists(st.booleans(), min_size=r, max_size=r)))
+    s = gdro.prompt_gdro_init(gdro.PromptGDROConfig(), b).replace(
+        score=jnp.asarray(scores, jnp.float32)
+    )
+    uncapped = np.asarray(
+        gdro.prompt_gdro_weights(
+            gdro.PromptGDROConfig(weight_cap=1e30), s, jnp.asarray(bins), informative=inf
+        )
+    )
+    seen = bins < b
+    np.testing.assert_array_equal(uncapped[~seen], 1.0)  # unseen: weight 1
+    assert np.all(uncapped >= 0)
+    if np.any(inf & seen):
+        assert uncapped[inf].mean() == pytest.approx(1.0, rel=1e-4)
+    cfg = gdro.PromptGDROConfig()
+    q = np.asarray(gdro.prompt_gdro_q(cfg, s, jnp.asarray(np.where(seen, bins, 0)), seen))
+    if seen.any():
+        assert q.sum() == pytest.approx(1.0, abs=1e-5)
+    d = gdro.prompt_gdro_weight_diagnostics(cfg, s, jnp.asarray(bins), informative=inf)
+    if inf.any():
+        assert 0.0 < d["gdro/weight_ess"] <= 1.0 + 1e-9
+
+
+def test_resample_q_keeps_unseen_prompts_drawable():
+    cfg = gdro.PromptGDROConfig(apply="resample", gamma=0.0)
+    s = gdro.prompt_gdro_init(cfg, 2).replace(score=jnp.array([1.0, 0.0]))
+    all_bins = jnp.asarray([0, 1, 2, 2], jnp.int32)  # half the pool unseen (marker 2)
+    q = np.asarray(gdro.resample_q(cfg, s, all_bins))
+    e = math.exp(0.65)
+    np.testing.assert_allclose(q, [0.5 * e / (e + 1), 0.5 / (e + 1), 0.5], rtol=1e-6)
+    ids = np.asarray(gdro.sample_prompts_by_bin(q, all_bins, jax.random.key(0), 20000))
+    np.testing.assert_allclose(np.mean(ids >= 2), 0.5, atol=0.02)
+    # All unseen: uniform draw. No unseen: prompt_gdro_q with a 0 appended.
+    q = np.asarray(gdro.resample_q(cfg, s, jnp.full((4,), 2, jnp.int32)))
+    np.testing.assert_allclose(q, [0.0, 0.0, 1.0])
+    seen_bins = jnp.asarray([0, 1, 1], jnp.int32)
+    np.testing.assert_array_equal(
+        gdro.resample_q(cfg, s, seen_bins)[:2], gdro.prompt_gdro_q(cfg, s, seen_bins)
+    )

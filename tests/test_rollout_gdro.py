@@ -16,6 +16,7 @@ from grpo_jax import gdro
 from grpo_jax.gdro import rollout_gdro
 
 BANDIT = gdro.RolloutGDROConfig()
+PAPER_BANDIT = gdro.RolloutGDROConfig(mode="paper")
 SQRT = gdro.RolloutGDROConfig(allocator="sqrt")
 
 
@@ -209,7 +210,8 @@ def test_allocation_goes_to_the_current_prompts_own_bins():
 # ----------------------------------------------------------------------------- update
 
 
-def test_update_changes_arm_scores_and_mu_by_hand():
+def test_paper_update_changes_arm_scores_and_mu_by_hand():
+    BANDIT = PAPER_BANDIT  # feedback = the bin's mean loss signal
     b = 3
     state = gdro.rollout_gdro_init(BANDIT, b)
     bins = np.array([0, 0, 2, 2])
@@ -245,7 +247,8 @@ def test_update_changes_arm_scores_and_mu_by_hand():
     assert float(new2.mu) != float(new.mu)
 
 
-def test_price_pulls_expected_arm_towards_budget():
+def test_paper_price_pulls_expected_arm_towards_budget():
+    BANDIT = PAPER_BANDIT
     state = gdro.rollout_gdro_init(BANDIT, 2)
     bins = np.array([0, 0, 1, 1])
     rng = np.random.default_rng(0)
@@ -347,6 +350,8 @@ def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
         (dict(ema_decay=1.0), "ema_decay"),
         (dict(v_floor=0.0), "v_floor"),
         (dict(signal="x"), "signal"),
+        (dict(feedback="reward"), "feedback"),
+        (dict(mode="verl"), "mode"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
@@ -363,6 +368,172 @@ def test_config_defaults_and_configdict():
     c = gdro.RolloutGDROConfig()
     assert (c.allocator, c.n_min, c.n_max, c.n_bar) == ("bandit", 2, 12, 4)
     assert (c.eta, c.gamma, c.ema_decay, c.alpha_mu, c.mu_0) == (0.65, 0.01, 0.4, 0.05, 0.0)
+    assert (c.feedback, c.count_weighted_dp, c.signal) == ("variance", True, "failure_rate")
     section = ml_collections.ConfigDict(dict(allocator="sqrt", n_bar=8))
     assert gdro.RolloutGDROConfig(**section) == gdro.RolloutGDROConfig.from_dict(section)
     hash(c)
+
+
+# ----------------------------------------------------------------------------- corrected default
+
+
+def test_count_weighted_dp_by_hand():
+    # gamma = 0: log p_b(a) = -0.65 s_b(a) - log Z_b. Bin 0 (1 prompt) likes arm 7 (score -8),
+    # bin 1 (3 prompts) likes arm 4 (score -5); every other score 5. R = 16: either (7, 3) or
+    # (4, 4). Unweighted: (7, 3) wins by 0.65 (13 - 10) = 1.95 nats. Weighted by N_b: (4, 4)
+    # wins, 3 * 0.65 * 10 = 19.5 > 0.65 * 13 = 8.45.
+    bins = np.array([0, 1, 1, 1])
+    got = {}
+    for weighted in (False, True):
+        cfg = gdro.RolloutGDROConfig(gamma=0.0, count_weighted_dp=weighted)
+        scores = np.full((2, cfg.num_arms), 5.0, np.float32)
+        scores[0, 7 - cfg.n_min] = -8.0
+        scores[1, 4 - cfg.n_min] = -5.0
+        state = gdro.rollout_gdro_init(cfg, 2).replace(scores=jnp.asarray(scores))
+        got[weighted] = np.asarray(gdro.allocate(cfg, state, bins).rollouts_per_prompt).tolist()
+    assert got == {False: [7, 3, 3, 3], True: [4, 4, 4, 4]}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 3), min_size=2, max_size=3),
+    seed=st.integers(0, 10_000),
+)
+def test_count_weighted_dp_matches_brute_force(counts, seed):
+    counts = np.asarray(counts)
+    assume(counts.sum() > 0)
+    cfg = gdro.RolloutGDROConfig(n_min=2, n_max=6, n_bar=4)
+    rng = np.random.default_rng(seed)
+    b = len(counts)
+    state = random_state(cfg, b, rng)
+    bins = np.repeat(np.arange(b), counts)
+    a = gdro.allocate(cfg, state, bins)
+    logp = np.log(gdro.arm_probs(cfg, state))
+    live = np.flatnonzero(counts > 0)
+    best = -np.inf
+    for arms in itertools.product(cfg.arms, repeat=len(live)):
+        if sum(counts[j] * x for j, x in zip(live, arms)) == counts.sum() * 4:
+            best = max(best, sum(counts[j] * logp[j, x - cfg.n_min] for j, x in zip(live, arms)))
+    n = np.asarray(a.rollouts_per_prompt)
+    got = sum(counts[j] * logp[j, n[bins == j][0] - cfg.n_min] for j in live)
+    assert got == pytest.approx(best, abs=1e-6)
+
+
+def test_variance_feedback_update_by_hand():
+    state = gdro.rollout_gdro_init(BANDIT, 3)
+    bins = np.array([0, 0, 2, 2])
+    alloc = gdro.allocate(BANDIT, state, bins)  # all arms tie -> n_bar
+    np.testing.assert_array_equal(alloc.rollouts_per_prompt, [4, 4, 4, 4])
+    rewards = np.array([1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0], np.float32)
+    # unbiased within-group variances: 1/3, 0, 1/4, 0; feedback (s^2 + 0.01) / 4, bin means
+    with pytest.raises(ValueError, match="rewards"):
+        gdro.rollout_gdro_update(BANDIT, state, alloc, bins, np.zeros(16))
+    new, _ = gdro.rollout_gdro_update(BANDIT, state, alloc, bins, np.zeros(16), rewards)
+    want = np.zeros((3, BANDIT.num_arms))
+    want[0, 2] = 0.6 * ((1 / 3 + 0.01) / 4 + 0.01 / 4) / 2
+    want[2, 2] = 0.6 * ((1 / 4 + 0.01) / 4 + 0.01 / 4) / 2
+    np.testing.assert_allclose(new.scores, want, rtol=1e-5)
+    assert float(new.mu) == pytest.approx(0.05 * (7.0 - 4.0), rel=1e-5)
+
+
+def test_expected_variance_feedback_makes_the_dp_pick_the_integer_neyman_allocation():
+    # Scores at their expectation (sigma_b^2 + v_floor) / a for every arm, gamma = 0: the
+    # count-weighted DP minimises sum_b N_b v_b / a_b under the exact budget (any mu).
+    cfg = gdro.RolloutGDROConfig(gamma=0.0, n_min=2, n_max=8, n_bar=4)
+    v = np.array([0.25, 0.01, 0.09]) + cfg.v_floor
+    counts = np.array([2, 3, 1])
+    bins = np.repeat(np.arange(3), counts)
+    scores = (v[:, None] / cfg.arms[None, :]).astype(np.float32)
+    best, best_arms = np.inf, None
+    for arms in itertools.product(cfg.arms, repeat=3):
+        if np.dot(counts, arms) == 24:
+            cost = float(np.sum(counts * v / np.asarray(arms)))
+            if cost < best:
+                best, best_arms = cost, list(arms)
+    # By hand: bin 1 sits at n_min (continuous target 1.9); 2 n_0 + n_2 = 18 with n_0 / n_2 =
+    # 0.51 / 0.32 gives 6.9 / 4.3, and (7, 4) costs 0.0993 against 0.1033 for (6, 6).
+    assert best_arms == [7, 2, 4]
+    for mu in (0.0, 0.3, -0.2):
+        state = gdro.rollout_gdro_init(cfg, 3).replace(
+            scores=jnp.asarray(scores), mu=jnp.asarray(mu, jnp.float32)
+        )
+        a = gdro.allocate(cfg, state, bins)
+        np.testing.assert_array_equal(a.arm, best_arms)
+    paper = gdro.RolloutGDROConfig(gamma=0.0, n_min=2, n_max=8, n_bar=4, count_weighted_dp=False)
+    state = gdro.rollout_gdro_init(paper, 3).replace(scores=jnp.asarray(scores))
+    # Unweighted: min sum_b v_b / a_b, (6, 2, 6) costs 0.0700 against 0.0721 for (7, 2, 4).
+    np.testing.assert_array_equal(gdro.allocate(paper, state, bins).arm, [6, 2, 6])
+
+
+def test_variance_bandit_learns_to_give_the_uncertain_bin_more():
+    # Bin 0: p = 0.5, bin 1: p = 0.02 (4 prompts each). The sqrt rule gives bin 0 the larger arm.
+    cfg = gdro.RolloutGDROConfig(n_min=2, n_max=8, n_bar=4)
+    rng = np.random.default_rng(0)
+    state = gdro.rollout_gdro_init(cfg, 2)
+    bins = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    p = np.array([0.5, 0.02])
+    last = []
+    for step in range(60):
+        a = gdro.allocate(cfg, state, bins)
+        check_allocation(cfg, a, 8)
+        seg = np.asarray(a.segment_ids)
+        rewards = (rng.random(seg.size) < p[bins[seg]]).astype(np.float32)
+        state, _ = gdro.rollout_gdro_update(cfg, state, a, bins, np.zeros(seg.size), rewards)
+        if step >= 40:
+            last.append(np.asarray(a.arm))
+    last = np.asarray(last)  # the Neyman allocation is (6, 2); uniform would be (4, 4)
+    assert np.mean(last[:, 0] > last[:, 1]) >= 0.8 and np.mean(last[:, 0]) >= 4.8
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=batches(), allocator=st.sampled_from(["bandit", "sqrt"]), data=st.data())
+def test_unseen_prompts_get_n_bar_and_the_budget_stays_exact(batch, allocator, data):
+    b, bins, rng = batch
+    unseen = np.asarray(data.draw(st.lists(st.booleans(), min_size=len(bins), max_size=len(bins))))
+    bins = np.where(unseen, b, bins).astype(np.int32)
+    cfg = gdro.RolloutGDROConfig(allocator=allocator)
+    state = random_state(cfg, b, rng)
+    a = gdro.allocate(cfg, state, bins, bin_success=rng.random(b))
+    check_allocation(cfg, a, len(bins))
+    n = np.asarray(a.rollouts_per_prompt)
+    np.testing.assert_array_equal(n[unseen], cfg.n_bar)
+    assert a.arm.shape == (b,) and a.bin_rollouts.shape == (b,)
+    if unseen.all():
+        np.testing.assert_array_equal(n, cfg.n_bar)
+    d = gdro.rollout_gdro_diagnostics(cfg, state, a, bin_success=rng.random(b))
+    assert d["rollout_gdro/unseen_prompt_share"] == pytest.approx(unseen.mean())
+    assert d["rollout_gdro/unseen_budget_share"] == pytest.approx(
+        unseen.sum() * cfg.n_bar / n.sum()
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(num_bins=(3, 10), num_prompts=(7, 40)), data=st.data())
+def test_sqrt_budget_exact_for_every_feasible_total(batch, data):
+    b, bins, rng = batch
+    unseen = np.asarray(data.draw(st.lists(st.booleans(), min_size=len(bins), max_size=len(bins))))
+    bins = np.where(unseen, b, bins).astype(np.int32)
+    cfg = SQRT
+    total = data.draw(st.integers(len(bins) * cfg.n_min, len(bins) * cfg.n_max))
+    success = rng.random(b) ** rng.choice([0.3, 1.0, 3.0])
+    n = np.asarray(
+        gdro.sqrt_allocation(
+            cfg, jnp.asarray(bins), jnp.asarray(success), jnp.arange(len(bins)), b, total
+        )
+    )
+    assert int(n.sum()) == total and n.min() >= cfg.n_min and n.max() <= cfg.n_max
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=batches(num_bins=(3, 10), num_prompts=(7, 40)))
+def test_sqrt_allocation_monotone_in_variance(batch):
+    b, bins, rng = batch
+    cfg = gdro.RolloutGDROConfig(allocator="sqrt", n_min=2, n_max=12, n_bar=4)
+    p = rng.random(b)
+    a = gdro.allocate(cfg, gdro.rollout_gdro_init(cfg, b), bins, bin_success=p)
+    n = np.asarray(a.rollouts_per_prompt)
+    v = p * (1 - p)
+    for i in np.unique(bins):
+        for j in np.unique(bins):
+            if v[i] > v[j] + 1e-6:  # more variance: no prompt gets fewer than a less-variable one
+                assert n[bins == i].min() >= n[bins == j].max()

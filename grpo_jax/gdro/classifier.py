@@ -4,12 +4,28 @@ Source: Panaganti et al., *Group Distributionally Robust Optimization-Driven Rei
 Learning for LLM Reasoning*, arXiv 2601.19280 (2026), Eq. 10-11; spec: shared/spec/gdro.md s.1.
 
 Each prompt (a stable integer id in ``[0, num_prompts)``) keeps a ring buffer of its last
-``history`` visits. A visit stores one number ``c``: by default ``1[any rollout correct]``
-(int8 buffer), or with ``statistic="pass_at_k"`` the unbiased pass@k of that visit (float32
-buffer: pass@k is fractional; float32 rather than float16 so that the window mean is exact to
-~1e-7 and the 14k x 50 buffer is still only 2.8 MB). The success estimate ``p_hat`` is the mean
-of the stored visits (Eq. 10); bins come from the inner edges ``a_1 < ... < a_{B-1}`` (Eq. 11),
-with ``p_hat = 1`` in the top bin and never-seen prompts in ``unseen_bin``.
+``history`` visits. A visit stores one number ``c`` (``statistic``):
+
+* ``"success_rate"`` (default): the fraction of that visit's rollouts that were correct, so the
+  window mean is a window estimate of the per-sample success (pass@1). Float32 buffer: float16
+  has ~3 significant digits (0.3 would be stored as 0.2998 and fall below the 0.3 edge); the
+  14k x 50 buffer is 2.8 MB.
+* ``"any_correct"`` (paper): ``1[any rollout correct]`` (int8 buffer). With n = 8 rollouts it is
+  almost always 1 once p >= 0.25, so most prompts pile into the top bin (spec s.7).
+* ``"pass_at_k"``: the unbiased pass@k of that visit (float32 buffer).
+
+The success estimate ``p_hat`` is the mean of the stored visits (Eq. 10); bins come from the
+inner edges ``a_1 < ... < a_{B-1}`` (Eq. 11), with ``p_hat = 1`` in the top bin.
+
+Never-seen prompts. Default (``separate_unseen=True``): ``classify`` returns the marker
+``B = num_bins`` ("unseen", ``config.unseen_index``), one past the last bin, so they are not
+mixed with never-solved prompts (spec s.7). Both controllers accept it: Prompt-GDRO gives such
+rollouts weight 1 and keeps them out of every bin score, Rollout-GDRO gives them ``n_bar``
+rollouts; ``bin_success`` and the per-bin diagnostics leave them out. Paper
+(``separate_unseen=False``): ``p_hat = 0`` and bin ``unseen_bin`` (0).
+
+``mode="paper"`` sets ``statistic="any_correct"`` and ``separate_unseen=False`` (the paper and
+released patch); an explicitly given field wins over the mode.
 
 Hysteresis (margin ``delta``, both directions). For two adjacent bins with edge ``e`` between
 them, a prompt moves up only when ``p_hat >= e + delta`` and down only when
@@ -38,7 +54,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-STATISTICS = ("any_correct", "pass_at_k")
+STATISTICS = ("success_rate", "any_correct", "pass_at_k")
+MODES = ("corrected", "paper")
 _TOL = 1e-6  # float32 slack so that p_hat exactly on e +/- delta counts as crossed (spec: >=, <=)
 
 
@@ -51,6 +68,17 @@ def _config_from_dict(cls, d: Mapping[str, Any]):
     return cls(**d)
 
 
+def _resolve_mode(config, defaults: Mapping[str, tuple[Any, Any]]) -> None:
+    """Fills the fields left at ``None`` from ``config.mode``: ``defaults[name] = (corrected,
+    paper)``. Raises ValueError for an unknown mode."""
+    name = type(config).__name__
+    if config.mode not in MODES:
+        raise ValueError(f"{name}.mode must be one of {MODES}; got {config.mode!r}")
+    for field, (corrected, paper) in defaults.items():
+        if getattr(config, field) is None:
+            object.__setattr__(config, field, paper if config.mode == "paper" else corrected)
+
+
 @dataclasses.dataclass(frozen=True)
 class ClassifierConfig:
     """Static configuration of the online difficulty classifier (hashable: a jit static arg).
@@ -61,30 +89,43 @@ class ClassifierConfig:
       history: ``H``, visits kept per prompt (paper: 50; 100 for runs with >= 6 bins).
       delta: hysteresis margin in success-rate units (paper: 0.03 for Prompt-GDRO, 0 for
         Rollout-GDRO). Must be in [0, 0.5).
-      unseen_bin: bin of never-visited prompts (paper: 0, i.e. ``p_hat = 0``).
-      statistic: per-visit statistic, ``"any_correct"`` (paper default; int8 buffer) or
+      unseen_bin: bin of never-visited prompts when ``separate_unseen=False`` (paper: 0, i.e.
+        ``p_hat = 0``); unused otherwise.
+      statistic: per-visit statistic: ``"success_rate"`` (default: fraction of the visit's
+        rollouts correct, float32 buffer), ``"any_correct"`` (paper; int8 buffer) or
         ``"pass_at_k"`` (unbiased pass@k when the visit has ``n >= pass_k`` rollouts, else
-        any-correct; float32 buffer).
+        any-correct; float32 buffer). None: from ``mode``.
       pass_k: ``k`` for ``statistic="pass_at_k"`` (>= 1).
+      separate_unseen: never-visited prompts get the marker ``B`` instead of ``unseen_bin``
+        (default True, paper False). None: from ``mode``.
+      mode: ``"corrected"`` (default) or ``"paper"``: the value of every switch left at None.
 
     Build from a config section with ``ClassifierConfig(**section)`` or ``from_dict(section)``.
 
     Raises:
       ValueError naming the field, for unsorted edges, edges outside (0, 1), ``history < 1``,
-      ``delta`` outside [0, 0.5), ``unseen_bin`` outside [0, B), unknown statistic, ``pass_k < 1``.
+      ``delta`` outside [0, 0.5), ``unseen_bin`` outside [0, B), unknown statistic or mode,
+      ``pass_k < 1``.
     """
 
     edges: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     history: int = 50
     delta: float = 0.03
     unseen_bin: int = 0
-    statistic: str = "any_correct"
+    statistic: str | None = None
     pass_k: int = 4
+    separate_unseen: bool | None = None
+    mode: str = "corrected"
 
     def __post_init__(self):
         edges = tuple(float(e) for e in self.edges)
         object.__setattr__(self, "edges", edges)
         object.__setattr__(self, "delta", float(self.delta))
+        _resolve_mode(
+            self,
+            {"statistic": ("success_rate", "any_correct"), "separate_unseen": (True, False)},
+        )
+        object.__setattr__(self, "separate_unseen", bool(self.separate_unseen))
         self.validate()
 
     def validate(self) -> None:
@@ -116,6 +157,11 @@ class ClassifierConfig:
         return len(self.edges) + 1
 
     @property
+    def unseen_index(self) -> int:
+        """What ``classify`` returns for a never-visited prompt: ``B`` or ``unseen_bin``."""
+        return self.num_bins if self.separate_unseen else int(self.unseen_bin)
+
+    @property
     def buffer_dtype(self):
         return jnp.int8 if self.statistic == "any_correct" else jnp.float32
 
@@ -130,12 +176,12 @@ class ClassifierState:
     """Per-prompt visit history (a pytree; checkpoints with Orbax).
 
     Attributes:
-      buffer: ``[num_prompts, H]`` int8 (any-correct) or float32 (pass@k); ring buffer of visits,
-        unwritten slots are 0.
+      buffer: ``[num_prompts, H]`` float32 (success rate, pass@k) or int8 (any-correct); ring
+        buffer of visits, unwritten slots are 0.
       write_index: ``[num_prompts]`` int32, next slot to write in ``[0, H)``.
       count: ``[num_prompts]`` int32, visits stored (``min(visits, H)``).
-      last_bin: ``[num_prompts]`` int32, bin assigned at the last visit (hysteresis anchor);
-        meaningless while ``count == 0``.
+      last_bin: ``[num_prompts]`` int32, bin assigned at the last visit (hysteresis anchor;
+        ``B`` = the prompt was unseen then, no anchor); meaningless while ``count == 0``.
     """
 
     buffer: jax.Array
@@ -153,7 +199,7 @@ def classifier_init(config: ClassifierConfig, num_prompts: int) -> ClassifierSta
         buffer=jnp.zeros((n, config.history), config.buffer_dtype),
         write_index=jnp.zeros((n,), jnp.int32),
         count=jnp.zeros((n,), jnp.int32),
-        last_bin=jnp.full((n,), config.unseen_bin, jnp.int32),
+        last_bin=jnp.full((n,), config.unseen_index, jnp.int32),
     )
 
 
@@ -177,10 +223,13 @@ def _raw_bin(edges: jax.Array, p: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames="config")
 def classify(config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.Array) -> jax.Array:
-    """Bins ``[P]`` int32 in ``[0, B)`` of the given prompts, from past visits only.
+    """Bins ``[P]`` int32 of the given prompts, from past visits only: in ``[0, B)`` for visited
+    prompts, ``config.unseen_index`` for never-visited ones (``B`` with ``separate_unseen``,
+    else ``unseen_bin``).
 
     Pure: does not change the state (``classifier_update`` records the bin used). A prompt id that
-    appears twice gets the same bin twice.
+    appears twice gets the same bin twice. A prompt whose anchor is the unseen marker (first
+    classification after its first visit) gets its raw bin.
 
     Args:
       config: static ``ClassifierConfig``.
@@ -194,10 +243,13 @@ def classify(config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.A
         tol = min(_TOL, config.delta / 2)
         lo = _raw_bin(edges, p - config.delta + tol)  # highest bin reachable from below
         hi = _raw_bin(edges, p + config.delta - tol)  # lowest bin reachable from above
-        bins = jnp.clip(state.last_bin[ids], lo, hi)
+        prev = state.last_bin[ids]
+        if config.separate_unseen:  # no anchor yet: the raw bin
+            prev = jnp.where(prev >= config.num_bins, _raw_bin(edges, p), prev)
+        bins = jnp.clip(prev, lo, hi)
     else:
         bins = _raw_bin(edges, p)
-    return jnp.where(state.count[ids] > 0, bins, config.unseen_bin).astype(jnp.int32)
+    return jnp.where(state.count[ids] > 0, bins, config.unseen_index).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -207,15 +259,16 @@ def classifier_update(
     """Records one visit per distinct prompt id and its bin; returns the new state.
 
     Call after the step, with the ids classified before generation. Duplicate ids in one batch are
-    combined into one visit with the maximum outcome (``any()`` for indicators), so the result
-    does not depend on their order.
+    combined into one visit, so the result does not depend on their order: the mean outcome for
+    ``success_rate`` (equal group sizes: the pooled success rate), the maximum otherwise
+    (``any()`` for indicators; the paper code's rule).
 
     Args:
       config: static ``ClassifierConfig``.
       state: ``ClassifierState``.
       prompt_ids: ``[P]`` int dataset ids (ids outside ``[0, num_prompts)`` are ignored).
-      outcome: ``[P]`` bool / 0-1 any-correct indicators, or float pass@k values in [0, 1]
-        (see ``visit_outcome``).
+      outcome: ``[P]`` float success rates / pass@k values in [0, 1], or bool / 0-1
+        any-correct indicators (``visit_outcome``).
     """
     ids = jnp.asarray(prompt_ids, jnp.int32)
     n, h = state.buffer.shape
@@ -224,7 +277,13 @@ def classifier_update(
     val = jnp.asarray(outcome).astype(jnp.float32)
     if config.statistic == "any_correct":
         val = (val > 0).astype(jnp.float32)
-    combined = jnp.zeros((n,), jnp.float32).at[ids].max(val, mode="drop")[jnp.clip(ids, 0, n - 1)]
+    if config.statistic == "success_rate":
+        tot = jnp.zeros((n,), jnp.float32).at[ids].add(val, mode="drop")
+        dup = jnp.zeros((n,), jnp.float32).at[ids].add(1.0, mode="drop")
+        combined = (tot / jnp.maximum(dup, 1.0))[jnp.clip(ids, 0, n - 1)]
+    else:
+        combined = jnp.zeros((n,), jnp.float32).at[ids].max(val, mode="drop")
+        combined = combined[jnp.clip(ids, 0, n - 1)]
     pos = jnp.arange(num, dtype=jnp.int32)
     first_pos = jnp.full((n,), num, jnp.int32).at[ids].min(pos, mode="drop")
     is_first = (ids >= 0) & (ids < n) & (first_pos[jnp.clip(ids, 0, n - 1)] == pos)
@@ -245,9 +304,9 @@ def visit_outcome(
 ) -> jax.Array:
     """Per-prompt visit statistic ``[P]`` float32 from per-rollout correctness.
 
-    ``any_correct``: ``1[any rollout of the prompt is correct]``. ``pass_at_k``: the unbiased
-    estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, Eq. 1) when the prompt has
-    ``n >= k`` rollouts (``c`` correct), otherwise any-correct.
+    ``success_rate``: ``c / n`` (``c`` of the prompt's ``n`` rollouts correct; 0 when ``n = 0``).
+    ``any_correct``: ``1[c > 0]``. ``pass_at_k``: the unbiased estimator
+    ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, Eq. 1) when ``n >= k``, otherwise any-correct.
 
     Args:
       correct: ``[R]`` bool, rollout is correct.
@@ -259,6 +318,8 @@ def visit_outcome(
         jnp.ones(jnp.shape(segment_ids), jnp.float32), segment_ids, num_prompts
     )
     any_c = (c > 0).astype(jnp.float32)
+    if config.statistic == "success_rate":
+        return c / jnp.maximum(nn, 1.0)
     if config.statistic == "any_correct":
         return any_c
     k = config.pass_k
@@ -279,8 +340,11 @@ def bin_success(
 ) -> jax.Array:
     """Per-bin success rate ``[B]`` float32: mean ``p_hat`` of this batch's prompts in each bin.
 
-    Input of the Rollout-GDRO ``sqrt`` allocator (``v_b = p_b (1 - p_b) + v_floor``). Bins without
-    prompts get 0 (they receive no rollouts, so the value is unused).
+    Input of the Rollout-GDRO ``sqrt`` allocator (``v_b = p_b (1 - p_b) + v_floor``, Thm 4.2).
+    With the default statistic ``p_hat`` is the window per-sample success (pass@1), so ``v_b``
+    is the Bernoulli variance of one rollout's reward; with ``any_correct`` (paper) it is the
+    any-of-n rate. Bins without prompts get 0 (they receive no rollouts, so the value is
+    unused); unseen prompts (marker ``B``) are left out.
 
     Args:
       prompt_ids: ``[P]`` int dataset ids; bins: ``[P]`` int their bins (from ``classify``).
@@ -304,4 +368,5 @@ __all__ = [
     "visit_outcome",
     "bin_success",
     "STATISTICS",
+    "MODES",
 ]

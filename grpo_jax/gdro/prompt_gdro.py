@@ -5,9 +5,12 @@ Source: Panaganti et al., arXiv 2601.19280 (2026), Eq. 7-9 (game), 12 (frequency
 
 Per step, for the bins present in the batch (bins of the rollouts, from ``classify``):
 
-1. ``l_b`` = mean over the bin's rollouts of the loss signal (``loss_signal``: the token-mean
-   clipped surrogate with unweighted advantages, or ``1 - correct``).
-2. Debias by the bin's share of the batch's rollouts: ``l_b / max(share_b, share_floor)`` (Eq. 12).
+1. ``l_b`` = mean over the bin's rollouts of the loss signal (``loss_signal``: ``1 - correct``,
+   the default, or the paper's token-mean clipped surrogate with unweighted advantages).
+2. Paper only (``share_division=True``): debias by the bin's share of the batch's rollouts,
+   ``l_b / max(share_b, share_floor)`` (Eq. 12). The signal is already a per-bin *mean*, so the
+   division makes the score ~ 1 / count: bins with 1-2 prompts take most of the weight (spec
+   s.7). Default: no division.
 3. EMA ``S_b <- (1 - beta) S_b + beta l_b``; the first observation sets ``S_b = l_b``; bins absent
    this step keep their score; never-seen bins have ``S = 0`` (Eq. 13).
 4. ``q_b = (1 - gamma) softmax(eta clip(S, -C, C))_b + gamma / B_active`` over the active bins,
@@ -15,12 +18,21 @@ Per step, for the bins present in the batch (bins of the rollouts, from ``classi
    stably).
 5. ``advantage_weight``: per rollout ``w_i = q_{b(i)} R / sum_i' q_{b(i')}`` (mean 1), then
    ``min(w_i, weight_cap)``; the loss multiplies the *advantages* by ``w`` (never the KL term).
+   Default (``renormalise_informative=True``): the mean-1 normalisation runs over the
+   *informative* rollouts only (non-zero advantage; all-equal groups carry no gradient, so
+   letting them absorb weight mass only shrinks the effective step). Rollouts of unseen prompts
+   (bin marker ``B``, see ``classifier``) get weight 1 and enter no bin score.
    ``resample``: weights are 1 and the next batch is drawn by bin with ``q``
    (``sample_prompts_by_bin``); the signal stays a per-bin mean, so the sampler is not biased
    by bin frequency.
 
-Order in the trainer: ``w = prompt_gdro_weights(state, bins)`` before the update (uses the
-scores of past steps), ``prompt_gdro_update(state, bins, signal)`` after it.
+Order in the trainer: ``w = prompt_gdro_weights(state, bins, advantages=adv)`` before the
+update (uses the scores of past steps), ``prompt_gdro_update(state, bins, signal,
+advantages=adv)`` after it (its diagnostics then include the weights' effective sample size and
+whether the cap bound).
+
+``mode="paper"`` sets ``share_division=True``, ``renormalise_informative=False`` and
+``signal="surrogate_loss"``; an explicitly given field wins over the mode.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.gdro.classifier import _config_from_dict
+from grpo_jax.gdro.classifier import _config_from_dict, _resolve_mode
 
 APPLY_MODES = ("advantage_weight", "resample")
 SIGNALS = ("surrogate_loss", "failure_rate")
@@ -43,19 +55,26 @@ SIGNALS = ("surrogate_loss", "failure_rate")
 
 @dataclasses.dataclass(frozen=True)
 class PromptGDROConfig:
-    """Static configuration of Prompt-GDRO (hashable: a jit static arg). Paper defaults.
+    """Static configuration of Prompt-GDRO (hashable: a jit static arg).
 
     Attributes:
       eta: ``eta_q``, exponential-weights step size (0.65).
       gamma: uniform mixing over the active bins (0.01), in [0, 1].
       beta: EMA rate of the bin scores (0.12), in (0, 1].
-      share_floor: floor on a bin's batch share in the debiasing (1e-3), > 0.
+      share_floor: floor on a bin's batch share in the Eq. 12 division (1e-3), > 0; used only
+        with ``share_division``.
       score_clip: ``C``, scores clipped to [-C, C] before the exponential; None or 0 = no clip.
       weight_cap: cap on the per-rollout advantage weights (15), >= 1.
-      apply: ``"advantage_weight"`` (paper default) or ``"resample"``.
-      signal: loss signal, ``"surrogate_loss"`` (paper default: per-rollout token-mean clipped
-        surrogate with the unweighted advantages, detached, no KL) or ``"failure_rate"``
-        (``1 - correct``).
+      apply: ``"advantage_weight"`` (paper) or ``"resample"``.
+      signal: loss signal, ``"failure_rate"`` (default: ``1 - correct``) or ``"surrogate_loss"``
+        (paper: per-rollout token-mean clipped surrogate with the unweighted advantages,
+        detached, no KL; exactly 0 with one on-policy update per step, spec s.7). None: from
+        ``mode``.
+      share_division: divide a bin's mean signal by its batch share (Eq. 12). Default False,
+        paper True. None: from ``mode``.
+      renormalise_informative: mean-1 weights over the rollouts with non-zero advantage
+        (default True) instead of over all rollouts (paper False). None: from ``mode``.
+      mode: ``"corrected"`` (default) or ``"paper"``: the value of every switch left at None.
 
     Raises:
       ValueError naming the field for out-of-range values or unknown modes.
@@ -68,9 +87,22 @@ class PromptGDROConfig:
     score_clip: float | None = None
     weight_cap: float = 15.0
     apply: str = "advantage_weight"
-    signal: str = "surrogate_loss"
+    signal: str | None = None
+    share_division: bool | None = None
+    renormalise_informative: bool | None = None
+    mode: str = "corrected"
 
     def __post_init__(self):
+        _resolve_mode(
+            self,
+            {
+                "signal": ("failure_rate", "surrogate_loss"),
+                "share_division": (False, True),
+                "renormalise_informative": (True, False),
+            },
+        )
+        for name in ("share_division", "renormalise_informative"):
+            object.__setattr__(self, name, bool(getattr(self, name)))
         for name in ("eta", "gamma", "beta", "share_floor", "weight_cap"):
             object.__setattr__(self, name, float(getattr(self, name)))
         if self.score_clip is not None:
@@ -165,6 +197,16 @@ def _valid(bins, valid):
     )
 
 
+def _informative(bins, advantages, informative):
+    """``[R]`` float32 mask of rollouts with a policy gradient (``advantages != 0``, or the given
+    mask); all ones when neither is given."""
+    if informative is not None:
+        return jnp.asarray(informative).astype(jnp.float32)
+    if advantages is not None:
+        return (jnp.asarray(advantages) != 0).astype(jnp.float32)
+    return jnp.ones(jnp.shape(bins), jnp.float32)
+
+
 def _q_from_present(config: PromptGDROConfig, score: jax.Array, present: jax.Array) -> jax.Array:
     s = (
         score
@@ -200,32 +242,102 @@ def prompt_gdro_q(
 
 
 @functools.partial(jax.jit, static_argnames="config")
+def _weights(config, state, bins_per_rollout, valid, advantages, informative):
+    """(capped weights, uncapped weights, informative mask), all ``[R]`` float32."""
+    v = _valid(bins_per_rollout, valid)
+    inf = _informative(bins_per_rollout, advantages, informative) * v
+    if config.apply == "resample":
+        return v, v, inf
+    b = state.score.shape[0]
+    bins = jnp.asarray(bins_per_rollout, jnp.int32)
+    if not config.renormalise_informative:  # paper: mean 1 over the batch (Eq. 16)
+        q = prompt_gdro_q(config, state, bins, valid)
+        qi = q[bins] * v
+        w = qi * jnp.sum(v) / jnp.maximum(jnp.sum(qi), 1e-30)
+        seen = (bins < b).astype(jnp.float32)
+        w = jnp.where(seen > 0, w, v)  # unseen marker: weight 1 (never produced in paper mode)
+        return jnp.minimum(w, config.weight_cap), w, inf
+    seen = (bins < b).astype(jnp.float32) * v
+    q = prompt_gdro_q(config, state, bins, seen)
+    qi = q[jnp.clip(bins, 0, b - 1)] * seen
+    inf_seen = inf * seen
+    norm = jnp.where(jnp.sum(qi * inf_seen) > 0, inf_seen, seen)  # none informative: all seen
+    w = qi * jnp.sum(norm) / jnp.maximum(jnp.sum(qi * norm), 1e-30)
+    w = jnp.where(seen > 0, w, v)  # unseen prompts: weight 1
+    return jnp.minimum(w, config.weight_cap), w, inf
+
+
 def prompt_gdro_weights(
     config: PromptGDROConfig,
     state: PromptGDROState,
     bins_per_rollout: jax.Array,
     valid: jax.Array | None = None,
+    *,
+    advantages: jax.Array | None = None,
+    informative: jax.Array | None = None,
 ) -> jax.Array:
-    """Per-rollout advantage weights ``[R]`` float32 (Eq. 16).
+    """Per-rollout advantage weights ``[R]`` float32 (Eq. 16). Jittable.
 
-    ``w_i = min(q_{b(i)} R / sum_i' q_{b(i')}, weight_cap)`` over valid rollouts (mean 1 before the
-    cap), 0 on invalid rows. Multiply the advantages by ``w`` in the clipped surrogate only, never
-    the KL term (``losses.policy_loss(..., sample_weights=w)``). With ``apply="resample"`` the
-    weights are 1 (0 on invalid rows).
+    ``w_i = min(q_{b(i)} N / sum_{i' in S} q_{b(i')}, weight_cap)``: mean 1 before the cap over the
+    set ``S`` of ``N`` normalising rollouts. Paper (``renormalise_informative=False``): ``S`` =
+    all valid rollouts. Default: ``S`` = the valid, seen, informative rollouts (``advantages !=
+    0`` or ``informative``; all seen rollouts if none is given or none is informative).
+    Zero-advantage rollouts get their bin's weight too; it multiplies a zero advantage, so it
+    carries no gradient. Rollouts of unseen prompts (bin ``B`` = ``state.score.shape[0]``) get
+    weight 1; invalid rows 0. Multiply the advantages by ``w`` in the clipped surrogate only,
+    never the KL term (``losses.policy_loss(..., sample_weights=w)``). With ``apply="resample"``
+    the weights are 1 (0 on invalid rows).
 
     Args:
-      bins_per_rollout: ``[R]`` int32, the bin of each rollout's own prompt (this step's
-        ``classify`` gathered by ``segment_ids``).
+      bins_per_rollout: ``[R]`` int32 in ``[0, B]``, the bin of each rollout's own prompt (this
+        step's ``classify`` gathered by ``segment_ids``).
       valid: optional ``[R]`` bool.
+      advantages: optional ``[R]`` float, the (unweighted) advantages; informative = non-zero.
+      informative: optional ``[R]`` bool, overrides ``advantages``.
     """
-    v = _valid(bins_per_rollout, valid)
-    if config.apply == "resample":
-        return v
-    bins = jnp.asarray(bins_per_rollout, jnp.int32)
-    q = prompt_gdro_q(config, state, bins, valid)
-    qi = q[bins] * v
-    w = qi * jnp.sum(v) / jnp.maximum(jnp.sum(qi), 1e-30)
-    return jnp.minimum(w, config.weight_cap)
+    return _weights(config, state, bins_per_rollout, valid, advantages, informative)[0]
+
+
+def weight_diagnostics(weights, informative=None, *, weight_cap=None) -> dict[str, Any]:
+    """Effective sample size and cap use of advantage weights, as host numpy.
+
+    Keys: ``gdro/weight_ess`` = ``(sum w)^2 / (n sum w^2)`` over the ``n`` informative rollouts
+    (Kish's effective sample size as a fraction, in (0, 1]; 1 = uniform weights; NaN when no
+    rollout is informative), ``gdro/weight_max``, and with ``weight_cap``:
+    ``gdro/weight_cap_bound`` (1 when some weight reached the cap this step, else 0) and
+    ``gdro/weight_capped_fraction`` (fraction of informative rollouts at the cap).
+
+    Args:
+      weights: ``[R]`` float, the weights used (after the cap).
+      informative: optional ``[R]`` bool (default: all rollouts).
+      weight_cap: the cap the weights were computed with.
+    """
+    w = np.asarray(weights, np.float64)
+    m = np.ones(w.shape, bool) if informative is None else np.asarray(informative, bool)
+    wi = w[m]
+    out: dict[str, Any] = {"gdro/weight_max": float(w.max()) if w.size else float("nan")}
+    den = wi.size * float(np.sum(wi**2))
+    out["gdro/weight_ess"] = float(np.sum(wi)) ** 2 / den if den > 0 else float("nan")
+    if weight_cap is not None:
+        at_cap = w >= float(np.float32(weight_cap))
+        out["gdro/weight_cap_bound"] = int(bool(np.any(at_cap)))
+        out["gdro/weight_capped_fraction"] = float(np.mean(at_cap[m])) if wi.size else 0.0
+    return out
+
+
+def prompt_gdro_weight_diagnostics(
+    config: PromptGDROConfig,
+    state: PromptGDROState,
+    bins_per_rollout,
+    valid=None,
+    *,
+    advantages=None,
+    informative=None,
+) -> dict[str, Any]:
+    """``weight_diagnostics`` of the weights ``prompt_gdro_weights`` gives for the same inputs
+    (same state: call with the pre-update state)."""
+    w, _, inf = _weights(config, state, bins_per_rollout, valid, advantages, informative)
+    return weight_diagnostics(w, np.asarray(inf) > 0, weight_cap=config.weight_cap)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -236,11 +348,14 @@ def _update(config: PromptGDROConfig, state: PromptGDROState, bins_per_rollout, 
     count = jax.ops.segment_sum(v, bins, b)
     present = count > 0
     q_used = _q_from_present(config, state.score, present)  # the q of this step's weights
-    share = count / jnp.maximum(jnp.sum(v), 1.0)
     mean = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32) * v, bins, b) / jnp.maximum(
         count, 1.0
     )
-    debiased = mean / jnp.maximum(share, config.share_floor)  # Eq. 12
+    if config.share_division:
+        share = count / jnp.maximum(jnp.sum(v), 1.0)
+        debiased = mean / jnp.maximum(share, config.share_floor)  # Eq. 12
+    else:
+        debiased = mean
     ema = jnp.where(
         state.seen, (1.0 - config.beta) * state.score + config.beta * debiased, debiased
     )  # Eq. 13
@@ -258,16 +373,23 @@ def prompt_gdro_update(
     valid=None,
     *,
     rewards=None,
+    advantages=None,
+    informative=None,
 ) -> tuple[PromptGDROState, dict[str, Any]]:
-    """One Prompt-GDRO score update (Eq. 12-13); returns ``(state, diagnostics)``.
+    """One Prompt-GDRO score update (Eq. 12-13; Eq. 12 only with ``share_division``); returns
+    ``(state, diagnostics)``.
 
     Args:
       config: ``PromptGDROConfig``.
       state: ``PromptGDROState``.
-      bins_per_rollout: ``[R]`` int32, bins of the rollouts' own prompts (same as for the weights).
+      bins_per_rollout: ``[R]`` int32 in ``[0, B]``, bins of the rollouts' own prompts (same as
+        for the weights); the unseen marker ``B`` enters no bin score.
       loss_signal: ``[R]`` float32, per-rollout loss signal (see ``loss_signal()``); detached.
       valid: optional ``[R]`` bool; invalid rows are ignored.
       rewards: optional ``[R]`` float, for the per-bin mean reward diagnostic.
+      advantages, informative: optional ``[R]``, as given to ``prompt_gdro_weights``; with either
+        (or ``config.apply == "advantage_weight"``) the diagnostics include
+        ``prompt_gdro_weight_diagnostics`` of this step's weights (pre-update state).
 
     Returns:
       The new state and a flat dict of host numpy diagnostics (``prompt_gdro_diagnostics``) with
@@ -283,6 +405,17 @@ def prompt_gdro_update(
         rewards=rewards,
         valid=valid,
     )
+    if config.apply == "advantage_weight" or advantages is not None or informative is not None:
+        diag.update(
+            prompt_gdro_weight_diagnostics(
+                config,
+                state,
+                bins_per_rollout,
+                valid,
+                advantages=advantages,
+                informative=informative,
+            )
+        )
     return new, diag
 
 
@@ -298,6 +431,9 @@ def prompt_gdro_diagnostics(
 
     Works without a controller too (GRPO baseline: only ``bins_per_rollout`` and ``rewards``).
 
+    Rollouts of unseen prompts (bin marker ``B``) are left out of every per-bin key (shares are
+    over the seen rollouts) and counted in ``gdro/unseen_share`` (fraction of all rollouts).
+
     Keys: ``gdro/bin_share [B]`` (share of the batch's rollouts, ``q_hat``), ``gdro/mean_bin``
     (``sum_b b q_hat_b``), ``gdro/mass_ge3``, ``gdro/mass_ge8`` (``q_hat`` mass in bins >= 3, >= 8),
     ``gdro/entropy_share`` (nats); with ``q``: ``gdro/q [B]``, ``gdro/entropy_q``, ``gdro/lead_lag``
@@ -306,10 +442,12 @@ def prompt_gdro_diagnostics(
     """
     bins = np.asarray(bins_per_rollout, np.int64)
     v = np.ones(bins.shape, np.float64) if valid is None else np.asarray(valid, np.float64)
-    count = np.bincount(bins, weights=v, minlength=num_bins)[:num_bins]
+    all_count = np.bincount(bins, weights=v, minlength=num_bins)
+    count = all_count[:num_bins]
     share = count / max(count.sum(), 1.0)
     idx = np.arange(num_bins)
     out: dict[str, Any] = {
+        "gdro/unseen_share": float(all_count[num_bins:].sum() / max(all_count.sum(), 1.0)),
         "gdro/bin_share": share.astype(np.float32),
         "gdro/mean_bin": float(np.sum(idx * share)),
         "gdro/mass_ge3": float(share[3:].sum()),
@@ -333,6 +471,31 @@ def prompt_gdro_diagnostics(
     return out
 
 
+@functools.partial(jax.jit, static_argnames="config")
+def resample_q(
+    config: PromptGDROConfig, state: PromptGDROState, dataset_bins: jax.Array
+) -> jax.Array:
+    """Sampling probabilities ``[B + 1]`` float32 for ``apply="resample"`` over all dataset
+    prompts, slot ``B`` = unseen prompts.
+
+    ``P(unseen) = N_u / N`` (their share under the uniform sampler: with a large pool most
+    prompts are unseen and the draw stays near uniform), ``P(b) = (1 - N_u / N) q_b`` with ``q``
+    from ``prompt_gdro_q`` over the seen bins. Without unseen prompts (paper mode) this is
+    ``prompt_gdro_q`` with a 0 appended. Feed it with ``dataset_bins`` to
+    ``sample_prompts_by_bin`` or ``PromptSource.next_by_bin``.
+
+    Args:
+      dataset_bins: ``[N]`` int32 in ``[0, B]``, ``classify`` over all ids ``0 .. N-1``.
+    """
+    b = state.score.shape[0]
+    bins = jnp.asarray(dataset_bins, jnp.int32)
+    seen = bins < b
+    q = prompt_gdro_q(config, state, jnp.where(seen, bins, 0), seen)
+    frac_unseen = 1.0 - jnp.mean(seen.astype(jnp.float32))
+    q = jnp.where(jnp.any(seen), q * (1.0 - frac_unseen), q)
+    return jnp.concatenate([q, frac_unseen[None]])
+
+
 @functools.partial(jax.jit, static_argnames="num_prompts")
 def sample_prompts_by_bin(
     q: jax.Array, dataset_bins: jax.Array, key: jax.Array, num_prompts: int
@@ -345,7 +508,8 @@ def sample_prompts_by_bin(
     duplicate ids.
 
     Args:
-      q: ``[B]`` float bin probabilities (``prompt_gdro_q`` over ``dataset_bins``).
+      q: ``[B]`` float bin probabilities (``prompt_gdro_q`` over ``dataset_bins``), or ``[B + 1]``
+        from ``resample_q`` when ``dataset_bins`` holds the unseen marker ``B``.
       dataset_bins: ``[N]`` int32, ``classify`` over all ids ``0 .. N-1``.
       key: PRNG key.
       num_prompts: ``P`` (static).
@@ -373,9 +537,12 @@ __all__ = [
     "prompt_gdro_init",
     "prompt_gdro_q",
     "prompt_gdro_weights",
+    "prompt_gdro_weight_diagnostics",
+    "weight_diagnostics",
     "prompt_gdro_update",
     "prompt_gdro_diagnostics",
     "sample_prompts_by_bin",
+    "resample_q",
     "loss_signal",
     "APPLY_MODES",
     "SIGNALS",

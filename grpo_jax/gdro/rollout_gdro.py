@@ -17,12 +17,39 @@ so the sum is exact and every prompt is within 1 of its bin's continuous value. 
 
 ``bandit`` (the paper's controller, Eq. 20-21; the dynamic programme runs on the host in numpy).
 Each bin has an exponential-weights learner over the arms ``a in {n_min .. n_max}`` whose loss
-for arm ``a`` is the bandit loss ``-J_b(a) + mu a`` with ``J_b = -`` (the bin's mean loss signal):
+for arm ``a`` is the bandit loss ``ell_b(a) + mu a``:
 ``p_b(a) = (1 - gamma) softmax(-eta (s_b + mu a))(a) + gamma / K``, where ``s_b(a)`` is the EMA of
-``-J_b`` observed when arm ``a`` was chosen (``s <- ema_decay s + (1 - ema_decay) (-J_b)``). The
-allocation maximises ``sum_b log p_b(a_b)`` subject to ``sum_b N_b a_b = R`` exactly (DP over
-bins x running total); exact ties go to the allocation nearest ``n_bar`` (a secondary term worth
-< 1e-6 nats). The price follows dual ascent ``mu <- mu + alpha_mu (n_hat - n_bar)`` with
+the feedback ``ell_b`` observed when arm ``a`` was chosen
+(``s <- ema_decay s + (1 - ema_decay) ell_b``). The allocation maximises
+``sum_b N_b log p_b(a_b)`` (default, ``count_weighted_dp``; paper: ``sum_b log p_b(a_b)``)
+subject to ``sum_b N_b a_b = R`` exactly (DP over bins x running total); exact ties go to the
+allocation nearest ``n_bar`` (a secondary term worth < 1e-6 nats).
+
+Feedback (``feedback``). Paper (``"loss"``): ``ell_b = -J_b`` = the bin's mean loss signal. It
+does not depend on the arm in expectation, so the arms cannot learn anything about ``n``
+(spec s.7). Default (``"variance"``): ``ell_b(a) = mean_{i in b} (s_i^2 + v_floor) / n_i``, with
+``s_i^2`` the unbiased (n - 1) within-group variance of prompt ``i``'s rewards: the estimated
+variance of the bin's group-mean estimate with ``a`` rollouts per prompt. ``E[s_i^2] =
+sigma_i^2`` for every ``n_i >= 2``, so ``E[ell_b(a)] = (sigma_b^2 + v_floor) / a``: it falls with
+``a`` at the rate of the variance it removes. With the count-weighted DP and ``gamma -> 0``,
+``sum_b N_b log p_b(a_b) = -eta sum_b N_b (s_b(a_b) + mu a_b) + const`` and the price term
+``mu sum_b N_b a_b = mu R`` is the same for every feasible allocation, so the DP minimises
+``sum_b N_b (sigma_b^2 + v_floor) / a_b`` under the exact budget: the integer Neyman problem
+whose continuous solution is the square-root rule ``a_b ∝ sqrt(sigma_b^2 + v_floor)`` (Thm 4.2),
+i.e. the ``sqrt`` allocator's target with the bin's measured reward variance in place of
+``p (1 - p)`` (for 0/1 rewards the two agree in expectation; ``v_floor`` is in reward-variance
+units). (The alternative "fraction of informative groups", ``1 - p^a - (1 - p)^a``, was
+rejected: its marginal gain is largest for p near 0 or 1, the opposite of the square-root rule.)
+Arms never tried keep score 0, below every observed loss (losses are >= 0): optimistic, so the
+DP explores them. Without count weighting the price enters as ``mu sum_b a_b`` and a shared
+price tilt hands large arms to small bins (spec s.7).
+
+Unseen prompts (bin marker ``B``, see ``classifier``) get ``n_bar`` rollouts each (no
+information: the uniform allocation); the seen bins share the rest of the budget. (With a budget
+``total`` other than ``P n_bar`` their count is moved towards ``n_bar`` only as far as keeps the
+seen bins feasible.)
+
+Dual ascent. The price follows ``mu <- mu + alpha_mu (n_hat - n_bar)`` with
 ``n_hat = sum_b share_b E_{p_b}[a]``, the learners' expected mean arm. If no exact solution
 exists (only possible with a ``total`` other than ``P * n_bar``), fallback: ``n_min`` each, the
 rest in proportion to the bin weight ``E_{p_b}[a] - n_min``, capped at ``n_max``, exact-sum
@@ -41,6 +68,10 @@ Readings we take (documented because the spec leaves them open):
 * ``ema_decay`` is the weight on the old score (TF/flax convention).
 * The state is updated from the allocation actually used and the bins of the current prompts
   (the patch overwrote its state before the update and reused the previous batch's labels).
+
+``mode="paper"`` sets ``feedback="loss"``, ``count_weighted_dp=False`` and
+``signal="surrogate_loss"``; an explicitly given field wins over the mode. ``n_bar`` is the run
+config's rollouts per prompt (paper: 4).
 """
 
 from __future__ import annotations
@@ -55,15 +86,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.gdro.classifier import _config_from_dict
+from grpo_jax.gdro.classifier import _config_from_dict, _resolve_mode
 from grpo_jax.gdro.prompt_gdro import SIGNALS, _entropy, prompt_gdro_diagnostics
 
 ALLOCATORS = ("bandit", "sqrt")
+FEEDBACKS = ("variance", "loss")
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutGDROConfig:
-    """Static configuration of Rollout-GDRO (hashable: a jit static arg). Paper defaults.
+    """Static configuration of Rollout-GDRO (hashable: a jit static arg).
 
     Attributes:
       allocator: ``"bandit"`` (paper) or ``"sqrt"`` (closed-form Neyman rule).
@@ -75,12 +107,20 @@ class RolloutGDROConfig:
       ema_decay: weight of the old arm score in its EMA (0.4), in [0, 1).
       alpha_mu: dual-ascent step of the price ``mu`` (0.05), >= 0.
       mu_0: initial price (0.0).
-      v_floor: ``sqrt`` allocator variance floor added to ``p (1 - p)`` (0.01), > 0.
-      signal: bandit loss signal, ``"surrogate_loss"`` or ``"failure_rate"`` (see prompt_gdro).
+      v_floor: variance floor added to ``p (1 - p)`` (``sqrt``) and to the within-group reward
+        variance (``feedback="variance"``) (0.01), > 0.
+      signal: loss signal for ``feedback="loss"``, ``"failure_rate"`` (default) or
+        ``"surrogate_loss"`` (paper) (see prompt_gdro). None: from ``mode``.
+      feedback: bandit feedback, ``"variance"`` (default: estimated variance per prompt,
+        ``(s^2 + v_floor) / n``, depends on the arm) or ``"loss"`` (paper: the bin's mean loss
+        signal). None: from ``mode``.
+      count_weighted_dp: the DP maximises ``sum_b N_b log p_b(a_b)`` (default True) instead of
+        ``sum_b log p_b(a_b)`` (paper False). None: from ``mode``.
+      mode: ``"corrected"`` (default) or ``"paper"``: the value of every switch left at None.
 
     Raises:
       ValueError naming the field: ``n_min < 2``, ``n_max < n_min``, ``n_bar`` not an integer in
-      ``[n_min, n_max]``, unknown allocator / signal, out-of-range step sizes.
+      ``[n_min, n_max]``, unknown allocator / signal / feedback / mode, out-of-range step sizes.
     """
 
     allocator: str = "bandit"
@@ -93,9 +133,21 @@ class RolloutGDROConfig:
     alpha_mu: float = 0.05
     mu_0: float = 0.0
     v_floor: float = 0.01
-    signal: str = "surrogate_loss"
+    signal: str | None = None
+    feedback: str | None = None
+    count_weighted_dp: bool | None = None
+    mode: str = "corrected"
 
     def __post_init__(self):
+        _resolve_mode(
+            self,
+            {
+                "signal": ("failure_rate", "surrogate_loss"),
+                "feedback": ("variance", "loss"),
+                "count_weighted_dp": (True, False),
+            },
+        )
+        object.__setattr__(self, "count_weighted_dp", bool(self.count_weighted_dp))
         for name in ("n_min", "n_max", "n_bar"):
             v = getattr(self, name)
             if isinstance(v, bool) or not float(v).is_integer():
@@ -138,6 +190,10 @@ class RolloutGDROConfig:
             raise ValueError(
                 f"RolloutGDROConfig.signal must be one of {SIGNALS}; got {self.signal!r}"
             )
+        if self.feedback not in FEEDBACKS:
+            raise ValueError(
+                f"RolloutGDROConfig.feedback must be one of {FEEDBACKS}; got {self.feedback!r}"
+            )
 
     @property
     def arms(self) -> np.ndarray:
@@ -159,8 +215,9 @@ class RolloutGDROState:
     """Rollout-GDRO state (a pytree; checkpoints with Orbax).
 
     Attributes:
-      scores: ``[B, K]`` float32, EMA of ``-J_b`` (the bin's mean loss signal) per bin and arm,
-        updated for the chosen arm only (``K = n_max - n_min + 1``).
+      scores: ``[B, K]`` float32, EMA of the bandit feedback (``feedback``: the variance per
+        prompt or the bin's mean loss signal) per bin and arm, updated for the chosen arm only
+        (``K = n_max - n_min + 1``).
       mu: ``[]`` float32, the compute price.
       step: ``[]`` int32, number of updates.
     """
@@ -177,9 +234,11 @@ class Allocation:
     Attributes:
       rollouts_per_prompt: ``[P]`` int32, each in ``[n_min, n_max]``, summing to ``R``.
       segment_ids: ``[R]`` int32, rollout row -> prompt position, sorted, contiguous groups.
-      prompt_bins: ``[P]`` int32, the bins the allocation was computed for (this step's prompts).
+      prompt_bins: ``[P]`` int32 in ``[0, B]``, the bins the allocation was computed for (this
+        step's prompts; ``B`` = unseen).
       arm: ``[B]`` int32, the bin's arm (its rounded mean ``n`` for ``sqrt``/fallback), -1 if absent.
-      bin_rollouts: ``[B]`` float32, mean rollouts per prompt of the bin, 0 if absent.
+      bin_rollouts: ``[B]`` float32, mean rollouts per prompt of the bin, 0 if absent (unseen
+        prompts are in no bin).
       fallback: ``[]`` bool, the bandit used the proportional fallback.
     """
 
@@ -275,8 +334,8 @@ def _finish(
     bins = np.asarray(prompt_bins, np.int32)
     if int(n.sum()) != total:
         raise AssertionError(f"allocation sums to {int(n.sum())}, expected {total}")
-    count = np.bincount(bins, minlength=num_bins)
-    mean_n = np.bincount(bins, weights=n, minlength=num_bins) / np.maximum(count, 1)
+    count = np.bincount(bins, minlength=num_bins)[:num_bins]
+    mean_n = np.bincount(bins, weights=n, minlength=num_bins)[:num_bins] / np.maximum(count, 1)
     if arm is None:
         arm = np.where(count > 0, np.rint(mean_n), -1)
     seg = np.repeat(np.arange(len(n), dtype=np.int32), n)
@@ -291,7 +350,11 @@ def _finish(
 
 
 def fixed_allocation(prompt_bins, n: int, num_bins: int) -> Allocation:
-    """The uniform allocation: ``n`` rollouts for every prompt (GRPO, Prompt-GDRO)."""
+    """The uniform allocation: ``n`` rollouts for every prompt (GRPO, Prompt-GDRO).
+
+    Args:
+      prompt_bins: ``[P]`` int in ``[0, num_bins]`` (``num_bins`` = unseen); n: group size.
+    """
     bins = np.asarray(prompt_bins, np.int32)
     return _finish(
         np.full(bins.shape, int(n), np.int32), bins, num_bins, int(n) * len(bins), None, False
@@ -375,6 +438,17 @@ def sqrt_targets(config: RolloutGDROConfig, counts, bin_success, total=None) -> 
     )
 
 
+def _unseen_target(config: RolloutGDROConfig, n_seen, n_unseen, total):
+    """Rollouts per unseen prompt: ``n_bar``, moved only as far as keeps the seen prompts'
+    budget ``total - n_unseen t`` within ``[n_seen n_min, n_seen n_max]`` (``n_bar`` exactly when
+    ``total = P n_bar``). Works on numpy and jax scalars."""
+    nu = jnp.maximum(jnp.asarray(n_unseen, jnp.float32), 1.0)
+    lo = (total - n_seen * config.n_max) / nu
+    hi = (total - n_seen * config.n_min) / nu
+    t = jnp.clip(jnp.clip(float(config.n_bar), lo, hi), config.n_min, config.n_max)
+    return jnp.where(jnp.asarray(n_unseen) > 0, t, float(config.n_bar))
+
+
 @functools.partial(jax.jit, static_argnames=("config", "num_bins"))
 def sqrt_allocation(
     config: RolloutGDROConfig,
@@ -386,17 +460,24 @@ def sqrt_allocation(
 ) -> jax.Array:
     """Jittable ``sqrt`` allocator: rollouts per prompt ``[P]`` int32 in ``[n_min, n_max]``,
     each ``floor`` or ``ceil`` of its bin's ``sqrt_targets``, summing to ``total``
-    (default ``P * n_bar``).
+    (default ``P * n_bar``) exactly for every feasible ``total`` in ``[P n_min, P n_max]``.
+
+    Unseen prompts (bin ``num_bins``) target ``n_bar`` (see ``_unseen_target``); the seen bins
+    share the rest.
 
     Args:
-      prompt_bins: ``[P]`` int32 bins; bin_success: ``[B]`` float success rate per bin
-        (``classifier.bin_success``); tie_key: ``[P]`` int (prompt ids) for rounding ties;
-        num_bins: ``B`` (static); total: optional int budget (traced).
+      prompt_bins: ``[P]`` int32 bins in ``[0, num_bins]``; bin_success: ``[B]`` float success
+        rate per bin (``classifier.bin_success``); tie_key: ``[P]`` int (prompt ids) for rounding
+        ties; num_bins: ``B`` (static); total: optional int budget (traced).
     """
     bins = jnp.asarray(prompt_bins, jnp.int32)
     total = bins.shape[0] * config.n_bar if total is None else total
     counts = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, num_bins)
-    x = sqrt_targets(config, counts, bin_success, total)[bins]
+    n_seen = jnp.sum(counts)
+    n_unseen = bins.shape[0] - n_seen
+    t_u = _unseen_target(config, n_seen, n_unseen, total)
+    x = sqrt_targets(config, counts, bin_success, total - n_unseen * t_u)
+    x = jnp.where(bins < num_bins, x[jnp.clip(bins, 0, num_bins - 1)], t_u)
     return round_to_budget(x, total, tie_key, lo=config.n_min, hi=config.n_max)
 
 
@@ -411,10 +492,12 @@ def allocate(
 ) -> Allocation:
     """Rollouts per prompt for this step's prompts (Eq. 17-21).
 
+    Unseen prompts (bin ``B``) get ``n_bar`` each; the seen bins share the rest of ``R``.
+
     Args:
       config: ``RolloutGDROConfig``.
       state: ``RolloutGDROState`` (``B = state.scores.shape[0]``).
-      prompt_bins: ``[P]`` int bins of *this step's* prompts (``classify``).
+      prompt_bins: ``[P]`` int bins of *this step's* prompts (``classify``), in ``[0, B]``.
       bin_success: ``[B]`` float per-bin success rate, required by ``sqrt``
         (``classifier.bin_success``).
       prompt_ids: optional ``[P]`` int stable ids, used to break rounding ties so that the
@@ -426,21 +509,24 @@ def allocate(
       ``Allocation`` with exactly ``R`` rollouts, every prompt in ``[n_min, n_max]``.
 
     Raises:
-      ValueError: bins out of range, ``bin_success`` missing for ``sqrt``, or ``total`` outside
-        ``[P n_min, P n_max]``.
+      ValueError: bins outside ``[0, B]``, ``bin_success`` missing for ``sqrt``, or ``total``
+        outside ``[P n_min, P n_max]``.
     """
     bins = np.asarray(prompt_bins, np.int64)
     num_bins = int(state.scores.shape[0])
     if bins.ndim != 1 or bins.size == 0:
         raise ValueError(f"prompt_bins must be a non-empty [P] array; got shape {bins.shape}")
-    if bins.min() < 0 or bins.max() >= num_bins:
+    if bins.min() < 0 or bins.max() > num_bins:
         raise ValueError(
-            f"prompt_bins must lie in [0, {num_bins}); got [{bins.min()}, {bins.max()}]"
+            f"prompt_bins must lie in [0, {num_bins}] ({num_bins} = unseen); "
+            f"got [{bins.min()}, {bins.max()}]"
         )
     num = bins.size
     r = _budget(config, num, total)
     key = (np.arange(num) if prompt_ids is None else np.asarray(prompt_ids)).astype(np.int32)
-    counts = np.bincount(bins, minlength=num_bins)
+    seen = bins < num_bins
+    counts = np.bincount(bins[seen], minlength=num_bins)
+    n_unseen = int(num - seen.sum())
 
     if config.allocator == "sqrt":
         if bin_success is None:
@@ -457,20 +543,28 @@ def allocate(
 
     probs = arm_probs(config, state)
     arms = config.arms
-    choice = solve_arms_dp(np.log(probs), counts, arms, r, config.n_bar)
+    t_u = float(_unseen_target(config, int(seen.sum()), n_unseen, r))
+    choice = None
+    if float(t_u).is_integer():
+        logp = np.log(probs)
+        if config.count_weighted_dp:  # sum_b N_b log p_b(a_b)
+            logp = logp * counts[:, None]
+        choice = solve_arms_dp(logp, counts, arms, r - n_unseen * int(t_u), config.n_bar)
     if choice is not None:
         arm = np.where(choice >= 0, arms[np.maximum(choice, 0)], -1)
-        return _finish(arm[bins], bins, num_bins, r, arm, False)
+        n = np.where(seen, arm[np.minimum(bins, num_bins - 1)], int(t_u))
+        return _finish(n, bins, num_bins, r, arm, False)
     weight = probs @ arms - config.n_min + 1e-6  # bin weight E_p[a] - n_min
     x = _waterfill(
         np.full(num_bins, config.n_min, np.float32),
         weight,
         counts,
-        r,
+        r - n_unseen * t_u,
         lo=config.n_min,
         hi=config.n_max,
     )
-    n = round_to_budget(jnp.asarray(x)[bins], r, jnp.asarray(key), lo=config.n_min, hi=config.n_max)
+    x = jnp.where(jnp.asarray(seen), jnp.asarray(x)[np.minimum(bins, num_bins - 1)], t_u)
+    n = round_to_budget(x, r, jnp.asarray(key), lo=config.n_min, hi=config.n_max)
     return _finish(np.asarray(n), bins, num_bins, r, None, True)
 
 
@@ -479,18 +573,39 @@ def allocate(
 
 @functools.partial(jax.jit, static_argnames="config")
 def _update(
-    config: RolloutGDROConfig, state: RolloutGDROState, rollout_bins, signal, arm, prompt_count
+    config: RolloutGDROConfig,
+    state: RolloutGDROState,
+    rollout_bins,
+    signal,
+    arm,
+    prompt_count,
+    prompt_bins=None,
+    rewards=None,
+    segment_ids=None,
 ):
     b, k_num = state.scores.shape
-    bins = jnp.asarray(rollout_bins, jnp.int32)
-    cnt = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, b)
-    mean_loss = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32), bins, b) / jnp.maximum(
-        cnt, 1.0
-    )
+    if config.feedback == "loss":  # paper: -J_b = the bin's mean loss signal
+        bins = jnp.asarray(rollout_bins, jnp.int32)
+        cnt = jax.ops.segment_sum(jnp.ones(bins.shape, jnp.float32), bins, b)
+        feedback = jax.ops.segment_sum(jnp.asarray(signal, jnp.float32), bins, b) / jnp.maximum(
+            cnt, 1.0
+        )
+    else:  # variance per prompt of the group mean, (s_i^2 + v_floor) / n_i, mean over the bin
+        pb = jnp.asarray(prompt_bins, jnp.int32)
+        num = pb.shape[0]
+        seg = jnp.asarray(segment_ids, jnp.int32)
+        r = jnp.asarray(rewards, jnp.float32)
+        n = jax.ops.segment_sum(jnp.ones(seg.shape, jnp.float32), seg, num)
+        mean = jax.ops.segment_sum(r, seg, num) / jnp.maximum(n, 1.0)
+        ss = jax.ops.segment_sum((r - mean[seg]) ** 2, seg, num)
+        var = jnp.where(n >= 2, ss / jnp.maximum(n - 1.0, 1.0), 0.0)
+        per_prompt = (var + config.v_floor) / jnp.maximum(n, 1.0)
+        cnt = prompt_count
+        feedback = jax.ops.segment_sum(per_prompt, pb, b) / jnp.maximum(cnt, 1.0)
     present = (cnt > 0) & (arm >= 0)
     idx = jnp.clip(arm - config.n_min, 0, k_num - 1)
     old = state.scores[jnp.arange(b), idx]
-    new_s = config.ema_decay * old + (1.0 - config.ema_decay) * mean_loss  # -J_b = mean loss
+    new_s = config.ema_decay * old + (1.0 - config.ema_decay) * feedback
     scores = state.scores.at[jnp.arange(b), idx].set(jnp.where(present, new_s, old))
     arms = jnp.arange(config.n_min, config.n_max + 1, dtype=jnp.float32)
     logits = -config.eta * (state.scores + state.mu * arms)  # the learners that allocated
@@ -514,21 +629,26 @@ def rollout_gdro_update(
 ) -> tuple[RolloutGDROState, dict[str, Any]]:
     """Bandit update after the step (Eq. 20-21); returns ``(state, diagnostics)``.
 
-    The chosen arm of every present bin takes the EMA of ``-J_b`` (the bin's mean loss signal);
-    ``mu`` takes a dual-ascent step with the learners that made this allocation. With ``allocator="sqrt"`` only ``step`` advances (scores and ``mu`` are the
+    The chosen arm of every present (seen) bin takes the EMA of the feedback (``feedback``:
+    ``mean_{i in b} (s_i^2 + v_floor) / n_i`` from the rewards, or the paper's ``-J_b`` = the
+    bin's mean loss signal); ``mu`` takes a dual-ascent step with the learners that made this
+    allocation. With ``allocator="sqrt"`` only ``step`` advances (scores and ``mu`` are the
     bandit's). Diagnostics: ``rollout_gdro_diagnostics``.
 
     Args:
       allocation: the ``Allocation`` used this step.
       prompt_bins: ``[P]`` int, this step's prompt bins (must equal ``allocation.prompt_bins``).
-      loss_signal: ``[R]`` float, per-rollout loss signal (``loss_signal()``), detached.
-      rewards: optional ``[R]`` float, for the per-bin reward and the WSE diagnostics.
+      loss_signal: ``[R]`` float, per-rollout loss signal (``loss_signal()``), detached; used by
+        ``feedback="loss"`` only (pass anything of shape ``[R]`` otherwise).
+      rewards: ``[R]`` float, required by ``feedback="variance"`` (bandit); else optional, for
+        the per-bin reward and the WSE diagnostics.
       segment_ids: optional ``[R]``; must equal ``allocation.segment_ids`` if given.
       bin_success: optional ``[B]`` float, the per-bin success rate given to ``allocate`` (for the
         paper's WSE proxy; pass it for every allocator).
 
     Raises:
-      ValueError when ``prompt_bins`` / ``segment_ids`` are not the allocation's own.
+      ValueError when ``prompt_bins`` / ``segment_ids`` are not the allocation's own, or
+      ``rewards`` is missing for the bandit with ``feedback="variance"``.
     """
     bins = np.asarray(prompt_bins, np.int32)
     seg = np.asarray(allocation.segment_ids)
@@ -538,14 +658,30 @@ def rollout_gdro_update(
         raise ValueError("segment_ids differ from allocation.segment_ids")
     b = int(state.scores.shape[0])
     if config.allocator == "bandit":
-        new = _update(
-            config,
-            state,
-            jnp.asarray(bins[seg]),
-            jnp.asarray(loss_signal),
-            jnp.asarray(allocation.arm),
-            jnp.asarray(np.bincount(bins, minlength=b), jnp.float32),
-        )
+        count = jnp.asarray(np.bincount(bins, minlength=b)[:b], jnp.float32)
+        if config.feedback == "loss":
+            new = _update(
+                config,
+                state,
+                jnp.asarray(bins[seg]),
+                jnp.asarray(loss_signal),
+                jnp.asarray(allocation.arm),
+                count,
+            )
+        else:
+            if rewards is None:
+                raise ValueError("feedback='variance' needs rewards [R]")
+            new = _update(
+                config,
+                state,
+                None,
+                None,
+                jnp.asarray(allocation.arm),
+                count,
+                jnp.asarray(bins),
+                jnp.asarray(rewards, jnp.float32),
+                jnp.asarray(seg),
+            )
     else:
         new = state.replace(step=state.step + 1)
     diag = rollout_gdro_diagnostics(
@@ -556,7 +692,8 @@ def rollout_gdro_update(
 
 def pooled_bin_std(rewards, segment_ids, prompt_bins, num_bins: int) -> np.ndarray:
     """``[B]`` float64: ``sqrt`` of the mean over a bin's prompts of the unbiased within-group
-    reward variance (groups of >= 2 rollouts); NaN for absent bins."""
+    reward variance (groups of >= 2 rollouts); NaN for absent bins; unseen prompts (bin ``B``)
+    left out."""
     r = np.asarray(rewards, np.float64)
     seg = np.asarray(segment_ids, np.int64)
     bins = np.asarray(prompt_bins, np.int64)
@@ -565,18 +702,23 @@ def pooled_bin_std(rewards, segment_ids, prompt_bins, num_bins: int) -> np.ndarr
     mean = np.bincount(seg, weights=r, minlength=num) / np.maximum(n, 1)
     ss = np.bincount(seg, weights=(r - mean[seg]) ** 2, minlength=num)
     var = np.where(n >= 2, ss / np.maximum(n - 1, 1), 0.0)
-    cnt = np.bincount(bins, minlength=num_bins)
+    cnt = np.bincount(bins, minlength=num_bins)[:num_bins]
+    tot = np.bincount(bins, weights=var, minlength=num_bins)[:num_bins]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(
-            cnt > 0, np.sqrt(np.bincount(bins, weights=var, minlength=num_bins) / cnt), np.nan
-        )
+        return np.where(cnt > 0, np.sqrt(tot / cnt), np.nan)
 
 
 def weighted_standard_error(rollouts_per_prompt, prompt_bins, bin_sigma) -> float:
     """WSE proxy ``sum_b share_b sigma_b / sqrt(n_b)`` (spec s.4), per prompt:
-    ``mean_i sigma_{b(i)} / sqrt(n_i)``."""
-    n = np.asarray(rollouts_per_prompt, np.float64)
-    s = np.nan_to_num(np.asarray(bin_sigma, np.float64)[np.asarray(prompt_bins)])
+    ``mean_i sigma_{b(i)} / sqrt(n_i)`` over the seen prompts (bins ``< len(bin_sigma)``; NaN if
+    none)."""
+    sigma = np.asarray(bin_sigma, np.float64)
+    bins = np.asarray(prompt_bins)
+    m = bins < len(sigma)
+    if not m.any():
+        return float("nan")
+    n = np.asarray(rollouts_per_prompt, np.float64)[m]
+    s = np.nan_to_num(sigma[bins[m]])
     return float(np.mean(s / np.sqrt(n)))
 
 
@@ -592,6 +734,8 @@ def rollout_gdro_diagnostics(
 
     Keys: ``rollout_gdro/n_b [B]`` (mean rollouts per prompt of the bin, 0 if absent),
     ``rollout_gdro/prompt_share [B]``, ``rollout_gdro/budget_share [B]`` (``N_b n_b / R``),
+    ``rollout_gdro/unseen_prompt_share``, ``rollout_gdro/unseen_budget_share`` (unseen prompts:
+    in no bin, left out of the WSE),
     ``rollout_gdro/alloc_entropy`` (of the budget share, nats), ``rollout_gdro/mu``,
     ``rollout_gdro/fallback``. With ``bin_success`` (the classifier's per-bin success rate, the
     paper's proxy ``sigma_b = sqrt(p_b (1 - p_b))``): ``rollout_gdro/wse``,
@@ -605,12 +749,14 @@ def rollout_gdro_diagnostics(
     bins = np.asarray(allocation.prompt_bins, np.int64)
     seg = np.asarray(allocation.segment_ids, np.int64)
     r_total = max(int(n.sum()), 1)
-    budget = np.bincount(bins, weights=n, minlength=b) / r_total
+    all_budget = np.bincount(bins, weights=n, minlength=b) / r_total
+    budget = all_budget[:b]
+    prompts = np.bincount(bins, minlength=b) / len(bins)
     out: dict[str, Any] = {
         "rollout_gdro/n_b": np.asarray(allocation.bin_rollouts, np.float32),
-        "rollout_gdro/prompt_share": (np.bincount(bins, minlength=b) / len(bins)).astype(
-            np.float32
-        ),
+        "rollout_gdro/prompt_share": prompts[:b].astype(np.float32),
+        "rollout_gdro/unseen_prompt_share": float(prompts[b:].sum()),
+        "rollout_gdro/unseen_budget_share": float(all_budget[b:].sum()),
         "rollout_gdro/budget_share": budget.astype(np.float32),
         "rollout_gdro/alloc_entropy": _entropy(budget),
         "rollout_gdro/mu": float(np.asarray(state.mu)),
@@ -649,4 +795,5 @@ __all__ = [
     "pooled_bin_std",
     "weighted_standard_error",
     "ALLOCATORS",
+    "FEEDBACKS",
 ]
