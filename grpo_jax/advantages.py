@@ -8,7 +8,9 @@ statistics are segment sums (`jax.ops.segment_sum` with a static `num_segments`)
 
 Sources: Shao et al. 2024, *DeepSeekMath* (arXiv 2402.03300), Sec. 4.1.2 (outcome supervision,
 `A = (r - mean) / std`); Liu et al. 2025, *Dr. GRPO* (arXiv 2503.20783), Eq. 3 (no std);
-Ahmadian et al. 2024, *Back to Basics* (RLOO, leave-one-out baseline, Eq. 4).
+Ahmadian et al. 2024, *Back to Basics* (RLOO, leave-one-out baseline, Eq. 4); TRL's
+`GRPOConfig.scale_rewards` (`"group" | "batch" | "none"`: group mean, batch std); Yu et al.
+2025, *DAPO* (arXiv 2503.14476), Eq. 13 (soft overlong punishment).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import numpy as np
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 STD_KINDS = ("unbiased", "population")
+SCALES = ("group", "batch", "none")
+_DEFAULT_SCALE = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}
 NONFINITE_MODES = ("raise", "mask")
 
 
@@ -58,6 +62,7 @@ def compute(
     eps: float = 1e-6,
     clip: float | None = None,
     nonfinite: str = "raise",
+    scale: str | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Group-relative advantages, one scalar per rollout.
 
@@ -69,6 +74,15 @@ def compute(
     - `"dr_grpo"` (Dr. GRPO Eq. 3): `A = r - m`.
     - `"rloo"` (RLOO Eq. 4): `A = r - mean of the other n - 1 members = n / (n - 1) * (r - m)`.
 
+    `scale` overrides the division of the centred advantage `c` (`r - m` for grpo/dr_grpo,
+    the leave-one-out difference for rloo): `"group"`: `A = c / (s_g + eps)` (the group's
+    std); `"batch"`: `A = c / (s_B + eps)` with `s_B` the std (`std` kind) of the raw rewards
+    of *all* grouped finite rows of the batch (TRL `scale_rewards="batch"`: group mean, batch
+    std); `"none"`: `A = c` (Dr. GRPO). `None` (default) keeps each estimator's own: `"group"`
+    for grpo, `"none"` for dr_grpo and rloo. So `estimator="grpo", scale="batch"` is TRL's
+    batch scaling and `estimator="grpo", scale="none"` equals `"dr_grpo"`. `s_B` is a batch
+    statistic: compute it on the whole batch (all prompts' groups), not per micro-batch.
+
     Then optionally `A <- clip(A, -clip, clip)`. Guarantees:
 
     - A group whose (finite) rewards are all exactly equal gives `A = 0` for all its members
@@ -77,7 +91,8 @@ def compute(
     - A group with one member gives `A = 0` (counted in `num_singleton_groups`).
     - Rows whose segment id is outside `[0, num_segments)` (e.g. `-1` padding) get `A = 0` and
       do not enter any group's statistics.
-    - For `grpo` `|A| <= sqrt(n)`; for every estimator `A` sums to zero within each group.
+    - For `grpo` with group scaling `|A| <= sqrt(n)`; for every estimator and scale `A` sums to
+      zero within each group.
 
     Non-finite rewards (NaN, ±inf) in grouped rows:
 
@@ -96,10 +111,11 @@ def compute(
         other values mark padding rows.
       num_segments: static Python int, number of groups `P` (upper bound on segment ids).
       estimator: `"grpo"`, `"dr_grpo"` or `"rloo"`.
-      std: `"unbiased"` or `"population"` (only used by `"grpo"`).
-      eps: added to the standard deviation for `"grpo"` (float, >= 0).
+      std: `"unbiased"` or `"population"` (used by group and batch scaling).
+      eps: added to the standard deviation (group or batch scaling; float, >= 0).
       clip: if not None, advantages are clipped to `[-clip, clip]` (float > 0).
       nonfinite: `"raise"` or `"mask"` (see above).
+      scale: None, `"group"`, `"batch"` or `"none"` (see above).
 
     Returns:
       `(advantages, stats)`: `advantages [R]` float32; `stats` a dict of scalar jnp arrays:
@@ -110,8 +126,8 @@ def compute(
       `num_clipped` (int32, rows whose advantage was clipped).
 
     Raises:
-      ValueError: unknown `estimator`/`std`/`nonfinite`, bad `num_segments`/`eps`/`clip`, or a
-        non-finite reward with `nonfinite="raise"` and concrete inputs.
+      ValueError: unknown `estimator`/`std`/`nonfinite`/`scale`, bad `num_segments`/`eps`/
+        `clip`, or a non-finite reward with `nonfinite="raise"` and concrete inputs.
       AssertionError: (chex) wrong ranks/shapes/dtypes of `rewards` or `segment_ids`.
     """
     if estimator not in ESTIMATORS:
@@ -120,6 +136,10 @@ def compute(
         raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
     if nonfinite not in NONFINITE_MODES:
         raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+    if scale is None:
+        scale = _DEFAULT_SCALE[estimator]
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES} or None, got {scale!r}")
     try:
         num_segments = operator.index(num_segments)
     except TypeError:
@@ -162,16 +182,20 @@ def compute(
     gmin = jax.ops.segment_min(jnp.where(ok, r, jnp.inf), seg, num_segments=nseg)[:num_segments]
     informative = (n >= 2) & (gmax > gmin)  # [P]
 
-    if estimator == "grpo":
-        ddof = 1.0 if std == "unbiased" else 0.0
-        var = seg_sum(centered * centered) / jnp.maximum(n - ddof, 1.0)
-        sd = jnp.sqrt(var)
-        adv = centered / (sd[seg_c] + eps)
-    elif estimator == "dr_grpo":
+    if estimator == "rloo":  # r - mean(others) = n/(n-1) (r - mean)
+        loo = n / jnp.maximum(n - 1.0, 1.0)
+        adv = centered * loo[seg_c]
+    else:  # grpo, dr_grpo
         adv = centered
-    else:  # rloo: r - mean(others) = n/(n-1) (r - mean)
-        scale = n / jnp.maximum(n - 1.0, 1.0)
-        adv = centered * scale[seg_c]
+    ddof = 1.0 if std == "unbiased" else 0.0
+    if scale == "group":
+        var = seg_sum(centered * centered) / jnp.maximum(n - ddof, 1.0)
+        adv = adv / (jnp.sqrt(var)[seg_c] + eps)
+    elif scale == "batch":
+        n_b = jnp.sum(ok).astype(jnp.float32)
+        c_b = jnp.where(ok, x - jnp.sum(x) / jnp.maximum(n_b, 1.0), 0.0)
+        var_b = jnp.sum(c_b * c_b) / jnp.maximum(n_b - ddof, 1.0)
+        adv = adv / (jnp.sqrt(var_b) + eps)
 
     keep = ok & informative[seg_c]
     adv = jnp.where(keep, adv, 0.0)
@@ -190,3 +214,43 @@ def compute(
         "num_clipped": num_clipped,
     }
     return adv.astype(jnp.float32), stats
+
+
+def overlong_penalty(
+    lengths: chex.Array, max_len: int, cache_len: int, factor: float = 1.0
+) -> jax.Array:
+    """DAPO soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, Eq. 13), added to rewards.
+
+    With `L` = `lengths`, `L_max` = `max_len`, `L_cache` = `cache_len`:
+    `R_len = 0` if `L <= L_max - L_cache`; `((L_max - L_cache) - L) / L_cache` if
+    `L_max - L_cache < L <= L_max` (linear from 0 down to -1 at `L = L_max`); `-1` if
+    `L > L_max`. Returns `factor * R_len`. DAPO uses `L_max` = the generation limit (20,480)
+    and `L_cache = 4,096`; a completion cut at the limit (`L = L_max`) gets `-factor`.
+
+    Args:
+      lengths: `[R]` int or float, completion lengths in tokens (e.g. `completion_mask.sum(1)`).
+      max_len: `L_max`, int > 0.
+      cache_len: `L_cache`, int with `0 < cache_len <= max_len`.
+      factor: scale of the penalty (float; 1 in DAPO).
+
+    Returns:
+      `[R]` float32 penalties in `[-factor, 0]` (for `factor >= 0`).
+
+    Raises:
+      ValueError: `max_len <= 0` or `cache_len` outside `(0, max_len]` (concrete values).
+      AssertionError: (chex) `lengths` not rank 1.
+    """
+    if not _is_traced(max_len) and not max_len > 0:
+        raise ValueError(f"max_len must be > 0, got {max_len}")
+    if not _is_traced(cache_len) and not (
+        cache_len > 0 and (_is_traced(max_len) or cache_len <= max_len)
+    ):
+        raise ValueError(f"cache_len must be in (0, max_len = {max_len}], got {cache_len}")
+    lengths = jnp.asarray(lengths)
+    chex.assert_rank(lengths, 1)
+    length = lengths.astype(jnp.float32)
+    l_max = jnp.asarray(max_len, jnp.float32)
+    l_cache = jnp.asarray(cache_len, jnp.float32)
+    soft = (l_max - l_cache - length) / l_cache
+    pen = jnp.where(length <= l_max - l_cache, 0.0, jnp.where(length <= l_max, soft, -1.0))
+    return (factor * pen).astype(jnp.float32)

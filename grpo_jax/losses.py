@@ -13,7 +13,11 @@ Yu et al. 2025, *DAPO* (arXiv 2503.14476), Eq. 8-12 (clip-higher `epsilon_high >
 token-level loss); Liu et al. 2025, *Dr. GRPO* (arXiv 2503.20783), Eq. 3 (constant normaliser);
 Ye et al. 2020 (dual clip, arXiv 1912.09729, Eq. 5); Zheng et al. 2025, *GSPO*
 (arXiv 2507.18071), Eq. 7 (sequence-level ratio); Schulman 2020, "Approximating KL
-divergence" (k1/k2/k3).
+divergence" (k1/k2/k3); MiniMax 2025, *MiniMax-M1* (arXiv 2506.13585), Sec. 3.1 (CISPO: clipped,
+detached IS weight times the log-prob); Gao et al. 2025, *SAPO* (arXiv 2511.20347), Sec. 3 (soft
+sigmoid gate instead of the hard clip); Yao et al. 2025, "Your efficient RL framework secretly
+brings you off-policy RL training" (truncated importance sampling, TIS, for the sampler/trainer
+mismatch); Yu et al. 2025, *DAPO*, Sec. 3.4 (overlong filtering).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum-norm",
 )
 RATIO_LEVELS = ("token", "sequence")
+POLICY_LOSS_TYPES = ("clip", "cispo", "sapo")
 KL_KINDS = ("k1", "k2", "k3")
 LOG_RATIO_CLAMP = 20.0
 # Backends whose 16-bit float slicing is emulated in float32 (see `_sliceable_view`).
@@ -436,6 +441,44 @@ def _masked_mean(x, m):
 # ----------------------------------------------------------------------------------------------
 
 
+def _check_policy_options(
+    policy_loss_type,
+    dual_clip,
+    cispo_epsilon_low,
+    cispo_epsilon_high,
+    sapo_tau_pos,
+    sapo_tau_neg,
+    sampler_logprobs,
+    tis_cap,
+) -> None:
+    if policy_loss_type not in POLICY_LOSS_TYPES:
+        raise ValueError(
+            f"policy_loss_type must be one of {POLICY_LOSS_TYPES}, got {policy_loss_type!r}"
+        )
+    if dual_clip is not None and policy_loss_type != "clip":
+        raise ValueError(
+            f"dual_clip applies to policy_loss_type='clip' only, not {policy_loss_type!r}"
+        )
+    if (
+        cispo_epsilon_low is not None
+        and _concrete(cispo_epsilon_low)
+        and not 0.0 <= float(cispo_epsilon_low) < 1.0
+    ):
+        raise ValueError(f"cispo_epsilon_low must be in [0, 1) or None, got {cispo_epsilon_low}")
+    if _concrete(cispo_epsilon_high) and not float(cispo_epsilon_high) >= 0.0:
+        raise ValueError(f"cispo_epsilon_high must be >= 0, got {cispo_epsilon_high}")
+    for name, tau in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg)):
+        if _concrete(tau) and not float(tau) > 0.0:
+            raise ValueError(f"{name} must be > 0, got {tau}")
+    if (sampler_logprobs is None) != (tis_cap is None):
+        raise ValueError(
+            "truncated importance sampling needs both sampler_logprobs and tis_cap (got "
+            f"sampler_logprobs {'None' if sampler_logprobs is None else 'given'}, tis_cap {tis_cap})"
+        )
+    if tis_cap is not None and _concrete(tis_cap) and not float(tis_cap) > 0.0:
+        raise ValueError(f"tis_cap must be > 0 (or None), got {tis_cap}")
+
+
 def policy_loss(
     logprobs: chex.Array,
     old_logprobs: chex.Array,
@@ -454,24 +497,52 @@ def policy_loss(
     sample_weights: chex.Array | None = None,
     logits: chex.Array | None = None,
     denominator: chex.Array | None = None,
+    policy_loss_type: str = "clip",
+    cispo_epsilon_low: float | None = None,
+    cispo_epsilon_high: float = 0.28,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    kl_ratio_correction: bool = False,
+    sampler_logprobs: chex.Array | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped-surrogate policy loss (GRPO, DAPO, Dr. GRPO, GSPO) with optional KL to a reference.
+    """Policy loss (GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO) with optional KL and TIS.
 
     Per masked-in token, in float32, with `A_t = advantages[r] * sample_weights[r]`:
 
     - log-ratio `l_t = logprobs - old_logprobs` (`ratio_level="token"`), or the row's token mean
-      `l_r = mean_t l_t` broadcast to its tokens (`"sequence"`, GSPO Eq. 7); clamped to
+      `l_r = mean_t l_t` broadcast to its tokens (`"sequence"`, GSPO Eq. 7:
+      `s_r = exp(mean_t l_t)`; GSPO's objective is this with `seq-mean-token-mean`); clamped to
       `[-20, 20]`; `rho_t = exp(l_t)`.
-    - `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - epsilon_low, 1 + epsilon_high))` (PPO Eq. 7;
-      DAPO clip-higher when `epsilon_high > epsilon_low`).
-    - dual clip (`dual_clip = c > 1`, Ye et al. Eq. 5): for `A_t < 0`, `L_t = min(L_t, -c A_t)`.
-    - KL (when `ref_logprobs` is given): `L_t += kl_coef * kl(logprobs, ref_logprobs, kl_kind)`;
-      the KL term is *not* multiplied by `sample_weights`, and its gradient flows through
-      `logprobs`.
+    - policy-gradient term `L_t` by `policy_loss_type`:
+      - `"clip"` (PPO Eq. 7; DAPO clip-higher when `epsilon_high > epsilon_low`):
+        `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - epsilon_low, 1 + epsilon_high))`; dual clip
+        (`dual_clip = c > 1`, Ye et al. Eq. 5): for `A_t < 0`, `L_t = min(L_t, -c A_t)`.
+      - `"cispo"` (MiniMax-M1 Sec. 3.1, the CISPO objective):
+        `L_t = -sg(clip(rho_t, 1 - cispo_epsilon_low, 1 + cispo_epsilon_high)) A_t logprobs_t`;
+        the IS weight is clipped and detached, so every token keeps a gradient
+        `-w_t A_t grad(logprobs_t)`. `cispo_epsilon_low=None` imposes no lower bound (the
+        paper's setting: "we did not impose a lower bound ... only tuned eps_high").
+      - `"sapo"` (SAPO Sec. 3, the soft-gated objective): `L_t = -f(rho_t) A_t` with the gate
+        `f(x) = sigmoid(tau (x - 1)) * 4 / tau`, `tau = sapo_tau_pos` if `A_t > 0` else
+        `sapo_tau_neg` (paper defaults 1.0 / 1.05). Its gradient is
+        `-4 sigmoid(.)(1 - sigmoid(.)) rho_t A_t grad(logprobs_t)`: weight 1 at `rho = 1`,
+        decaying smoothly off-policy (no hard cut-off).
+    - TIS (when `sampler_logprobs` is given; Yao et al. 2025, the verl TIS): the policy-gradient
+      term is multiplied by the detached weight
+      `w_t = min(exp(old_logprobs - sampler_logprobs), tis_cap)` (log-ratio clamped to
+      `[-20, 20]`), correcting for the sampler (e.g. a bfloat16 decode) not being the trainer's
+      `pi_old`. The KL term is not weighted.
+    - KL (when `ref_logprobs` is given): `L_t += kl_coef * c_t * kl(logprobs, ref_logprobs,
+      kl_kind)` with `c_t = 1`, or `c_t = sg(exp(logprobs - old_logprobs))` (the *token* ratio,
+      clamped like `rho`) when `kl_ratio_correction` (TRL `use_bias_correction_kl`: the tokens
+      were sampled from `pi_old`, the estimator assumes `pi_theta`). The KL term is *not*
+      multiplied by `sample_weights`, and its gradient flows through `logprobs`.
 
-    `old_logprobs` and `ref_logprobs` are treated as constants (`stop_gradient`), so passing
-    `old_logprobs = logprobs` gives `rho = 1` and exactly the REINFORCE gradient
-    `-A grad(logprobs)`, aggregated by `loss_agg_mode`.
+    `old_logprobs`, `ref_logprobs` and `sampler_logprobs` are treated as constants
+    (`stop_gradient`), so passing `old_logprobs = logprobs` gives `rho = 1` and, for every
+    `policy_loss_type`, exactly the REINFORCE gradient `-A grad(logprobs)`, aggregated by
+    `loss_agg_mode`.
 
     Aggregation (`loss = loss_sum / denominator`, see `aggregate_loss`/`loss_denominator`):
     `token-mean` (DAPO: sum over tokens / number of tokens), `seq-mean-token-mean` (GRPO: mean
@@ -481,23 +552,25 @@ def policy_loss(
     Micro-batching: split the rows of a mini-batch into micro-batches, compute
     `D = loss_denominator(full_mask, loss_agg_mode, max_len=...)` once on the full mini-batch
     and call `policy_loss(..., denominator=D)` per micro-batch; the micro-batch losses (and
-    their gradients) then sum exactly to the full-batch ones in every mode. Equivalently
+    their gradients) then sum exactly to the full-batch ones in every mode and for every option
+    here (each term is per token, or per row for the sequence ratio). Equivalently
     `sum_i aux_i["loss_sum"] / sum_i aux_i["denominator"]` is the full-batch loss.
 
-    Masked positions of `logprobs`, `old_logprobs`, `ref_logprobs`, `logits` (and the
-    advantages/weights of fully masked rows) may be NaN/inf: they change neither the loss nor
-    its gradient (`jnp.where` before any arithmetic).
+    Masked positions of `logprobs`, `old_logprobs`, `ref_logprobs`, `sampler_logprobs`,
+    `logits` (and the advantages/weights of fully masked rows) may be NaN/inf: they change
+    neither the loss nor its gradient (`jnp.where` before any arithmetic).
 
     Args:
       logprobs: `[R, T]` float, log-probs of the sampled completion tokens under the current
         policy (differentiated).
-      old_logprobs: `[R, T]` float, log-probs under the sampling policy (constant).
+      old_logprobs: `[R, T]` float, log-probs under the policy that the update is relative to
+        (the trainer's recomputation at sampling time; constant).
       advantages: `[R]` float, one per rollout (broadcast over its tokens; GRPO), or
         `[R, T]` per-token advantages (PPO/GAE baseline). Constant (no gradient).
       completion_mask: `[R, T]` bool/int/float (> 0 means a real completion token).
-      epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]`.
-      dual_clip: None or `c > 1`.
-      ratio_level: `"token"` or `"sequence"`.
+      epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]` (`"clip"`).
+      dual_clip: None or `c > 1` (`"clip"` only).
+      ratio_level: `"token"` or `"sequence"` (applies to every `policy_loss_type`).
       loss_agg_mode: one of `LOSS_AGG_MODES`.
       max_len: `T_max` for `seq-mean-token-sum-norm` (default `T`); ignored otherwise.
       ref_logprobs: optional `[R, T]` float, reference-policy log-probs (constant).
@@ -507,21 +580,37 @@ def policy_loss(
       logits: optional `[R, T, V]` completion-aligned logits (already divided by the sampling
         temperature), only for the `entropy` metric (no gradient).
       denominator: optional scalar overriding this batch's denominator (micro-batching).
+      policy_loss_type: `"clip"` (default), `"cispo"` or `"sapo"`.
+      cispo_epsilon_low: None (no lower bound) or in `[0, 1)`: CISPO weight >= 1 - this.
+      cispo_epsilon_high: >= 0: CISPO weight <= 1 + this (default 0.28; MiniMax-M1 publishes
+        no value; TRL's `epsilon_high=5` cap on the weight is `cispo_epsilon_high=4`).
+      sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures (> 0) for `A > 0` / `A <= 0`.
+      kl_ratio_correction: multiply the per-token KL by the detached token ratio (see above).
+      sampler_logprobs: optional `[R, T]` float, log-probs the sampler reported (constant);
+        with `tis_cap`, turns on TIS.
+      tis_cap: TIS truncation `C > 0` (verl's default is 2); given iff `sampler_logprobs` is.
 
     Returns:
       `(loss, aux)`; `loss` float32 scalar. `aux` (all float32, no gradient):
-      `loss_sum`, `denominator` (this batch's, see above), `pg_loss` (surrogate part of the
-      loss), `num_tokens`, `clip_fraction` (fraction of tokens where the clip is active for
-      the sign of `A`: `A > 0 and rho > 1 + epsilon_high` or `A < 0 and rho < 1 - epsilon_low`),
-      `approx_kl` (token mean of k3 between old and new policy), `ratio_mean` (token mean of
-      `rho`), `per_rollout_loss [R]` (each row's token mean of the clipped surrogate computed
-      with the *unweighted* advantages, no KL; 0 for rows without tokens: the Prompt-GDRO loss
-      signal), `kl` (token mean of the KL estimate, only when `ref_logprobs` is given),
-      `entropy` (token mean, only when `logits` is given).
+      `loss_sum`, `denominator` (this batch's, see above), `pg_loss` (policy-gradient part of
+      the loss), `num_tokens`, `clip_fraction` (`"clip"`: fraction of tokens where the clip is
+      active for the sign of `A`: `A > 0 and rho > 1 + epsilon_high` or
+      `A < 0 and rho < 1 - epsilon_low`; `"cispo"`: tokens whose IS weight is clipped, either
+      side; `"sapo"`: 0, nothing is clipped), `approx_kl` (token mean of k3 between old and new
+      policy), `ratio_mean` (token mean of `rho`), `per_rollout_loss [R]` (each row's token
+      mean of the policy-gradient term computed with the *unweighted* advantages, TIS-weighted
+      when TIS is on, no KL; 0 for rows without tokens: the Prompt-GDRO loss signal), `kl`
+      (token mean of the KL estimate before `kl_coef`, ratio-corrected when
+      `kl_ratio_correction`; only when `ref_logprobs` is given), `entropy` (token mean, only
+      when `logits` is given), `tis_weight_mean` and `tis_clip_fraction` (token mean of the
+      TIS weight, fraction of tokens where `tis_cap` truncates it; only with TIS).
 
     Raises:
-      ValueError: unknown mode/kind/level, `epsilon_low` outside `[0, 1)`,
-        `epsilon_high < 0`, `dual_clip <= 1`, or `kl_coef != 0` without `ref_logprobs`.
+      ValueError: unknown mode/kind/level/type, `epsilon_low` outside `[0, 1)`,
+        `epsilon_high < 0`, `dual_clip <= 1` or with a type other than `"clip"`,
+        `cispo_epsilon_low` outside `[0, 1)`, `cispo_epsilon_high < 0`, a SAPO temperature
+        `<= 0`, `tis_cap <= 0`, only one of `sampler_logprobs`/`tis_cap`, or `kl_coef != 0`
+        without `ref_logprobs`.
       AssertionError: (chex) wrong ranks/shapes/dtypes.
     """
     _check_agg_mode(loss_agg_mode)
@@ -537,6 +626,16 @@ def policy_loss(
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     if ref_logprobs is None and _concrete(kl_coef) and float(kl_coef) != 0.0:
         raise ValueError(f"kl_coef = {kl_coef} needs ref_logprobs")
+    _check_policy_options(
+        policy_loss_type,
+        dual_clip,
+        cispo_epsilon_low,
+        cispo_epsilon_high,
+        sapo_tau_pos,
+        sapo_tau_neg,
+        sampler_logprobs,
+        tis_cap,
+    )
 
     logprobs = jnp.asarray(logprobs)
     old_logprobs = jnp.asarray(old_logprobs)
@@ -548,10 +647,11 @@ def policy_loss(
     chex.assert_shape(advantages, (r,) if advantages.ndim == 1 else (r, t))
     m = _bool_mask(completion_mask)
     cnt = jnp.sum(m, axis=1).astype(jnp.float32)  # [R]
+    sg = lax.stop_gradient
 
     lp = jnp.where(m, _f32(logprobs), 0.0)
-    old = jnp.where(m, lax.stop_gradient(_f32(old_logprobs)), 0.0)
-    adv = lax.stop_gradient(_f32(advantages))
+    old = jnp.where(m, sg(_f32(old_logprobs)), 0.0)
+    adv = sg(_f32(advantages))
     adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
     if sample_weights is not None:
         sample_weights = jnp.asarray(sample_weights)
@@ -561,16 +661,40 @@ def policy_loss(
     else:
         adv_w = adv
 
-    log_ratio = lp - old  # 0 where masked
+    token_log_ratio = lp - old  # 0 where masked
+    log_ratio = token_log_ratio
     if ratio_level == "sequence":
         seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(cnt, 1.0)
         log_ratio = jnp.where(m, seq[:, None], 0.0)
     ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio_sg = sg(ratio)
+
+    tis_w = None
+    if sampler_logprobs is not None:
+        sampler_logprobs = jnp.asarray(sampler_logprobs)
+        chex.assert_equal_shape([logprobs, sampler_logprobs])
+        chex.assert_type(sampler_logprobs, float)
+        samp = jnp.where(m, sg(_f32(sampler_logprobs)), 0.0)
+        tis_raw = jnp.exp(jnp.clip(old - samp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        tis_w = jnp.where(m, jnp.minimum(tis_raw, tis_cap), 0.0)
+
+    cispo_lo = 0.0 if cispo_epsilon_low is None else 1.0 - cispo_epsilon_low
+    cispo_hi = 1.0 + cispo_epsilon_high
 
     def surrogate(a):
-        pg = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high))
-        if dual_clip is not None:
-            pg = jnp.where(a < 0, jnp.minimum(pg, -dual_clip * a), pg)
+        if policy_loss_type == "clip":
+            pg = jnp.maximum(
+                -a * ratio, -a * jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+            )
+            if dual_clip is not None:
+                pg = jnp.where(a < 0, jnp.minimum(pg, -dual_clip * a), pg)
+        elif policy_loss_type == "cispo":
+            pg = -jnp.clip(ratio_sg, cispo_lo, cispo_hi) * a * lp
+        else:  # sapo
+            tau = jnp.where(a > 0, sapo_tau_pos, sapo_tau_neg)
+            pg = -a * jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+        if tis_w is not None:
+            pg = pg * tis_w
         return jnp.where(m, pg, 0.0)
 
     pg_t = surrogate(adv_w)
@@ -579,8 +703,11 @@ def policy_loss(
     if ref_logprobs is not None:
         ref_logprobs = jnp.asarray(ref_logprobs)
         chex.assert_equal_shape([logprobs, ref_logprobs])
-        ref = jnp.where(m, lax.stop_gradient(_f32(ref_logprobs)), 0.0)
-        kl_t = jnp.where(m, kl(lp, ref, kl_kind), 0.0)
+        ref = jnp.where(m, sg(_f32(ref_logprobs)), 0.0)
+        kl_t = kl(lp, ref, kl_kind)
+        if kl_ratio_correction:
+            kl_t = kl_t * sg(jnp.exp(jnp.clip(token_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)))
+        kl_t = jnp.where(m, kl_t, 0.0)
         per_token = pg_t + kl_coef * kl_t
 
     loss, loss_sum, local_den = aggregate_loss(
@@ -588,11 +715,14 @@ def policy_loss(
     )
     pg_loss, _, _ = aggregate_loss(pg_t, m, loss_agg_mode, max_len=max_len, denominator=denominator)
 
-    sg = lax.stop_gradient
-    ratio_sg = sg(ratio)
-    clipped = ((adv_w > 0) & (ratio_sg > 1.0 + epsilon_high)) | (
-        (adv_w < 0) & (ratio_sg < 1.0 - epsilon_low)
-    )
+    if policy_loss_type == "clip":
+        clipped = ((adv_w > 0) & (ratio_sg > 1.0 + epsilon_high)) | (
+            (adv_w < 0) & (ratio_sg < 1.0 - epsilon_low)
+        )
+    elif policy_loss_type == "cispo":
+        clipped = (ratio_sg > cispo_hi) | (ratio_sg < cispo_lo)
+    else:
+        clipped = jnp.zeros_like(m)
     d_old = jnp.clip(sg(old - lp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     aux = {
         "loss_sum": sg(loss_sum),
@@ -606,6 +736,9 @@ def policy_loss(
     }
     if kl_t is not None:
         aux["kl"] = _masked_mean(sg(kl_t), m)
+    if tis_w is not None:
+        aux["tis_weight_mean"] = _masked_mean(tis_w, m)
+        aux["tis_clip_fraction"] = _masked_mean((tis_raw > tis_cap).astype(jnp.float32), m)
     if logits is not None:
         logits = jnp.asarray(logits)
         chex.assert_rank(logits, 3)
@@ -613,6 +746,34 @@ def policy_loss(
         ent = entropy_from_logits(sg(logits))
         aux["entropy"] = _masked_mean(ent, m)
     return loss, aux
+
+
+def overlong_filter(completion_mask: chex.Array, truncated: chex.Array) -> jax.Array:
+    """Overlong filtering (DAPO Sec. 3.4): zero the completion-mask rows of truncated samples.
+
+    A truncated completion (it hit the generation limit without EOS) has no reliable reward;
+    with its mask row all zero it drops out of the loss *and* of the denominator of
+    `token-mean`, `seq-mean-token-mean` and `seq-mean-token-sum` (`loss_denominator` counts
+    tokens, or rows with at least one token). The constant normaliser of
+    `seq-mean-token-sum-norm` (`R * max_len`) still counts the row, by definition. Apply it
+    before computing the mini-batch denominator, so micro-batches see the same mask.
+
+    Args:
+      completion_mask: `[R, T]` bool/int/float.
+      truncated: `[R]` bool (or int/float, > 0 means truncated).
+
+    Returns:
+      `[R, T]` mask of `completion_mask`'s dtype, rows with `truncated` set to 0.
+
+    Raises:
+      AssertionError: (chex) wrong ranks/shapes.
+    """
+    completion_mask = jnp.asarray(completion_mask)
+    truncated = jnp.asarray(truncated)
+    chex.assert_rank([completion_mask, truncated], [2, 1])
+    chex.assert_shape(truncated, completion_mask.shape[:1])
+    tr = truncated if truncated.dtype == jnp.bool_ else truncated > 0
+    return jnp.where(tr[:, None], jnp.zeros((), completion_mask.dtype), completion_mask)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -267,3 +267,113 @@ def test_sharded_over_data_axis_matches_single_device():
         sharded, s2 = f(jax.device_put(r, sh), jax.device_put(seg, sh))
         np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-6, atol=1e-7)
         assert {k: int(v) for k, v in s1.items()} == {k: int(v) for k, v in s2.items()}
+
+
+# ---------------------------------------------------------------- scale: group / batch / none
+
+
+def test_scale_hand_values():
+    """Groups {1, 0} and {2, 0, 1}: centred (.5, -.5, 1, -1, 0). Batch std of the raw rewards
+    (1, 0, 2, 0, 1): mean .8, squared deviations .04 + .64 + 1.44 + .64 + .04 = 2.8, unbiased
+    var 2.8 / 4 = .7, population 2.8 / 5 = .56 (TRL scale_rewards="batch")."""
+    r, s = [1.0, 0.0, 2.0, 0.0, 1.0], [0, 0, 1, 1, 1]
+    c = np.array([0.5, -0.5, 1.0, -1.0, 0.0])
+    a, _ = adv(r, s, 2, scale="batch")
+    np.testing.assert_allclose(a, c / (math.sqrt(0.7) + 1e-6), rtol=1e-6)
+    a, _ = adv(r, s, 2, scale="batch", std="population")
+    np.testing.assert_allclose(a, c / (math.sqrt(0.56) + 1e-6), rtol=1e-6)
+    a, _ = adv(r, s, 2, scale="none")
+    np.testing.assert_allclose(a, c, rtol=1e-6)
+    # group stds: sqrt(.5) and 1 (unbiased)
+    a, _ = adv(r, s, 2, scale="group")
+    np.testing.assert_allclose(
+        a, c / (np.array([1, 1, 0, 0, 0]) * math.sqrt(0.5) + [0, 0, 1, 1, 1] + 1e-6), rtol=1e-6
+    )
+    # rloo centring (n / (n - 1) (r - m): x2 and x1.5) divided by the batch std
+    a, _ = adv(r, s, 2, estimator="rloo", scale="batch")
+    np.testing.assert_allclose(a, c * [2, 2, 1.5, 1.5, 1.5] / (math.sqrt(0.7) + 1e-6), rtol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_scale_default_is_the_estimator_own(estimator):
+    rng = np.random.default_rng(4)
+    seg = np.array([0, 0, 1, 1, 1, 2, 2, 2, 2])
+    r = rng.normal(size=seg.size)
+    own = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}[estimator]
+    np.testing.assert_array_equal(
+        adv(r, seg, 3, estimator=estimator)[0], adv(r, seg, 3, estimator=estimator, scale=own)[0]
+    )
+    # grpo with no scaling is dr_grpo
+    np.testing.assert_array_equal(
+        adv(r, seg, 3, scale="none")[0], adv(r, seg, 3, estimator="dr_grpo")[0]
+    )
+
+
+def test_batch_scale_with_padding_nonfinite_singletons_and_unequal_groups():
+    """The batch std is over every grouped finite row (singleton members included, padding and
+    masked non-finite rows excluded); uninformative groups still get exact zeros."""
+    r = np.array([1.0, 0.0, 9.0, 2.0, 0.0, 1.0, np.nan, 7.0, 4.0, 4.0, 4.0])
+    s = np.array([0, 0, -1, 1, 1, 1, 1, 2, 3, 3, 3])  # padding row 2, NaN in group 1, singleton 2
+    a, stats = adv(r, s, 4, scale="batch", nonfinite="mask")
+    pool = np.array([1.0, 0.0, 2.0, 0.0, 1.0, 7.0, 4.0, 4.0, 4.0])
+    sd = np.std(pool, ddof=1)
+    expect = np.array([0.5, -0.5, 0, 1.0, -1.0, 0.0, 0, 0, 0, 0, 0]) / (sd + 1e-6)
+    np.testing.assert_allclose(a, expect, rtol=1e-6, atol=1e-7)
+    assert stats["num_zero_std_groups"] == 1 and stats["num_singleton_groups"] == 1
+    # a batch whose rewards are all equal: zeros, not NaN
+    a, _ = adv([3.0] * 4, [0, 0, 1, 1], 2, scale="batch")
+    np.testing.assert_array_equal(a, 0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(grouped_rewards(), st.floats(0.1, 100.0), st.floats(-50, 50))
+def test_property_batch_scale(data, scale, shift):
+    """Group sums are zero, A is invariant to r -> scale * r + shift, and equals the group
+    centring divided by one batch-wide constant."""
+    r, s, p = data
+    a, _ = adv(r, s, p, scale="batch")
+    b, _ = adv(scale * r + shift, s, p, scale="batch")
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-3)
+    for g in range(p):
+        assert abs(a[s == g].sum()) < 1e-4
+    c = reference(r, s, p, "dr_grpo")
+    pool = r[s >= 0]
+    if pool.size >= 2 and np.any(c != 0):
+        np.testing.assert_allclose(a, c / (np.std(pool, ddof=1) + 1e-6), rtol=1e-4, atol=1e-5)
+
+
+def test_scale_under_jit_and_bad_value():
+    r = jnp.array([1.0, 0.0, 2.0, 0.0, 1.0])
+    s = jnp.array([0, 0, 1, 1, 1])
+    f = jax.jit(
+        functools.partial(advantages.compute, num_segments=2, scale="batch", nonfinite="mask")
+    )
+    np.testing.assert_allclose(f(r, s)[0], adv(r, s, 2, scale="batch")[0], rtol=1e-6)
+    with pytest.raises(ValueError, match="scale"):
+        advantages.compute(r, s, 2, scale="prompt")
+
+
+# ---------------------------------------------------------------- DAPO overlong penalty
+
+
+def test_overlong_penalty_hand_values():
+    """DAPO Eq. 13 with L_max = 20, L_cache = 4: 0 up to 16, then (16 - L) / 4, -1 beyond 20."""
+    lengths = jnp.array([0, 10, 16, 17, 18, 19, 20, 21, 100])
+    expect = np.array([0, 0, 0, -0.25, -0.5, -0.75, -1.0, -1.0, -1.0])
+    out = advantages.overlong_penalty(lengths, 20, 4)
+    assert out.dtype == jnp.float32 and out.shape == (9,)
+    np.testing.assert_allclose(out, expect, rtol=1e-6)
+    np.testing.assert_allclose(
+        advantages.overlong_penalty(lengths, 20, 4, 0.5), expect / 2, rtol=1e-6
+    )
+    # float lengths, under jit; cache = the whole budget: linear from 0 at L = 0
+    f = jax.jit(advantages.overlong_penalty, static_argnums=(1, 2))
+    np.testing.assert_allclose(f(jnp.array([0.0, 2.0, 8.0, 9.0]), 8, 8), [0, -0.25, -1, -1])
+
+
+def test_overlong_penalty_bad_arguments():
+    for max_len, cache_len in [(0, 1), (10, 0), (10, 11), (10, -2)]:
+        with pytest.raises(ValueError):
+            advantages.overlong_penalty(jnp.array([1]), max_len, cache_len)
+    with pytest.raises(AssertionError):
+        advantages.overlong_penalty(jnp.zeros((2, 2)), 10, 2)

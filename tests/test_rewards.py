@@ -160,6 +160,38 @@ def test_equivalences(math_fn):
     assert stats["num_format_ok"] == len(cases) - 3
 
 
+def test_numeric_precision_distinguishes_tiny_values():
+    """math-verify's default precision (15 digits) equates 1/2^99 and 1/2^98 (difference
+    ~1.6e-30); ours (100 digits) does not. Decimal answers keep the float_rounding rule."""
+    assert not math_verify_check("1/2^99", "1/2^98")
+    assert not math_verify_check(r"\frac{1}{2^{99}}", r"\frac{1}{2^{98}}")
+    assert math_verify_check(r"\frac{1}{2^{99}}", "2^{-99}")
+    assert math_verify_check("1/2^99", "1/2^98", numeric_precision=15)  # the old behaviour
+    assert math_verify_check(r"\text{13}", "13")
+    assert math_verify_check("0.333333", r"\frac{1}{3}")
+    assert not math_verify_check("0.333333", r"\frac{1}{3}", float_rounding=8)
+    assert math_verify_check(r"\sqrt{2}\sqrt{3}", r"\sqrt{6}")  # irrational, exactly equal
+
+
+def test_precision_option_reaches_the_workers(math_fn):
+    completions = [
+        r"\boxed{\frac{1}{2^{99}}}",
+        r"\boxed{\text{13}}",
+        r"\boxed{0.333333}",
+        r"\boxed{1/2^{99}}",
+    ]
+    golds = [r"\frac{1}{2^{98}}", "13", r"\frac{1}{3}", "2^{-99}"]
+    _, correct, stats = math_fn(completions, golds)  # default RewardConfig precision
+    np.testing.assert_array_equal(correct, [False, True, True, True])
+    assert stats["num_fast_path"] == 0 and stats["num_crashes"] == 0
+    cfg = RewardConfig(task="math", num_workers=1, timeout_s=20.0, numeric_precision=15)
+    _, correct, _ = compute_rewards(completions, golds, cfg)
+    np.testing.assert_array_equal(correct, [True, True, True, True])
+    for bad in (dict(numeric_precision=0), dict(float_rounding=-1)):
+        with pytest.raises(ValueError):
+            RewardConfig(**bad)
+
+
 def test_gsm8k_commas_and_formats(gsm8k_fn):
     completions = [
         "... #### 1,000",

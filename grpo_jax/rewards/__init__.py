@@ -42,6 +42,8 @@ from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer, integer_an
 from grpo_jax.rewards.verify import (
     CRASH,
     DEFAULT_CHECKER,
+    DEFAULT_FLOAT_ROUNDING,
+    DEFAULT_NUMERIC_PRECISION,
     GOLD_ERROR,
     OK,
     TIMEOUT,
@@ -73,6 +75,11 @@ class RewardConfig:
       start_method: worker start method, ``"forkserver"`` (default) or ``"spawn"``.
       integer_fast_path: compare integer answers with integer golds in-process (default
         checker only; same decision as math-verify, see tests).
+      numeric_precision: significant digits of math-verify's numeric comparison (default
+        checker only; see `grpo_jax.rewards.verify`). The default, 100, scores ``1/2^99`` vs
+        ``1/2^98`` wrong; math-verify's own default, 15, would score them equal.
+      float_rounding: decimal places when one side is a decimal literal (default checker only;
+        math-verify's default 6: ``0.333333`` == ``1/3``).
     """
 
     task: str = "math"
@@ -84,6 +91,8 @@ class RewardConfig:
     checker: str = DEFAULT_CHECKER
     start_method: str | None = None
     integer_fast_path: bool = True
+    numeric_precision: int = DEFAULT_NUMERIC_PRECISION
+    float_rounding: int = DEFAULT_FLOAT_ROUNDING
 
     def __post_init__(self):
         if self.task not in _TASKS:
@@ -100,6 +109,12 @@ class RewardConfig:
             raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.num_workers < 1:
             raise ValueError(f"RewardConfig.num_workers must be >= 1, got {self.num_workers}")
+        if not self.numeric_precision >= 1:
+            raise ValueError(
+                f"RewardConfig.numeric_precision must be >= 1, got {self.numeric_precision}"
+            )
+        if not self.float_rounding >= 0:
+            raise ValueError(f"RewardConfig.float_rounding must be >= 0, got {self.float_rounding}")
 
 
 def _gold_key(gold) -> str | tuple[str, ...]:
@@ -127,6 +142,14 @@ class RewardFn:
                 timeout_s=config.timeout_s,
                 checker=config.checker,
                 start_method=config.start_method,
+                checker_kwargs=(
+                    {
+                        "numeric_precision": config.numeric_precision,
+                        "float_rounding": config.float_rounding,
+                    }
+                    if config.checker == DEFAULT_CHECKER
+                    else None
+                ),
             )
 
     def __call__(

@@ -21,7 +21,18 @@ import the main module.
 
 Checkers are named ``"module:function"`` and resolved inside the worker, so tests can inject a
 checker that sleeps or crashes. A checker is called as ``fn(pred: str, gold: str | tuple[str,
-...]) -> bool`` and may raise `GoldParseError` to flag a gold answer that does not parse.
+...], **checker_kwargs) -> bool`` (``checker_kwargs`` of `VerifierPool`, empty by default) and may
+raise `GoldParseError` to flag a gold answer that does not parse.
+
+Precision: math-verify compares two exact expressions numerically with
+``(gold - pred).evalf(n=numeric_precision, chop=True) == 0``; ``chop`` zeroes a difference below
+about ``10**-numeric_precision``. At math-verify's default (15 digits) ``1/2^99`` and ``1/2^98``
+(difference ~1.6e-30) are scored equal. `math_verify_check` defaults to
+`DEFAULT_NUMERIC_PRECISION` = 100 digits (distinguishes values down to ~1e-100, e.g. ``2^{-330}``
+from ``2^{-331}``). ``float_rounding`` (decimal places, math-verify's default 6) is a separate
+rule: when either side is a decimal literal both are rounded to that many places, so ``1/3`` and
+``0.333333`` stay equal (and so would ``1/2^99`` and ``0.0``: a decimal answer is only as precise
+as ``float_rounding``).
 """
 
 from __future__ import annotations
@@ -45,6 +56,8 @@ from grpo_jax.rewards.extract import split_top_level
 
 __all__ = [
     "DEFAULT_CHECKER",
+    "DEFAULT_FLOAT_ROUNDING",
+    "DEFAULT_NUMERIC_PRECISION",
     "GoldParseError",
     "VerifierPool",
     "math_verify_check",
@@ -53,6 +66,11 @@ __all__ = [
 ]
 
 DEFAULT_CHECKER = "grpo_jax.rewards.verify:math_verify_check"
+# Significant digits of math-verify's numeric comparison (its own default, 15, equates values
+# that differ by less than ~1e-15, e.g. 1/2^99 and 1/2^98) and decimal places for decimal
+# literals (math-verify's default).
+DEFAULT_NUMERIC_PRECISION = 100
+DEFAULT_FLOAT_ROUNDING = 6
 
 # Item outcome statuses returned by VerifierPool.run.
 OK, TIMEOUT, CRASH, GOLD_ERROR = "ok", "timeout", "crash", "gold_error"
@@ -76,10 +94,23 @@ def parse_answer(answer: str) -> tuple:
     return tuple(math_verify.parse("\\boxed{" + answer + "}", parsing_timeout=None))
 
 
-def _verify(gold_parsed: tuple, pred_parsed: tuple) -> bool:
+def _verify(
+    gold_parsed: tuple,
+    pred_parsed: tuple,
+    numeric_precision: int = DEFAULT_NUMERIC_PRECISION,
+    float_rounding: int = DEFAULT_FLOAT_ROUNDING,
+) -> bool:
     import math_verify
 
-    return bool(math_verify.verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None))
+    return bool(
+        math_verify.verify(
+            list(gold_parsed),
+            list(pred_parsed),
+            float_rounding=float_rounding,
+            numeric_precision=numeric_precision,
+            timeout_seconds=None,
+        )
+    )
 
 
 def _gold(g: str) -> tuple:
@@ -89,7 +120,13 @@ def _gold(g: str) -> tuple:
     return parsed
 
 
-def math_verify_check(pred: str, gold: str | Sequence[str]) -> bool:
+def math_verify_check(
+    pred: str,
+    gold: str | Sequence[str],
+    *,
+    numeric_precision: int = DEFAULT_NUMERIC_PRECISION,
+    float_rounding: int = DEFAULT_FLOAT_ROUNDING,
+) -> bool:
     """Is the extracted answer `pred` equivalent to `gold` (math-verify, strict mode)?
 
     Args:
@@ -98,6 +135,12 @@ def math_verify_check(pred: str, gold: str | Sequence[str]) -> bool:
         ``is_multiple_answer``): correct when `pred` matches the comma-joined golds as a whole
         (tuple/set, order-insensitive for sets) or `pred` splits at top-level commas into exactly
         as many parts, each matching a different gold part.
+      numeric_precision: significant digits of math-verify's numeric comparison of exact
+        expressions (``verify(numeric_precision=)``; a difference below about
+        ``10**-numeric_precision`` counts as 0). Default 100: ``1/2^99`` != ``1/2^98``
+        (math-verify's own default, 15, equates them).
+      float_rounding: decimal places both sides are rounded to when one is a decimal literal
+        (``verify(float_rounding=)``, default 6: ``1/3`` == ``0.333333``).
 
     Returns:
       bool.
@@ -105,17 +148,18 @@ def math_verify_check(pred: str, gold: str | Sequence[str]) -> bool:
     Raises:
       GoldParseError: a gold (part) does not parse.
     """
+    prec = {"numeric_precision": int(numeric_precision), "float_rounding": int(float_rounding)}
     if isinstance(gold, str):
         gold_parsed = _gold(gold)
         pred_parsed = parse_answer(pred)
-        return bool(pred_parsed) and _verify(gold_parsed, pred_parsed)
+        return bool(pred_parsed) and _verify(gold_parsed, pred_parsed, **prec)
     golds = [str(g) for g in gold]
     if len(golds) == 1:
-        return math_verify_check(pred, golds[0])
+        return math_verify_check(pred, golds[0], **prec)
     parsed_parts = [_gold(g) for g in golds]
     whole = parse_answer(", ".join(golds))
     pred_parsed = parse_answer(pred)
-    if whole and pred_parsed and _verify(whole, pred_parsed):
+    if whole and pred_parsed and _verify(whole, pred_parsed, **prec):
         return True
     pred_parts = split_top_level(pred)
     if len(pred_parts) != len(golds):
@@ -123,7 +167,7 @@ def math_verify_check(pred: str, gold: str | Sequence[str]) -> bool:
     unused = list(range(len(golds)))
     for part in pred_parts:
         pp = parse_answer(part)
-        hit = next((k for k in unused if pp and _verify(parsed_parts[k], pp)), None)
+        hit = next((k for k in unused if pp and _verify(parsed_parts[k], pp, **prec)), None)
         if hit is None:
             return False
         unused.remove(hit)
@@ -141,8 +185,11 @@ def resolve_checker(spec: str):
 # ------------------------------------------------------------------------------------------------
 # Worker process.
 # ------------------------------------------------------------------------------------------------
-def _worker_main(conn, checker: str, sys_path: list[str]) -> None:  # pragma: no cover (subprocess)
+def _worker_main(
+    conn, checker: str, sys_path: list[str], checker_kwargs: dict | None = None
+) -> None:  # pragma: no cover (subprocess)
     """Worker loop: receive ``(idx, pred, gold)``, send ``(idx, status, value)``."""
+    checker_kwargs = dict(checker_kwargs or {})
     sys.path[:] = list(sys_path)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     try:
@@ -162,7 +209,7 @@ def _worker_main(conn, checker: str, sys_path: list[str]) -> None:  # pragma: no
             return
         idx, pred, gold = msg
         try:
-            conn.send((idx, OK, bool(fn(pred, gold))))
+            conn.send((idx, OK, bool(fn(pred, gold, **checker_kwargs))))
         except GoldParseError as e:
             conn.send((idx, GOLD_ERROR, str(e)))
         except Exception as e:
@@ -172,11 +219,11 @@ def _worker_main(conn, checker: str, sys_path: list[str]) -> None:  # pragma: no
 class _Worker:
     __slots__ = ("proc", "conn", "ready", "item", "deadline", "started")
 
-    def __init__(self, ctx, checker: str):
+    def __init__(self, ctx, checker: str, checker_kwargs: dict | None = None):
         parent, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_worker_main,
-            args=(child, checker, list(sys.path)),
+            args=(child, checker, list(sys.path), dict(checker_kwargs or {})),
             daemon=True,
             name="grpo_jax-verifier",
         )
@@ -208,6 +255,8 @@ class VerifierPool:
       start_method: ``"forkserver"`` (default where available) or ``"spawn"``; ``"fork"`` is
         refused (unsafe in a process running JAX).
       startup_timeout_s: seconds a new worker may take to import the checker.
+      checker_kwargs: keyword arguments passed to every checker call (picklable values), e.g.
+        ``{"numeric_precision": 100}`` for `math_verify_check`; default none.
 
     `run` is thread-safe (calls are serialised) and may be called from any thread. Workers start
     on the first `run` and persist until `close` (also on garbage collection / interpreter exit:
@@ -221,6 +270,7 @@ class VerifierPool:
         checker: str = DEFAULT_CHECKER,
         start_method: str | None = None,
         startup_timeout_s: float = 120.0,
+        checker_kwargs: dict | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -235,13 +285,14 @@ class VerifierPool:
         self.timeout_s = float(timeout_s)
         self.checker = checker
         self.startup_timeout_s = float(startup_timeout_s)
+        self.checker_kwargs = dict(checker_kwargs or {})
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         self.num_restarts = 0
 
     def _spawn(self) -> _Worker:
-        return _Worker(self._ctx, self.checker)
+        return _Worker(self._ctx, self.checker, self.checker_kwargs)
 
     def _replace(self, k: int, count: bool = True) -> None:
         self._workers[k].kill()
