@@ -5,7 +5,7 @@
 SmolLM2-135M architecture (random weights: speed and memory do not depend on the values),
 float32, one CPU process. Times the jitted forward (the reference pass) and loss + gradient (the
 update's core) for both variants, best and median of --repeats calls after compilation, and
-prints XLA's temporary bytes of each compiled program. `grpo_jax.train.completion_logprobs` is
+prints XLA's temporary bytes of each compiled program. `grpo_jax.steps.completion_logprobs` is
 the completion-only variant; `full_head_logprobs` below is what it replaced.
 """
 
@@ -22,10 +22,11 @@ def full_head_logprobs(graphdef, params, tokens, attention_mask, prompt_len, tem
     """The previous completion_logprobs: [R, Lp + Lc - 1, V] logits, then the Lc positions."""
     from flax import nnx
 
-    from grpo_jax import losses, train
+    from grpo_jax import losses
+    from grpo_jax.models.transformer import positions_from_mask
 
     model = nnx.merge(graphdef, params)
-    positions = train.positions_from_mask(attention_mask)
+    positions = positions_from_mask(attention_mask)
     logits, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
     return losses.logprobs_from_logits(
         logits[:, prompt_len - 1 :], tokens[:, prompt_len:], temperature
@@ -45,7 +46,7 @@ def main():
     import numpy as np
     from flax import nnx
 
-    from grpo_jax import train
+    from grpo_jax import steps
     from grpo_jax.models.config import get_preset
     from grpo_jax.models.transformer import Transformer
 
@@ -75,7 +76,7 @@ def main():
     print(f"{'variant':<28}{'program':<16}{'best s':>9}{'median s':>10}{'temp GiB':>10}")
     for name, fn in (
         ("LM head on every position", full_head_logprobs),
-        ("LM head on completion only", train.completion_logprobs),
+        ("LM head on completion only", steps.completion_logprobs),
     ):
         fwd = lambda p, t, m, fn=fn: fn(graphdef, p, t, m, a.prompt_len, 1.0)
         grad = jax.grad(lambda p, t, m, fn=fn: -(fwd(p, t, m) * adv).mean())

@@ -7,7 +7,7 @@ SmolLM2-135M architecture (random weights; speed does not depend on the values),
 CPU process, rows in groups of `group_size` identical prompts (a GRPO group). Times, best of
 --repeats calls after compilation:
   * the log-prob forward (the reference pass) and loss + gradient (the update's core) of
-    `train.completion_logprobs` with group_size 1 and G, and the largest difference of values;
+    `steps.completion_logprobs` with group_size 1 and G, and the largest difference of values;
   * the sampler's prefill + 2 decode steps (`sampling.generate`, max_new_tokens=2) with
     `prompt_group_size` 1 and G.
 The defaults are one micro-batch of issue #10's peer workload (8 rollouts of a 159-token
@@ -36,7 +36,7 @@ def main():
     import numpy as np
     from flax import nnx
 
-    from grpo_jax import sampling, train
+    from grpo_jax import sampling, steps
     from grpo_jax.models.config import get_preset
     from grpo_jax.models.transformer import Transformer
 
@@ -67,11 +67,11 @@ def main():
     )
     out = {}
     for g in (1, G):
-        fwd = jax.jit(lambda p, t, m, g=g: train.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g))
+        fwd = jax.jit(lambda p, t, m, g=g: steps.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g))
         grad = jax.jit(
             jax.grad(
                 lambda p, t, m, g=g: (
-                    -(train.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g) * adv).mean()
+                    -(steps.completion_logprobs(graphdef, p, t, m, Lp, 1.0, g) * adv).mean()
                 )
             )
         )

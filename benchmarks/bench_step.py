@@ -53,26 +53,24 @@ def main():
 
     import jax
 
-    from grpo_jax import train
+    from grpo_jax import steps, train
     from grpo_jax.experiment import build_experiment
 
     config = load_config(args.config)
     config.logging.progress_bar = False
     exp = build_experiment(config)
-    state = exp.init_state(make_state=train.TrainState)
-    exp.set_ref_params(None, state)
-    fns = train._jit_functions(exp)
-    ctrl = train.init_controllers(exp)
+    run, _ = steps.init_run(exp, warm_start=False)  # RL from the initialisation (no SFT)
+    fns = steps.make_steps(exp)
     source = exp.make_source()
     rows = []
     for i in range(args.warmup + args.steps):
-        state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
+        run, row = train.rl_step(exp, fns, run, source)
         if i >= args.warmup:
             rows.append(row)
     peak = matmul_peak()
 
     mc = exp.model_config
-    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    n_params = sum(x.size for x in jax.tree.leaves(run.train.params))
     R = config.rollout.prompts_per_step * config.rollout.rollouts_per_prompt
     T = exp.prompt_len + exp.max_new_tokens - 1
     updates_per_step = config.algorithm.num_iterations * (R // exp.mini_batch_size)

@@ -3,7 +3,7 @@
   python benchmarks/bench_swiglu.py [--rows=8 --prompt_len=159 --completion_len=128]
 
 SmolLM2-135M architecture (random weights), float32, one CPU process: times the jitted
-loss + gradient of `train.completion_logprobs` (the update's core) with
+loss + gradient of `steps.completion_logprobs` (the update's core) with
 `jax.nn.silu(g) * u` (autodiff keeps sigmoid, silu, g and u of every layer for the backward
 pass) and with `swiglu` (keeps g and u, recomputes the sigmoid), best and median of --repeats
 calls after compilation, and the model FLOP/s of each (6 x layer parameters x positions + the
@@ -33,7 +33,7 @@ def main():
     import numpy as np
     from flax import nnx
 
-    from grpo_jax import train
+    from grpo_jax import steps
     from grpo_jax.models import transformer
     from grpo_jax.models.config import get_preset
 
@@ -49,7 +49,7 @@ def main():
     flops = 6 * n_body * a.rows * (L - 1) + 6 * n_head * a.rows * a.completion_len
 
     def loss(p, t, m):
-        return -(train.completion_logprobs(graphdef, p, t, m, a.prompt_len, 1.0) * adv).mean()
+        return -(steps.completion_logprobs(graphdef, p, t, m, a.prompt_len, 1.0) * adv).mean()
 
     print(
         f"SmolLM2-135M, {a.rows} rows x ({a.prompt_len} + {a.completion_len}) positions, "

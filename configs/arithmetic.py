@@ -10,7 +10,7 @@ from configs import common
 
 
 def get_config(arg: str = "grpo"):
-    algorithm, parts = common.parse_arg(arg, flags=("heavy_tailed", "smoke"))
+    algorithm, parts = common.parse_arg(arg, flags=("heavy_tailed", "smoke", "paper_gdro"))
     c = common.base_config()
     c.steps = 100  # RL steps
     c.model.preset = "tiny"  # 2 layers, width 64 (see grpo_jax/models/config.py)
@@ -51,10 +51,10 @@ def get_config(arg: str = "grpo"):
     c.eval.top_p = 0.8
     c.eval.top_k = 20
     c.eval.batch_size = 512
-    # the surrogate signal is ~0 at ratio 1 with one update per batch (docs/gdro.md)
-    c.gdro.prompt.signal = c.gdro.rollout.signal = "failure_rate"
     c.reward.num_workers = 1  # arithmetic is scored in-process (no pool is started)
     common.apply_algorithm(c, algorithm)
+    if "paper_gdro" in parts:  # the paper's controllers (docs/gdro.md)
+        common.paper_gdro(c)
     if "heavy_tailed" in parts:
         c.data.arithmetic.levels = (1, 2, 3, 4, 5)
         c.data.arithmetic.heavy_tailed = True  # most problems easy, a long tail of hard levels

@@ -5,6 +5,7 @@ Units are in the names (`*_steps`, `*_tokens`, `*_per_step`, `*_s`). Every field
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -63,6 +64,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.algorithm.mini_batch_size = 0  # rollouts per gradient step (0 = the whole batch R)
     c.algorithm.micro_batch_size = 0  # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
     c.algorithm.shared_prompt_forward = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
+    # the policy objective (grpo_jax.losses.policy_loss): clip (PPO/GRPO) | cispo (MiniMax-M1:
+    # clipped, detached IS weight x advantage x log-prob) | sapo (a sigmoid gate, no hard clip)
+    c.algorithm.policy_loss_type = "clip"
+    c.algorithm.ratio_level = "token"  # importance ratio per token | sequence (GSPO)
+    c.algorithm.cispo_epsilon_low = config_dict.placeholder(float)  # CISPO: None = no lower bound
+    c.algorithm.cispo_epsilon_high = 0.28  # CISPO: IS weight capped at 1 + this
+    c.algorithm.sapo_tau_pos = 1.0  # SAPO: gate temperature for A > 0
+    c.algorithm.sapo_tau_neg = 1.05  # SAPO: gate temperature for A <= 0
+    c.algorithm.kl_ratio_correction = (
+        False  # KL term times the detached ratio pi/pi_old (TRL-style)
+    )
+    # advantage scaling: None = the estimator's own (grpo: group std) | group | batch | none
+    c.algorithm.scale_rewards = config_dict.placeholder(str)
+    c.algorithm.overlong_filtering = False  # DAPO: truncated completions drop out of the loss
+    c.algorithm.overlong_penalty_factor = 0.0  # DAPO soft overlong punishment (0 = off)
+    c.algorithm.overlong_cache_tokens = 0  # DAPO L_cache: the penalty ramps over the last N tokens
+    # truncated importance sampling cap on exp(old - sampler) log-probs (0 = off; verl uses 2)
+    c.algorithm.tis_cap = 0.0
     c.algorithm.reward_scale = "pm1"  # pm1 (+1/-1, paper) | 01
     c.algorithm.dynamic_sampling = False  # DAPO: drop all-equal groups and re-sample
     c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling
@@ -77,8 +96,14 @@ def base_config() -> ml_collections.ConfigDict:
     # hysteresis margin (-1 = the curriculum's own: 0.03 for Prompt-GDRO, 0 otherwise)
     c.gdro.classifier.delta = -1.0
     c.gdro.classifier.unseen_bin = 0  # bin of never-seen prompts
-    c.gdro.classifier.statistic = "any_correct"  # per-visit statistic: any_correct | pass_at_k
+    # Each section's `mode`: corrected (default) | paper; "paper" reproduces the paper / released
+    # code, and every switch left at None takes its mode's value (docs/gdro.md has the table).
+    c.gdro.classifier.mode = "corrected"
+    # per-visit statistic: success_rate (window pass@1) | any_correct (paper) | pass_at_k
+    c.gdro.classifier.statistic = config_dict.placeholder(str)
     c.gdro.classifier.pass_k = 4  # k for the pass_at_k statistic
+    # never-seen prompts in their own state (True) or in unseen_bin (paper: False)
+    c.gdro.classifier.separate_unseen = config_dict.placeholder(bool)
     c.gdro.prompt = ml_collections.ConfigDict()
     c.gdro.prompt.eta = 0.65  # exponential-weights step size (eta_q)
     c.gdro.prompt.gamma = 0.01  # uniform mixing
@@ -87,7 +112,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.gdro.prompt.weight_cap = 15.0  # cap on per-rollout advantage weights
     c.gdro.prompt.score_clip = 0.0  # clip C on scores before exp (0 = none)
     c.gdro.prompt.apply = "advantage_weight"  # advantage_weight | resample
-    c.gdro.prompt.signal = "surrogate_loss"  # loss signal: surrogate_loss | failure_rate
+    c.gdro.prompt.mode = "corrected"  # corrected | paper
+    # loss signal: failure_rate (corrected) | surrogate_loss (paper; 0 at ratio 1)
+    c.gdro.prompt.signal = config_dict.placeholder(str)
+    # Eq. 12's division of a bin's mean signal by its batch share (paper: True)
+    c.gdro.prompt.share_division = config_dict.placeholder(bool)
+    # weights mean 1 over rollouts with non-zero advantage (paper: over all rollouts)
+    c.gdro.prompt.renormalise_informative = config_dict.placeholder(bool)
     c.gdro.rollout = ml_collections.ConfigDict()
     c.gdro.rollout.allocator = "bandit"  # bandit | sqrt
     c.gdro.rollout.n_min = 2  # fewest rollouts per prompt (>= 2)
@@ -96,8 +127,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.gdro.rollout.gamma = 0.01  # bandit uniform mixing
     c.gdro.rollout.ema_decay = 0.4  # EMA decay of arm scores
     c.gdro.rollout.alpha_mu = 0.05  # dual-ascent step on the price mu
-    c.gdro.rollout.v_floor = 0.01  # sqrt allocator: variance floor
-    c.gdro.rollout.signal = "surrogate_loss"  # loss signal: surrogate_loss | failure_rate
+    c.gdro.rollout.v_floor = 0.01  # variance floor (sqrt allocator, variance feedback)
+    c.gdro.rollout.mode = "corrected"  # corrected | paper
+    # loss signal: failure_rate (corrected) | surrogate_loss (paper)
+    c.gdro.rollout.signal = config_dict.placeholder(str)
+    # bandit feedback: variance (per-rollout variance, depends on n) | loss (paper)
+    c.gdro.rollout.feedback = config_dict.placeholder(str)
+    # arm choice weighted by each bin's prompt count (paper: unweighted)
+    c.gdro.rollout.count_weighted_dp = config_dict.placeholder(bool)
 
     # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
     c.ppo = ml_collections.ConfigDict()
@@ -152,6 +189,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.timeout_s = 5.0  # per-completion verifier timeout (seconds)
     c.reward.num_workers = 2  # verifier worker processes
     c.reward.format_reward = 0.0  # bonus for a well-formed final answer
+    # math-verify: significant digits of numeric comparison (15 scores 1/2^99 == 1/2^98)
+    c.reward.numeric_precision = 100
+    c.reward.float_rounding = 6  # math-verify: decimals kept when one side is a decimal literal
     return c
 
 
@@ -164,6 +204,13 @@ def apply_algorithm(c: ml_collections.ConfigDict, name: str) -> ml_collections.C
 
     algorithms.get(name)
     c.algorithm.name = name
+    return c
+
+
+def paper_gdro(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Every GDRO switch at the paper's / released code's value (``mode = "paper"``)."""
+    for section in (c.gdro.classifier, c.gdro.prompt, c.gdro.rollout):
+        section.mode = "paper"
     return c
 
 

@@ -19,7 +19,7 @@ def get_config(arg: str = "8b,grpo"):
         raise ValueError(
             f"unknown model size {size!r}: the first part is one of {', '.join(SIZES)}"
         )
-    algorithm, parts = common.parse_arg(rest, flags=("tpu", "gpu8"))
+    algorithm, parts = common.parse_arg(rest, flags=("tpu", "gpu8", "paper_gdro"))
     mesh = "gpu8" if "gpu8" in parts else "tpu"
     c = common.base_config()
     c.steps = 1000  # paper: 1000 steps (Prompt-GDRO script: 500)
@@ -67,4 +67,6 @@ def get_config(arg: str = "8b,grpo"):
     else:
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     common.apply_algorithm(c, algorithm)
+    if "paper_gdro" in parts:  # the paper's controllers (docs/gdro.md)
+        common.paper_gdro(c)
     return c

@@ -18,7 +18,7 @@ def default_gguf() -> str:
 
 
 def get_config(arg: str = "grpo"):
-    algorithm, parts = common.parse_arg(arg, flags=("smoke",))
+    algorithm, parts = common.parse_arg(arg, flags=("smoke", "paper_gdro"))
     c = common.base_config()
     c.steps = 200  # RL steps
     c.model.gguf_path = default_gguf()  # SmolLM2-135M-Instruct, Q4_1 dequantised to float32
@@ -38,6 +38,8 @@ def get_config(arg: str = "grpo"):
     c.eval.batch_size = 64
     c.reward.num_workers = 2  # math-verify worker processes
     common.apply_algorithm(c, algorithm)
+    if "paper_gdro" in parts:  # the paper's controllers (docs/gdro.md)
+        common.paper_gdro(c)
     # each group's prompt runs once (prefill, reference pass, update): the same values for ~half
     # the compute at 8 rollouts x (~160 prompt + 128 completion) tokens; needs equal group sizes
     c.algorithm.shared_prompt_forward = algorithms.get(algorithm).curriculum.fixed_group_size

@@ -6,12 +6,13 @@ lowers and compiles, on an abstract mesh of virtual CPU devices standing in for 
 (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before JAX starts), with
 ``jax.ShapeDtypeStruct`` inputs carrying the real shardings (``grpo_jax.sharding`` rules):
 
-  update     ``train.make_update_fn(exp)``: one mini-batch AdamW update (the jitted, donated
-             step train.py runs), at ``config.algorithm.mini_batch_size`` rollouts;
+  update     ``steps.make_steps(exp).update``: one mini-batch AdamW update (the jitted, donated
+             program the step's ``train`` loop runs once per mini-batch), at
+             ``config.algorithm.mini_batch_size`` rollouts;
   sampler    ``grpo_jax.sampling.generate`` (prefill + the KV-cache decode loop) for the step's
              R = prompts_per_step x rollouts_per_prompt rows; ``--sampler=decode`` compiles one
              prefill call and one decode call on the full-size cache instead;
-  logprobs   ``train.make_logprobs_fn(exp)``: the reference / old log-prob pass over the whole
+  logprobs   ``steps.make_steps(exp).logprobs``: the reference / old log-prob pass over the whole
              R-row batch, as ``rl_step`` calls it (one mini-batch of rows at a time, inside the
              jitted program; only when kl_coef > 0 or the batch is reused).
 
@@ -194,7 +195,9 @@ def compile_steps(
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from grpo_jax import sampling, sharding, train
+    from grpo_jax import algorithms, sampling, sharding
+    from grpo_jax import state as state_lib
+    from grpo_jax import steps as steps_lib
     from grpo_jax.experiment import build_experiment
     from grpo_jax.models import transformer
 
@@ -202,7 +205,8 @@ def compile_steps(
     config.model.hf_checkpoint = ""
     config.model.gguf_path = ""
     exp = build_experiment(config, with_data=False)
-    state = exp.abstract_state(train.TrainState)
+    state = exp.abstract_state  # ShapeDtypeStructs with the run's shardings
+    fns = steps_lib.make_steps(exp)
     mesh = exp.mesh
     P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
     R, mb = P * n_bar, exp.mini_batch_size
@@ -222,19 +226,25 @@ def compile_steps(
 
     # 1. the update (one mini-batch).
     lc_shape = (mb, Lc)
-    batch = train.Batch(
+    per_token = exp.learner.per_token_advantages  # PPO: per-token advantages and critic targets
+    fields = dict(
         tokens=batched((mb, Lp + Lc), "int32"),
         attention_mask=batched((mb, Lp + Lc), "bool"),
         completion_mask=batched(lc_shape, "float32"),
-        advantages=batched(lc_shape if config.algorithm.name == "ppo" else (mb,), "float32"),
+        advantages=batched(lc_shape if per_token else (mb,), "float32"),
         sample_weights=batched((mb,), "float32"),
         old_logprobs=batched(lc_shape, "float32"),
         ref_logprobs=batched(lc_shape, "float32"),
-        returns=batched(lc_shape, "float32"),
-        old_values=batched(lc_shape, "float32"),
+        sampler_logprobs=batched(lc_shape, "float32"),
     )
+    if per_token:
+        batch = algorithms.PPOBatch(
+            **fields, returns=batched(lc_shape, "float32"), old_values=batched(lc_shape, "float32")
+        )
+    else:
+        batch = state_lib.Batch(**fields)
     if update:
-        compiled, times = _compile(train.make_update_fn(exp), state, batch)
+        compiled, times = _compile(fns.update, state, batch)
         steps["update"] = {
             **_memory(compiled),
             **times,
@@ -307,7 +317,7 @@ def compile_steps(
     if logprobs and (needs_ref or not exp.on_policy):
         rows = R
         compiled, times = _compile(
-            train.make_logprobs_fn(exp),
+            fns.logprobs,
             state.params,
             batched((rows, Lp + Lc), "int32"),
             batched((rows, Lp + Lc), "bool"),

@@ -41,13 +41,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# method name -> (algorithm, config.gdro overrides)
+# method name -> (algorithm, config.gdro overrides as "<section>.<field>": value)
 METHODS: dict[str, tuple[str, dict]] = {
     "grpo": ("grpo", {}),
-    "prompt_gdro_aw": ("prompt_gdro", {"apply": "advantage_weight"}),
-    "prompt_gdro_rs": ("prompt_gdro", {"apply": "resample"}),
-    "rollout_gdro_bandit": ("rollout_gdro", {"allocator": "bandit"}),
-    "rollout_gdro_sqrt": ("rollout_gdro", {"allocator": "sqrt"}),
+    "prompt_gdro_aw": ("prompt_gdro", {"prompt.apply": "advantage_weight"}),
+    "prompt_gdro_rs": ("prompt_gdro", {"prompt.apply": "resample"}),
+    "rollout_gdro_bandit": ("rollout_gdro", {"rollout.allocator": "bandit"}),
+    "rollout_gdro_sqrt": ("rollout_gdro", {"rollout.allocator": "sqrt"}),
 }
 LABELS = {
     "grpo": "GRPO",
@@ -78,7 +78,7 @@ def method_config(
     Raises:
       ValueError: unknown method.
     """
-    from configs import arithmetic
+    from configs import arithmetic, common
 
     if method not in METHODS:
         raise ValueError(f"method {method!r}: choose from {list(METHODS)}")
@@ -88,8 +88,14 @@ def method_config(
     if steps:
         c.steps = int(steps)
     c.data.max_train_examples = int(rl_prompts)
+    # the report's controllers (reports/gdro_vs_grpo.md): the paper's GDRO (mode="paper", as
+    # before the corrected defaults) with the failure-rate loss signal (the surrogate is ~0 at
+    # ratio 1 with one update per batch, docs/gdro.md)
+    common.paper_gdro(c)
+    c.gdro.prompt.signal = c.gdro.rollout.signal = "failure_rate"
     for k, v in gdro.items():
-        c.gdro[k] = v
+        section, field = k.split(".")
+        c.gdro[section][field] = v
     c.mesh.num_devices = 1  # one CPU device per process (tests force 8 virtual ones)
     c.logging.progress_bar = False
     c.logging.tensorboard = False
@@ -125,12 +131,11 @@ def evaluate_per_problem(exp, params, rng) -> tuple[dict, np.ndarray, np.ndarray
     import jax
 
     from grpo_jax import evaluation
-    from grpo_jax.experiment import render
 
     cfg = exp.config.eval
     k = int(cfg.num_samples)
     name, examples = next(iter(exp.eval_sets.items()))
-    rec = _RecordingReward(exp.eval_reward_fn(name))
+    rec = _RecordingReward(exp.eval_reward_fns[name])
     _, key = jax.random.split(rng)
     summary = evaluation.evaluate_policy(
         exp.graphdef,
@@ -139,12 +144,11 @@ def evaluate_per_problem(exp, params, rng) -> tuple[dict, np.ndarray, np.ndarray
         tokenizer=exp.tokenizer,
         reward_fn=rec,
         sampling_config=exp.eval_sampling,
-        render=lambda p: render(exp.config, exp.tokenizer, p),
+        render=exp.render,
         prompt_len=exp.prompt_len,
         k=k,
         batch_size=cfg.batch_size,
         rng=key,
-        to_device=exp.to_device,
         mesh=exp.mesh,
     )
     num = len(examples)
@@ -166,31 +170,26 @@ def evaluate_per_problem(exp, params, rng) -> tuple[dict, np.ndarray, np.ndarray
 # ----------------------------------------------------------------------------- jobs
 
 
-def _host(tree):
-    import jax
-
-    return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
 def warm_start_job(seed: int, config_arg: str) -> dict:
     """SFT warm start + "before" evaluation of one seed (on the config's full training set)."""
     import jax
 
-    from grpo_jax import train
+    from grpo_jax import steps as steps_lib
+    from grpo_jax import transfer
     from grpo_jax.experiment import build_experiment
 
     t0 = time.perf_counter()
     cfg = method_config("grpo", seed, config_arg=config_arg)
     exp = build_experiment(cfg)
     try:
-        state = exp.init_state(make_state=train.TrainState)
-        params, sft = train.supervised_warmstart(exp, state.params, state.rng)
+        state = steps_lib.init_train_state(exp)
+        params, sft = steps_lib.supervised_warmstart(exp, state.params)
         summary, correct, levels = evaluate_per_problem(exp, params, jax.random.PRNGKey(seed + 7))
     finally:
         exp.close()
     return {
         "seed": seed,
-        "params": _host(params),
+        "params": transfer.to_host(params),
         "sft": sft,
         "eval": summary,
         "correct": correct,
@@ -214,6 +213,7 @@ def rl_job(
     """
     import jax
 
+    from grpo_jax import steps as steps_lib  # `steps` is the argument (RL steps)
     from grpo_jax import train, writers
     from grpo_jax.experiment import build_experiment
 
@@ -223,21 +223,16 @@ def rl_job(
     rows = []
     try:
         source = exp.make_source()
-        state = exp.init_state(make_state=train.TrainState)
         params = jax.tree.map(lambda x: jax.numpy.asarray(x), params)
-        state = jax.device_put(
-            state.replace(params=params, opt_state=exp.tx.init(params)), exp.state_shardings
-        )
-        exp.set_ref_params(None, state)
-        fns = train._jit_functions(exp)
-        ctrl = train.init_controllers(exp)
-        while int(state.step) < cfg.steps:
-            state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-            row = writers.to_jsonable({"step": int(state.step), **row})
+        run, _ = steps_lib.init_run(exp, params=params)
+        fns = steps_lib.make_steps(exp)
+        while int(run.train.step) < cfg.steps:
+            run, row = train.rl_step(exp, fns, run, source)
+            row = writers.to_jsonable({"step": int(run.train.step), **row})
             rows.append(row)
         rl_seconds = time.perf_counter() - t0
         summary, correct, levels = evaluate_per_problem(
-            exp, state.params, jax.random.PRNGKey(seed + 7)
+            exp, run.train.params, jax.random.PRNGKey(seed + 7)
         )
     finally:
         exp.close()
@@ -255,7 +250,7 @@ def rl_job(
         "levels": levels,
         "rl_seconds": rl_seconds,
         "seconds": time.perf_counter() - t0,
-        "num_prompt_ids": exp.num_prompt_ids,
+        "num_prompt_ids": exp.curriculum.num_prompts,
         "rollouts_per_step": cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt,
     }
 
@@ -1005,10 +1000,10 @@ def run_comparison(
             "num_eval": int(len(levels)),
             "sft_steps": cfg0.sft.steps,
             "visits_per_prompt": total_steps * cfg0.rollout.prompts_per_step / rl_prompts_eff,
-            "signal": cfg0.gdro.signal,
-            "weight_cap": cfg0.gdro.weight_cap,
-            "n_min": cfg0.gdro.n_min,
-            "n_max": cfg0.gdro.n_max,
+            "signal": cfg0.gdro.prompt.signal,
+            "weight_cap": cfg0.gdro.prompt.weight_cap,
+            "n_min": cfg0.gdro.rollout.n_min,
+            "n_max": cfg0.gdro.rollout.n_max,
             "python": platform.python_version(),
         },
         "runs": runs,

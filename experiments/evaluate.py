@@ -86,8 +86,9 @@ def run(argv=None) -> dict:
     if _WORKDIR.value:
         import ml_collections
 
-        from grpo_jax import checkpointing, train
+        from grpo_jax import checkpointing, steps
         from grpo_jax.experiment import build_experiment
+        from grpo_jax.state import RunState
 
         with open(os.path.join(_WORKDIR.value, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
@@ -97,18 +98,18 @@ def run(argv=None) -> dict:
             config.eval.datasets = tuple(_DATASETS.value)
         config.eval.max_examples = _MAX_EXAMPLES.value
         exp = build_experiment(config)
-        state = exp.init_state(make_state=train.TrainState)
+        state = steps.init_train_state(exp)
         ckpt = checkpointing.Checkpointer(os.path.join(_WORKDIR.value, "checkpoints"))
-        ctrl = train.init_controllers(exp)
-        restored = ckpt.restore_latest(
-            checkpointing.abstract_like(
-                {"train": state, "controllers": ctrl, "ref_params": exp.ref_params_or_none(state)}
-            )
+        template = RunState(  # the checkpoint tree the trainer saves (train.train_and_evaluate)
+            train=state,
+            controllers=exp.curriculum.init(),
+            ref_params=state.params if config.algorithm.kl_coef > 0 else None,
         )
+        restored = ckpt.restore_latest(checkpointing.abstract_like(template))
         if restored is None:
             raise SystemExit(f"error: no checkpoint in {_WORKDIR.value}/checkpoints")
-        step, tree, _ = restored
-        result = evaluation.evaluate(exp, tree["train"].params, jax.random.PRNGKey(_SEED.value))
+        step, run, _ = restored
+        result = evaluation.evaluate(exp, run.train.params, jax.random.PRNGKey(_SEED.value))
         result = {
             "pooled": {kk: v for kk, v in result.items() if kk != "per_dataset"},
             "per_dataset": result["per_dataset"],
@@ -132,7 +133,6 @@ def run(argv=None) -> dict:
             raise SystemExit("error: pass --workdir, --hf_checkpoint or --gguf")
         params = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
         mesh = sharding.make_mesh({"data": -1})
-        to_device = lambda x: jax.device_put(x, sharding.batch_sharding(mesh, x.ndim))
         names = _DATASETS.value or ["gsm8k"]
         scfg = sampling.SamplingConfig(
             max_new_tokens=_MAX_NEW.value,
@@ -178,7 +178,7 @@ def run(argv=None) -> dict:
                     k=k,
                     batch_size=_BATCH.value,
                     rng=key,
-                    to_device=to_device,
+                    mesh=mesh,
                     progress=True,
                 )
             res["excluded_train_overlap"] = before - len(examples) if train_problems else 0

@@ -17,12 +17,13 @@ precision (``--param_dtype`` float32 master weights, ``--dtype`` bfloat16 comput
 
 **Measured** (``compiled_memory``): the step is built from the real code, not a copy of it:
 ``grpo_jax.experiment.build_experiment`` (``with_data=False``; the model architecture is passed as
-``config.model.overrides``) gives the Experiment, whose ``state_shardings`` are set to replicated on
-a one-device mesh (no ``init_state``: nothing is allocated). The training part of an RL step is the
-three jitted programs ``grpo_jax.train.rl_step`` dispatches after generation: reference log-probs
-(``make_logprobs_fn``), for PPO the critic values + GAE + whitening (``make_ppo_advantages_fn``),
-and the donated AdamW update (``make_update_fn``). Each is lowered with ``jax.ShapeDtypeStruct``
-inputs from ``jax.eval_shape`` and compiled (compile only) and read with
+``config.model.overrides``) gives the Experiment on a one-device mesh, whose ``abstract_state``
+(shapes and shardings, set at build) stands in for the train state: nothing is allocated. The
+training part of an RL step is the three jitted programs of ``grpo_jax.steps.make_steps`` that
+``grpo_jax.train.rl_step`` dispatches after generation: reference log-probs (``logprobs``), for
+PPO the critic values + GAE + whitening (``finish_batch``), and the donated AdamW update
+(``update``; the step's ``train`` loop runs it once per mini-batch). Each is lowered with
+``jax.ShapeDtypeStruct`` inputs and compiled (compile only) and read with
 ``compiled.memory_analysis()``. The peak of the step is
 
     peak = resident + max over programs p of (temp_p + output_p - alias_p)
@@ -361,7 +362,7 @@ def _experiment_config(
     c.rollout.max_new_tokens = completion_len
     # R = P * n_bar with one prompt: the Rollout-GDRO config asks 2 <= n_bar <= n_max.
     c.rollout.prompts_per_step, c.rollout.rollouts_per_prompt = 1, batch_rollouts
-    c.gdro.n_max = max(c.gdro.n_max, batch_rollouts)
+    c.gdro.rollout.n_max = max(c.gdro.rollout.n_max, batch_rollouts)
     c.algorithm.kl_coef = float(kl_coef)
     c.algorithm.num_iterations = 1
     c.algorithm.mini_batch_size = 0
@@ -371,47 +372,31 @@ def _experiment_config(
     return c
 
 
-def _abstract_state(exp):
-    """TrainState of ShapeDtypeStructs, built like ``Experiment.init_state`` (under eval_shape)."""
-    from grpo_jax import sharding
-    from grpo_jax import train as train_lib
-
-    def init():
-        params = exp.init_params_fn()
-        kw = {}
-        if exp.critic_init_fn is not None:
-            cparams = exp.critic_init_fn()
-            kw = {"critic_params": cparams, "critic_opt_state": exp.critic_tx.init(cparams)}
-        return train_lib.TrainState(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=exp.tx.init(params),
-            rng=jax.random.PRNGKey(0),
-            skips=jnp.zeros((), jnp.int32),
-            **kw,
-        )
-
-    state = jax.eval_shape(init)
-    rep = sharding.replicated(exp.mesh)
-    exp.state_shardings = jax.tree.map(lambda _: rep, state)  # one device: every sharding alike
-    return state
-
-
-def _abstract_batch(algorithm: str, R: int, lp: int, lc: int):
-    from grpo_jax import train as train_lib
+def _abstract_batch(exp, R: int, lp: int, lc: int):
+    """The step's training rows as ``jax.ShapeDtypeStruct``s: a `state.Batch` (per-rollout
+    advantages) and, for a per-token learner (PPO), the `PPOBatch` its ``finish_batch`` makes."""
+    from grpo_jax import algorithms, state
 
     S, f32 = jax.ShapeDtypeStruct, jnp.float32
-    return train_lib.Batch(
-        tokens=S((R, lp + lc), jnp.int32),
-        attention_mask=S((R, lp + lc), jnp.bool_),
-        completion_mask=S((R, lc), f32),
-        advantages=S((R, lc) if algorithm == "ppo" else (R,), f32),
-        sample_weights=S((R,), f32),
-        old_logprobs=S((R, lc), f32),
-        ref_logprobs=S((R, lc), f32),
+    rows = {
+        "tokens": S((R, lp + lc), jnp.int32),
+        "attention_mask": S((R, lp + lc), jnp.bool_),
+        "completion_mask": S((R, lc), f32),
+        "advantages": S((R,), f32),
+        "sample_weights": S((R,), f32),
+        "old_logprobs": S((R, lc), f32),
+        "ref_logprobs": S((R, lc), f32),
+        "sampler_logprobs": S((R, lc), f32),
+    }
+    batch = state.Batch(**rows)
+    if not exp.learner.per_token_advantages:
+        return batch, batch
+    full = algorithms.PPOBatch(
+        **{**rows, "advantages": S((R, lc), f32)},
         returns=S((R, lc), f32),
         old_values=S((R, lc), f32),
     )
+    return batch, full
 
 
 def _compile_stats(jitted, *args) -> dict:
@@ -462,7 +447,7 @@ def compiled_memory(
         unknown algorithm.
     """
     from grpo_jax import experiment as experiment_lib
-    from grpo_jax import train as train_lib
+    from grpo_jax import steps as steps_lib
 
     _check_positive(
         batch_rollouts=batch_rollouts, prompt_len=prompt_len, completion_len=completion_len
@@ -481,8 +466,9 @@ def compiled_memory(
         exp = experiment_lib.build_experiment(cfg, with_data=False)
         if exp.model_config != model_config:
             raise AssertionError(f"Experiment model {exp.model_config} != requested {model_config}")
-        state = _abstract_state(exp)
-        batch = _abstract_batch(algo, R, lp, lc)
+        state = exp.abstract_state  # shapes and shardings, nothing allocated
+        fns = steps_lib.make_steps(exp)
+        rollout_batch, batch = _abstract_batch(exp, R, lp, lc)
         rewards = jax.ShapeDtypeStruct((R,), jnp.float32)
         ref = state.params if kl_coef > 0 else None
         resident = {
@@ -493,15 +479,13 @@ def compiled_memory(
         phases = {}
         if ref is not None:
             if ref_phase is None:  # the same program for both algorithms: compile once
-                ref_phase = _compile_stats(
-                    train_lib.make_logprobs_fn(exp), ref, batch.tokens, batch.attention_mask
-                )
+                ref_phase = _compile_stats(fns.logprobs, ref, batch.tokens, batch.attention_mask)
             phases["reference_logprobs"] = ref_phase
         if algo == "ppo":
             phases["ppo_advantages"] = _compile_stats(
-                train_lib.make_ppo_advantages_fn(exp), state.critic_params, batch, rewards
+                fns.finish_batch, state, rollout_batch, rewards
             )
-        phases["update"] = _compile_stats(train_lib.make_update_fn(exp), state, batch)
+        phases["update"] = _compile_stats(fns.update, state, batch)
         res_total = sum(resident.values())
         peak_phase = max(phases, key=lambda k: phases[k]["extra"])
         out[algo] = {
@@ -887,7 +871,7 @@ def _discussion(results, sweep=None) -> list[str]:
         "the non-finite `select`)" + _transients_note(sweep) + ". Both algorithms pay them for "
         "the actor, which dilutes the critic's share further (PPO pays them for the critic too).",
         "3. **The critic's activations partly overlap the actor's (raises PPO).** "
-        "`grpo_jax.train.make_update_fn` updates actor and critic in one jitted program; the two "
+        "`grpo_jax.steps.make_steps(exp).update` updates actor and critic in one jitted program; the two "
         "are independent, and XLA's schedule keeps both models' remat residuals and some attention "
         "buffers live at once (seen in the buffer assignment, `--xla_dump_to`), so PPO - GRPO "
         "exceeds the critic state by the second column above. Sequencing the critic's update after "

@@ -49,10 +49,15 @@ def initial_success_rates(num_prompts: int, rng: np.random.Generator) -> np.ndar
     return np.clip(rng.beta(a, b), 1e-3, 1 - 1e-3)
 
 
+def _per_bin(bins: np.ndarray, num_bins: int, weights=None) -> np.ndarray:
+    """Per-bin sums of ``weights`` (counts without), [num_bins]; never-seen prompts (bin
+    ``num_bins``, the classifier's unseen marker) are left out."""
+    return np.bincount(bins, weights=weights, minlength=num_bins + 1)[:num_bins]
+
+
 def _bin_sigma_true(p: np.ndarray, bins: np.ndarray, num_bins: int) -> np.ndarray:
-    cnt = np.bincount(bins, minlength=num_bins)
-    var = np.bincount(bins, weights=p * (1 - p), minlength=num_bins) / np.maximum(cnt, 1)
-    return np.sqrt(var)
+    cnt = _per_bin(bins, num_bins)
+    return np.sqrt(_per_bin(bins, num_bins, p * (1 - p)) / np.maximum(cnt, 1))
 
 
 def simulate(
@@ -78,7 +83,8 @@ def simulate(
       controller sees it), ``wse_pooled [T]`` / ``wse_pooled_uniform [T]`` (pooled within-group
       std of the sampled rewards), ``mu [T]``, ``mean_success [T]`` (dataset mean
       true success rate), ``hard_success [T]`` (mean over the initially hardest 25% of prompts),
-      ``total_rollouts [T]``.
+      ``total_rollouts [T]``, ``unseen_share [T]`` (share of the step's prompts never visited
+      before: the classifier's unseen marker, outside ``share``'s bins; 0 in paper mode).
     """
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}; got {allocator!r}")
@@ -113,6 +119,7 @@ def simulate(
         "mean_success",
         "hard_success",
         "total_rollouts",
+        "unseen_share",
     ):
         out[k] = np.zeros((steps,), np.float32)
 
@@ -159,7 +166,7 @@ def simulate(
             ccfg, cstate, jids, gdro.visit_outcome(ccfg, jnp.asarray(correct), jnp.asarray(seg), P)
         )
 
-        cnt = np.bincount(bins, minlength=b)
+        cnt = _per_bin(bins, b)
         sigma = _bin_sigma_true(p, bins, b)
         share = cnt / P
         mean_n = np.asarray(alloc.bin_rollouts)
@@ -168,8 +175,7 @@ def simulate(
         out["q"][t] = q
         out["weight"][t] = np.where(
             present,
-            np.bincount(rbins, weights=w_roll, minlength=b)
-            / np.maximum(np.bincount(rbins, minlength=b), 1),
+            _per_bin(rbins, b, w_roll) / np.maximum(_per_bin(rbins, b), 1),
             np.nan,
         )
         out["rollouts"][t] = np.where(present, mean_n, np.nan)
@@ -187,15 +193,17 @@ def simulate(
         out["mean_success"][t] = p_all.mean()
         out["hard_success"][t] = p_all[hard].mean()
         out["total_rollouts"][t] = n.sum()
+        out["unseen_share"][t] = np.mean(bins == b)
     return out
 
 
 def summarize(res: dict[str, np.ndarray]) -> dict[str, float]:
     """Scalar summary: WSE / uniform-WSE (ratio of the step sums) for the true sigma, the paper's
-    proxy and the pooled reward std; final success rates."""
+    proxy and the pooled reward std; final success rates. Steps without a WSE (NaN: no prompt of
+    the step had been seen before, so none is in a bin) are left out of both sums."""
 
     def ratio(a, u):
-        return float(np.sum(res[a]) / max(float(np.sum(res[u])), 1e-12))
+        return float(np.nansum(res[a]) / max(float(np.nansum(res[u])), 1e-12))
 
     return {
         "wse_ratio_true": ratio("wse", "wse_uniform"),

@@ -38,6 +38,8 @@ def closest_keys(config: ml_collections.ConfigDict, key: str, n: int = 3) -> lis
 
 
 _CHOICES = {
+    "algorithm.policy_loss_type": ("clip", "cispo", "sapo"),
+    "algorithm.ratio_level": ("token", "sequence"),
     "algorithm.estimator": ("grpo", "dr_grpo", "rloo"),
     "algorithm.std": ("unbiased", "population"),
     "algorithm.loss_agg_mode": (
@@ -121,6 +123,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"config.algorithm.dynamic_sampling_max_rounds="
                 f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0"
             )
+    a = config.algorithm
+    if a.scale_rewards not in (None, "group", "batch", "none"):
+        raise ConfigError(
+            f"config.algorithm.scale_rewards={a.scale_rewards!r} is not one of "
+            "(None, 'group', 'batch', 'none')"
+        )
+    if a.dual_clip and a.policy_loss_type != "clip":
+        raise ConfigError(
+            f"config.algorithm.dual_clip={a.dual_clip} applies to policy_loss_type='clip' only "
+            f"(got {a.policy_loss_type!r}); set dual_clip=0"
+        )
+    if a.tis_cap < 0 or a.overlong_penalty_factor < 0:
+        raise ConfigError("config.algorithm.tis_cap and overlong_penalty_factor must be >= 0")
+    if (
+        a.overlong_penalty_factor
+        and not 0 < a.overlong_cache_tokens <= config.rollout.max_new_tokens
+    ):
+        raise ConfigError(
+            f"config.algorithm.overlong_cache_tokens={a.overlong_cache_tokens} must be in "
+            f"(0, rollout.max_new_tokens={config.rollout.max_new_tokens}] when "
+            "overlong_penalty_factor > 0"
+        )
     if config.eval.num_samples < 1:
         raise ConfigError("config.eval.num_samples must be >= 1")
     if not config.rollout.temperature > 0:

@@ -10,6 +10,7 @@ the same pieces.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -273,6 +274,8 @@ def make_reward_fn(config, dataset: str | None = None):
             format_reward=config.reward.format_reward,
             timeout_s=config.reward.timeout_s,
             num_workers=config.reward.num_workers,
+            numeric_precision=config.reward.numeric_precision,
+            float_rounding=config.reward.float_rounding,
         )
     )
 
@@ -419,6 +422,12 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         eos_ids=eos,
         pad_id=pad_id,
     )
+    if (sc.top_k or sc.top_p < 1) and not config.algorithm.tis_cap:
+        logging.warning(
+            "config.rollout top_k/top_p truncate the sampler, but its log-probs (and so the "
+            "ratio's 'old' policy) are the untruncated ones; set config.algorithm.tis_cap "
+            "(e.g. 2) for the truncated-importance-sampling correction"
+        )
     curriculum, learner = build_strategies(config, algo, num_ids, model_cfg, steps_updates, lp)
     reward_fn = make_reward_fn(config) if with_data else None
     eval_reward_fns = {}

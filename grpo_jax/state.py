@@ -48,6 +48,8 @@ class Batch:
       old_logprobs: [R, Lc] float32, log-probs under the policy that sampled (equal to the
         current ones when on-policy; then unused).
       ref_logprobs: [R, Lc] float32, log-probs under the frozen reference (zeros without KL).
+      sampler_logprobs: [R, Lc] float32, the sampler's own log-probs of the completion (before
+        any top-k/top-p truncation), for truncated importance sampling.
     """
 
     tokens: jax.Array
@@ -57,6 +59,7 @@ class Batch:
     sample_weights: jax.Array
     old_logprobs: jax.Array
     ref_logprobs: jax.Array
+    sampler_logprobs: jax.Array
 
 
 @flax.struct.dataclass

@@ -173,6 +173,15 @@ def _update_fn(exp: Experiment):
             kl_kind=cfg.kl_kind,
             sample_weights=batch.sample_weights,
             denominator=denominator,
+            ratio_level=cfg.ratio_level,
+            policy_loss_type=cfg.policy_loss_type,
+            cispo_epsilon_low=cfg.cispo_epsilon_low,
+            cispo_epsilon_high=cfg.cispo_epsilon_high,
+            sapo_tau_pos=cfg.sapo_tau_pos,
+            sapo_tau_neg=cfg.sapo_tau_neg,
+            kl_ratio_correction=cfg.kl_ratio_correction,
+            sampler_logprobs=batch.sampler_logprobs if cfg.tis_cap else None,
+            tis_cap=cfg.tis_cap or None,
         )
 
     def accumulate(fn, params, batch: Batch, denominator):
@@ -358,6 +367,7 @@ def make_steps(exp: Experiment) -> Steps:
                 std=algo.std,
                 clip=algo.advantage_clip or None,
                 nonfinite="mask",
+                scale=algo.scale_rewards,
             )
         ),
         logprobs=jax.jit(
@@ -373,7 +383,11 @@ def make_steps(exp: Experiment) -> Steps:
                 ),
             )
         ),
-        finish_batch=jax.jit(sharding.under_mesh(mesh, exp.learner.finish_batch)),
+        # out_shardings: the batch `train` / `update` take (their in_shardings), whatever
+        # layout the rollouts, advantages and curriculum weights came in (e.g. replicated)
+        finish_batch=jax.jit(
+            sharding.under_mesh(mesh, exp.learner.finish_batch), out_shardings=batch_sh
+        ),
         update=jax.jit(
             sharding.under_mesh(mesh, update),
             in_shardings=(exp.state_shardings, batch_sh),

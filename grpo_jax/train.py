@@ -34,7 +34,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from grpo_jax import algorithms, checkpointing, config_utils, evaluation, gdro, steps, writers
+from grpo_jax import advantages as advantages_lib
+from grpo_jax import (
+    algorithms,
+    checkpointing,
+    config_utils,
+    evaluation,
+    gdro,
+    losses,
+    steps,
+    writers,
+)
 from grpo_jax import transfer as xfer
 from grpo_jax.experiment import Experiment, build_experiment
 from grpo_jax.state import Batch, RunState
@@ -178,24 +188,32 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
 
     # 5-6. advantages, the curriculum's weights, reference and old log-probs -> the batch.
     t = _timer()
+    algo, ro = cfg.algorithm, rd.rollouts
     seg = jnp.asarray(rd.placement.segment_ids)
     rewards = jnp.asarray(rd.rewards)
+    if algo.overlong_penalty_factor:  # DAPO soft overlong punishment (Yu et al. 2025, Eq. 13)
+        rewards = rewards + advantages_lib.overlong_penalty(
+            ro.lengths, exp.max_new_tokens, algo.overlong_cache_tokens, algo.overlong_penalty_factor
+        )
     adv, adv_stats = fns.advantages(rewards, seg)
     weights = exp.curriculum.weights(run.controllers, rd.placement, adv)
-    ro = rd.rollouts
     attention_mask = jnp.concatenate([rd.prompt_mask, ro.completion_mask > 0], axis=1)
     zeros = jnp.zeros_like(ro.logprobs)
-    uses_ref = cfg.algorithm.kl_coef > 0
+    uses_ref = algo.kl_coef > 0
+    loss_mask = ro.completion_mask
+    if algo.overlong_filtering:  # DAPO: truncated completions carry no loss
+        loss_mask = losses.overlong_filter(loss_mask, ro.truncated)
     batch = Batch(
         tokens=ro.tokens,
         attention_mask=attention_mask,
-        completion_mask=ro.completion_mask,
+        completion_mask=loss_mask,
         advantages=adv,
         sample_weights=weights,
         old_logprobs=zeros
         if exp.on_policy
         else fns.logprobs(run.train.params, ro.tokens, attention_mask),
         ref_logprobs=fns.logprobs(run.ref_params, ro.tokens, attention_mask) if uses_ref else zeros,
+        sampler_logprobs=ro.logprobs,
     )
     batch = fns.finish_batch(run.train, batch, rewards)
     jax.block_until_ready(batch)
@@ -254,7 +272,8 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     levels = np.asarray([exp.levels[r] for r in rd.rows])
     for lvl in np.unique(levels):
         row[f"pass_rate/level_{int(lvl)}"] = float(rd.correct[levels == lvl].mean())
-    row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins).tolist()
+    # prompts per bin; the last entry counts never-seen prompts (their own state)
+    row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
     if cfg.algorithm.dynamic_sampling:
         row["dynamic_sampling/rounds"] = len(rounds)
         row["dynamic_sampling/informative_groups"] = int(sum(x.informative.sum() for x in rounds))

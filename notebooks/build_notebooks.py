@@ -324,8 +324,13 @@ NB02 = [
     `simulate_gdro.initial_success_rates` draws each prompt's true per-rollout success rate `p`
     from a mix: 50% hard (Beta(0.3, 4)), 30% middle (Beta(2, 2)), 20% easy (Beta(4, 0.5)).
 
+    The hand-written loops below run the controllers as the paper specifies them
+    (`mode="paper"` on each config); the library's default, `mode="corrected"`, departs from the
+    paper in a few documented places (docs/gdro.md), and `simulate_gdro.simulate` at the end
+    uses it.
+
     What the classifier measures is not `p` itself: each **visit** of a prompt stores one number,
-    by default `1[any of its rollouts is correct]` (paper Eq. 10), and `p_hat` is the mean over
+    in paper mode `1[any of its rollouts is correct]` (paper Eq. 10), and `p_hat` is the mean over
     the last `H = 50` visits. With `n̄ = 4` rollouts per visit that estimates
     `1 - (1 - p)^4`, so a prompt with `p = 0.5` already sits near the top (0.94). The
     bins (edges 0.1 … 0.9, vertical lines) are over this visit success rate.
@@ -335,7 +340,7 @@ NB02 = [
     rng = np.random.default_rng(0)
     p_true = simulate_gdro.initial_success_rates(NUM_PROMPTS, rng)
 
-    ccfg = gdro.ClassifierConfig(delta=0.03)             # paper defaults: 10 bins, H = 50
+    ccfg = gdro.ClassifierConfig(delta=0.03, mode="paper")  # the paper's: 10 bins, H = 50
     B = ccfg.num_bins
     visit_rate = 1.0 - (1.0 - p_true) ** N_BAR           # P(any of n_bar rollouts correct)
     true_bins = np.searchsorted(np.asarray(ccfg.edges), visit_rate, side="right")
@@ -368,7 +373,7 @@ NB02 = [
     crosses an edge by the hysteresis margin `delta = 0.03`).
     """),
     code("""
-    pcfg = gdro.PromptGDROConfig(signal="failure_rate")
+    pcfg = gdro.PromptGDROConfig(signal="failure_rate", mode="paper")
     cstate = gdro.classifier_init(ccfg, NUM_PROMPTS)
     pstate = gdro.prompt_gdro_init(pcfg, B)
     all_ids = jnp.arange(NUM_PROMPTS, dtype=jnp.int32)
@@ -472,7 +477,8 @@ NB02 = [
     succ = np.asarray(gdro.bin_success(ccfg, cstate, jnp.asarray(ids), jnp.asarray(bins), B))
     allocs = {"uniform (GRPO)": gdro.fixed_allocation(bins, N_BAR, B)}
     for name in ("sqrt", "bandit"):
-        rcfg = gdro.RolloutGDROConfig(allocator=name, n_bar=N_BAR, signal="failure_rate")
+        rcfg = gdro.RolloutGDROConfig(allocator=name, n_bar=N_BAR, signal="failure_rate",
+                                      mode="paper")
         allocs[name] = gdro.allocate(rcfg, gdro.rollout_gdro_init(rcfg, B), bins, succ,
                                      prompt_ids=ids)
 

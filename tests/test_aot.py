@@ -16,7 +16,6 @@ import pytest
 
 from configs import dapo_qwen3
 from experiments import aot
-from grpo_jax import train
 from grpo_jax.experiment import build_experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +50,7 @@ def test_update_arguments_are_sharded_over_the_eight_devices(fsdp_result):
     r = fsdp_result
     assert r["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
     exp = build_experiment(tiny_dapo(), with_data=False)
-    state = exp.abstract_state(train.TrainState)
+    state = exp.abstract_state
     full = _full_bytes(state)
     # every parameter with an "embed" axis (all but the norms) splits 8 ways, and so do Adam's moments
     assert r["state_bytes"] < full / 8 * 1.1
@@ -62,9 +61,8 @@ def test_update_arguments_are_sharded_over_the_eight_devices(fsdp_result):
     )
     assert r["state_bytes"] == pytest.approx((full - 3 * norms) / 8 + 3 * norms, rel=0.01)
     mb, L, Lc = 16, 32, 16
-    batch_bytes = (
-        mb * L * (4 + 1) + mb * Lc * 4 * 5 + mb * 4 * 2
-    ) / 8  # tokens, mask, 5 [mb, Lc], 2 [mb]
+    # tokens, mask, 4 [mb, Lc] (completion mask, old / reference / sampler log-probs), 2 [mb]
+    batch_bytes = (mb * L * (4 + 1) + mb * Lc * 4 * 4 + mb * 4 * 2) / 8
     update = r["steps"]["update"]
     # XLA's per-device argument bytes: the state's shards plus the batch's shards
     assert update["argument"] == pytest.approx(r["state_bytes"] + batch_bytes, rel=0.02)
@@ -101,7 +99,7 @@ def test_tensor_parallel_mesh_and_decode_only_sampler():
     assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
     assert set(r["steps"]) == {"prefill", "decode"}
     exp = build_experiment(c, with_data=False)
-    full = _full_bytes(exp.abstract_state(train.TrainState).params)
+    full = _full_bytes(exp.abstract_state.params)
     assert r["params_bytes"] < full / 6  # 8-way: fsdp x tensor on the matrices
     # the decode call's arguments hold the whole KV cache shard: 2 layers x G/4 rows x 32 slots,
     # G = 64 rows per sampler call (Prompt-GDRO's R = 128 in 2 calls)

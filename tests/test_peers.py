@@ -187,7 +187,7 @@ def test_prompt_selection_is_grpo_jax_training_set(tmp_path, monkeypatch):
     import run_grpo_jax
 
     from grpo_jax import experiment
-    from grpo_jax.data import datasets
+    from grpo_jax.data import datasets, templates
     from grpo_jax.models.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUF)
@@ -205,7 +205,7 @@ def test_prompt_selection_is_grpo_jax_training_set(tmp_path, monkeypatch):
     assert cfg.data.max_prompt_tokens == prompt_len and cfg.algorithm.mini_batch_size == 0
     texts = [experiment.render(cfg, tok, ex["problem"]) for ex in train[:3]]
     assert texts == [r["text"] for r in rows]
-    tokens, mask, kept = experiment.encode_prompts(tok, texts, prompt_len, "skip")
+    tokens, mask, kept = templates.encode_prompts(tok, texts, prompt_len, "skip")
     assert kept.all()
     for i, r in enumerate(rows):
         assert tokens[i][mask[i]].tolist() == r["ids"]

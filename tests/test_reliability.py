@@ -9,6 +9,7 @@ The end-to-end fault tests drive ``python -m experiments.run`` in subprocesses t
 persistent compilation cache (only the first run of a configuration compiles).
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -28,8 +29,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from test_train import REPO, deterministic_rows, smoke_config
 
-from grpo_jax import checkpointing, config_utils, experiment, rewards, train, writers
+from grpo_jax import checkpointing, config_utils, experiment, rewards, steps, train, writers
 from grpo_jax.data import arithmetic
+from grpo_jax.state import Batch
 
 _LOG_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl / glog lines (orbax, jax) on stderr
 _CLI_SMOKE = ["--config.mesh.num_devices=1", "--config.logging.tensorboard=False"]
@@ -191,7 +193,7 @@ def test_metrics_line_torn_by_a_kill_is_dropped_on_resume(tmp_path):
 def built():
     """The smoke experiment and its jitted step functions (compiled once for this module)."""
     exp = experiment.build_experiment(smoke_config("grpo"))
-    fns = train._jit_functions(exp)
+    fns = steps.make_steps(exp)
     yield exp, fns
     exp.close()
 
@@ -201,7 +203,7 @@ def _batch(exp, advantages, completion_mask, seed=0):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(3, exp.tokenizer.vocab_size, (R, exp.prompt_len + lc)).astype(np.int32)
     zeros = jnp.zeros((R, lc), jnp.float32)
-    return train.Batch(
+    return Batch(
         tokens=jnp.asarray(tokens),
         attention_mask=jnp.ones(tokens.shape, bool),
         completion_mask=jnp.asarray(completion_mask, jnp.float32),
@@ -209,8 +211,7 @@ def _batch(exp, advantages, completion_mask, seed=0):
         sample_weights=jnp.ones((R,), jnp.float32),
         old_logprobs=zeros,
         ref_logprobs=zeros,
-        returns=zeros,
-        old_values=zeros,
+        sampler_logprobs=zeros,
     )
 
 
@@ -222,7 +223,7 @@ def _tree_equal(a, b):
 def test_nonfinite_update_is_skipped_counted_and_the_count_resets(built):
     exp, fns = built
     R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
-    state = exp.init_state(make_state=train.TrainState)
+    state = steps.init_train_state(exp)
     start = jax.device_get(state.params)
     adv = np.random.default_rng(1).standard_normal(R).astype(np.float32)
     mask = np.ones((R, exp.max_new_tokens), np.float32)
@@ -230,14 +231,14 @@ def test_nonfinite_update_is_skipped_counted_and_the_count_resets(built):
     nan_in = adv.copy()
     nan_in[1] = np.nan  # a NaN advantage on masked-in tokens
     for skips in (1, 2):
-        state, m = fns["update"](state, _batch(exp, nan_in, mask))
+        state, m = fns.update(state, _batch(exp, nan_in, mask))
         assert not bool(m["update_ok"]) and not np.isfinite(float(m["loss"]))
         assert int(state.skips) == skips
         assert _tree_equal(jax.device_get(state.params), start)  # nothing applied
 
     nan_out, mask_out = adv.copy(), mask.copy()
     nan_out[0], mask_out[0] = np.nan, 0.0  # NaN only on a fully masked-out rollout: harmless
-    state, m = fns["update"](state, _batch(exp, nan_out, mask_out))
+    state, m = fns.update(state, _batch(exp, nan_out, mask_out))
     assert bool(m["update_ok"]) and np.isfinite(float(m["loss"])) and int(state.skips) == 0
     assert not _tree_equal(jax.device_get(state.params), start)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
@@ -260,14 +261,13 @@ def test_hung_and_crashing_verifiers_score_wrong_are_counted_and_training_goes_o
         scored.append(verifier(dressed, golds))
         return scored[-1]
 
-    original, exp.reward_fn = exp.reward_fn, reward_fn
+    faulty = dataclasses.replace(exp, reward_fn=reward_fn)  # Experiment is immutable
     try:
-        state = exp.init_state(make_state=train.TrainState)
-        exp.set_ref_params(None, state)
-        ctrl, source = train.init_controllers(exp), exp.make_source()
+        run, _ = steps.init_run(faulty, warm_start=False)
+        source = faulty.make_source()
         for step in (1, 2):
-            state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-            assert int(state.step) == step
+            run, row = train.rl_step(faulty, fns, run, source)
+            assert int(run.train.step) == step
             rewards_, correct, _ = scored[-1]
             np.testing.assert_array_equal(correct, np.arange(R) % 4 == 3)
             np.testing.assert_array_equal(rewards_, np.where(np.arange(R) % 4 == 3, 1.0, -1.0))
@@ -276,7 +276,6 @@ def test_hung_and_crashing_verifiers_score_wrong_are_counted_and_training_goes_o
             assert row["reward_mean"] == pytest.approx(-0.5) and row["pass_rate"] == 0.25
             assert np.isfinite(row["loss"]) and row["skipped_updates"] == 0
     finally:
-        exp.reward_fn = original
         verifier.close()
 
 
@@ -335,7 +334,11 @@ _BAD_INPUT = {  # name: (config argument, overrides, what the one line must say)
         ["--config.algorithm.name=grpo2"],
         ["config.algorithm.name='grpo2' is not one of"],
     ),
-    "n_min < 2": ("rollout_gdro", ["--config.gdro.n_min=1"], ["config.gdro.n_min=1 must be >= 2"]),
+    "n_min < 2": (
+        "rollout_gdro",
+        ["--config.gdro.rollout.n_min=1"],
+        ["config.gdro: RolloutGDROConfig.n_min must be >= 2", "got 1"],
+    ),
     "mesh vs devices": (
         "grpo",
         ["--config.mesh.num_devices=2", "--config.mesh.data=4"],
@@ -442,7 +445,7 @@ def test_bad_rows_skipped_are_counted(tmp_path, monkeypatch):
     exp = experiment.build_experiment(cfg)
     try:
         assert exp.data_stats["bad_rows_skipped"] == 1 and exp.data_stats["train_examples"] == 3
-        assert exp.num_prompt_ids == 3
+        assert exp.curriculum.num_prompts == 3
     finally:
         exp.close()
 
@@ -467,7 +470,7 @@ def test_overlong_prompts_are_skipped_or_truncated_and_counted(mode):
         "bad_rows_skipped": 0,
         "prompt_tokens_padded_to": budget,
     }
-    assert exp.num_prompt_ids == len(train_set) - skipped
+    assert exp.curriculum.num_prompts == len(train_set) - skipped
     assert exp.prompt_tokens.shape == (len(train_set) - skipped, budget)
 
 

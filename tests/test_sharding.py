@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from grpo_jax import sharding, train
+from grpo_jax import sharding, steps
 from grpo_jax.models.config import get_preset
 from grpo_jax.models.transformer import Transformer
 
@@ -54,9 +54,9 @@ def test_chunked_logprobs_equal_the_one_pass_values(rows_per_chunk):
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (8, 9)), jnp.int32)
     mask = jnp.asarray(np.arange(9)[None, :] >= rng.integers(0, 3, (8, 1)))  # left padding
-    full = train.completion_logprobs(graphdef, params, tokens, mask, 4, 0.7)
+    full = steps.completion_logprobs(graphdef, params, tokens, mask, 4, 0.7)
     chunked = jax.jit(
-        lambda p, t, m: train.chunked_completion_logprobs(graphdef, p, t, m, 4, 0.7, rows_per_chunk)
+        lambda p, t, m: steps.chunked_completion_logprobs(graphdef, p, t, m, 4, 0.7, rows_per_chunk)
     )(params, tokens, mask)
     assert chunked.shape == (8, 5)
     np.testing.assert_allclose(np.asarray(chunked), np.asarray(full), rtol=1e-5, atol=1e-5)
@@ -68,11 +68,11 @@ def test_chunked_logprobs_on_a_sharded_batch_keep_the_row_order():
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (16, 7)), jnp.int32)
     mask = jnp.ones((16, 7), bool)
-    full = np.asarray(train.completion_logprobs(graphdef, params, tokens, mask, 3, 1.0))
+    full = np.asarray(steps.completion_logprobs(graphdef, params, tokens, mask, 3, 1.0))
     batch = sharding.batch_sharding(mesh, 2)
     fn = jax.jit(
         sharding.under_mesh(
-            mesh, lambda p, t, m: train.chunked_completion_logprobs(graphdef, p, t, m, 3, 1.0, 8)
+            mesh, lambda p, t, m: steps.chunked_completion_logprobs(graphdef, p, t, m, 3, 1.0, 8)
         )
     )
     out = fn(params, jax.device_put(tokens, batch), jax.device_put(mask, batch))

@@ -45,7 +45,7 @@ def soak(workdir: str) -> dict:
     import numpy as np
     from test_train import smoke_config
 
-    from grpo_jax import checkpointing, evaluation, train, writers
+    from grpo_jax import checkpointing, evaluation, steps, train, writers
     from grpo_jax.experiment import build_experiment
 
     phase = {"step": 0}
@@ -64,10 +64,8 @@ def soak(workdir: str) -> dict:
             **{"checkpoint.every_steps": CHECKPOINT_EVERY, "eval.max_examples": 8},
         )
         exp = build_experiment(cfg)
-        state = exp.init_state(make_state=train.TrainState)
-        exp.set_ref_params(None, state)
-        fns = train._jit_functions(exp)
-        ctrl = train.init_controllers(exp)
+        run, _ = steps.init_run(exp, warm_start=False)
+        fns = steps.make_steps(exp)
         source = exp.make_source()
         ckpt = checkpointing.Checkpointer(
             os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep
@@ -77,18 +75,14 @@ def soak(workdir: str) -> dict:
         rss, objects, evals, skipped = {}, {}, [], 0
         for step in range(1, STEPS + 1):
             phase["step"] = step
-            state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-            assert int(state.step) == step
+            run, row = train.rl_step(exp, fns, run, source)
+            assert int(run.train.step) == step
             skipped += row["skipped_updates"]
             writer.write(step, row)
             if step == 2 or step % CHECKPOINT_EVERY == 0:
-                ckpt.save(
-                    step,
-                    {"train": state, "controllers": ctrl, "ref_params": None},
-                    {"data": source.get_state(), "config": cfg.to_dict()},
-                )
+                ckpt.save(step, run, {"data": source.get_state(), "config": cfg.to_dict()})
             if step == 2 or step % EVAL_EVERY == 0:
-                evals.append(evaluation.evaluate(exp, state.params, eval_key)["mean_at_1"])
+                evals.append(evaluation.evaluate(exp, run.train.params, eval_key)["mean_at_1"])
             if step % 10 == 0:
                 gc.collect()
                 objects[step] = len(gc.get_objects())

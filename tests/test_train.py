@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import arithmetic
-from grpo_jax import config_utils, train, writers
+from configs import arithmetic, common
+from grpo_jax import algorithms, config_utils, steps, train, writers
+from grpo_jax.state import Batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Fields that measure time (or depend on it) differ between runs; everything else must match.
@@ -42,7 +43,13 @@ def deterministic_rows(workdir):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["grpo", "prompt_gdro", "rollout_gdro", "ppo"])
 def test_smoke_run_writes_summary_metrics_and_checkpoints(tmp_path, algorithm):
-    summary = train.train_and_evaluate(smoke_config(algorithm), str(tmp_path))
+    cfg = smoke_config(algorithm)
+    if algorithm == "rollout_gdro":
+        # the paper's controllers: never-seen prompts sit in bin 0 (the corrected default keeps
+        # them in their own state, outside the per-bin n_b and bin_share checked below, and at
+        # smoke size every prompt is new)
+        common.paper_gdro(cfg)
+    summary = train.train_and_evaluate(cfg, str(tmp_path))
     assert summary["algorithm"] == algorithm and summary["steps"] == 3
     for phase in ("eval_before", "eval_after"):
         assert {"mean_at_1", "pass_at_8"} <= set(summary[phase])
@@ -138,10 +145,10 @@ def test_incompatible_workdir_is_refused_unless_overwrite(tmp_path):
 @pytest.mark.parametrize(
     "field,value,match",
     [
-        ("gdro.n_min", 1, "n_min"),
+        ("gdro.rollout.n_min", 1, "n_min"),
         ("algorithm.name", "grpo2", "algorithm.name"),
         ("rollout.prompts_per_step", 0, "prompts_per_step"),
-        ("gdro.edges", (0.5, 0.2), "edges"),
+        ("gdro.classifier.edges", (0.5, 0.2), "edges"),
     ],
 )
 def test_bad_config_values_raise_one_line_errors(field, value, match):
@@ -199,12 +206,10 @@ def _fake_round(rewards_by_group, ids, n=2, Lp=3, Lc=2, offset=0):
         lengths=jnp.full((P * n,), Lc, jnp.int32),
         truncated=jnp.zeros((P * n,), bool),
     )
-    return train._Round(
+    placement = algorithms.Placement(bins=np.zeros(P, np.int32), success=None, allocation=alloc)
+    return train.Round(
         ids=np.asarray(ids, np.int32),
-        bins=np.zeros(P, np.int32),
-        success=None,
-        alloc=alloc,
-        segment_ids=np.asarray(alloc.segment_ids),
+        placement=placement,
         rows=np.repeat(np.asarray(ids), n),
         rollouts=rollouts,
         prompt_mask=jnp.ones((P * n, Lp), bool),
@@ -213,7 +218,6 @@ def _fake_round(rewards_by_group, ids, n=2, Lp=3, Lc=2, offset=0):
         lengths=np.full(P * n, Lc),
         informative=informative,
         reward_stats={},
-        generated_tokens=P * n * Lc,
         times={},
     )
 
@@ -223,18 +227,20 @@ def test_dynamic_sampling_keeps_informative_groups_first_then_fills():
 
     exp = types.SimpleNamespace(config=smoke_config("grpo"), num_bins=2)
     exp.config.rollout.rollouts_per_prompt = 2
+    exp.config.rollout.prompts_per_step = 3
     take = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x[idx], tree))
     concat = lambda parts: jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+    fns = types.SimpleNamespace(take=take, concat=concat)
     # round 0: groups (prompt 10: all wrong, 11: mixed, 12: all right); round 1: 20 mixed, 21 equal
     r0 = _fake_round([[-1, -1], [1, -1], [1, 1]], [10, 11, 12], offset=0)
     r1 = _fake_round([[-1, 1], [-1, -1], [-1, -1]], [20, 21, 22], offset=100)
-    out = train._keep_informative_groups(exp, [r0, r1], take, concat, 3)
+    out = train.keep_informative_groups(exp, fns, [r0, r1])
     np.testing.assert_array_equal(out.ids, [11, 20, 10])  # informative first, then fill
     np.testing.assert_array_equal(out.informative, [True, True, False])
     np.testing.assert_array_equal(out.rewards, [1, -1, -1, 1, -1, -1])
     np.testing.assert_array_equal(out.rows, [11, 11, 20, 20, 10, 10])
     np.testing.assert_array_equal(np.asarray(out.rollouts.tokens)[:, 0], [2, 3, 100, 101, 0, 1])
-    np.testing.assert_array_equal(out.segment_ids, [0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(out.placement.segment_ids, [0, 0, 1, 1, 2, 2])
 
 
 def test_dynamic_sampling_with_rollout_gdro_is_a_config_error():
@@ -297,24 +303,30 @@ def test_gradient_accumulation_equals_one_pass(algorithm, agg):
             },
         )
         exp = build_experiment(cfg, with_data=False)
-        state = exp.init_state(make_state=train.TrainState)
+        state = steps.init_train_state(exp)
         R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
         L, Lc = exp.prompt_len + exp.max_new_tokens, exp.max_new_tokens
         g = np.random.default_rng(1)
         cmask = (np.arange(Lc)[None] < g.integers(1, Lc + 1, (R, 1))).astype(np.float32)
         adv = g.normal(size=(R, Lc) if algorithm == "ppo" else (R,)).astype(np.float32)
-        batch = train.Batch(
+        old_logprobs = jnp.asarray(g.normal(-2, 0.1, (R, Lc)), jnp.float32)
+        fields = dict(
             tokens=jnp.asarray(g.integers(1, 10, (R, L)), jnp.int32),
             attention_mask=jnp.ones((R, L), bool),
             completion_mask=jnp.asarray(cmask),
             advantages=jnp.asarray(adv),
             sample_weights=jnp.asarray(g.uniform(0.5, 2, R), jnp.float32),
-            old_logprobs=jnp.asarray(g.normal(-2, 0.1, (R, Lc)), jnp.float32),
+            old_logprobs=old_logprobs,
             ref_logprobs=jnp.asarray(g.normal(-2, 0.1, (R, Lc)), jnp.float32),
-            returns=jnp.asarray(g.normal(size=(R, Lc)), jnp.float32),
-            old_values=jnp.asarray(g.normal(size=(R, Lc)), jnp.float32),
+            sampler_logprobs=old_logprobs,
         )
-        new, m = train.make_update_fn(exp)(state, batch)
+        returns = jnp.asarray(g.normal(size=(R, Lc)), jnp.float32)
+        old_values = jnp.asarray(g.normal(size=(R, Lc)), jnp.float32)
+        if algorithm == "ppo":
+            batch = algorithms.PPOBatch(**fields, returns=returns, old_values=old_values)
+        else:
+            batch = Batch(**fields)
+        new, m = steps.make_steps(exp).update(state, batch)
         return jax.device_get((new.params, m))
 
     (p_one, m_one), (p_acc, m_acc) = run(0), run(8)  # 32 rollouts: one pass vs 4 x 8
@@ -383,31 +395,31 @@ def test_shared_prompt_forward_equals_the_per_row_forward_values_and_gradients()
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     P, G, Lp, Lc = 3, 4, 6, 5
     tokens, mask = _grouped_batch(P, G, Lp, Lc)
-    lp = lambda p, g: train.completion_logprobs(graphdef, p, tokens, mask, Lp, 0.7, group_size=g)
+    lp = lambda p, g: steps.completion_logprobs(graphdef, p, tokens, mask, Lp, 0.7, group_size=g)
     np.testing.assert_allclose(lp(params, G), lp(params, 1), rtol=1e-5, atol=1e-5)
     w = jnp.asarray(np.random.default_rng(1).normal(size=(P * G, Lc)), jnp.float32) * mask[:, Lp:]
     grads = [jax.grad(lambda p, g=g: jnp.sum(w * lp(p, g)))(params) for g in (1, G)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), *grads)
     # micro-batches of whole groups (3 chunks of one group each)
-    chunked = train.chunked_completion_logprobs(
+    chunked = steps.chunked_completion_logprobs(
         graphdef, params, tokens, mask, Lp, 0.7, rows_per_chunk=4, group_size=G
     )
     np.testing.assert_allclose(chunked, lp(params, 1), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="multiple of group_size"):
-        train.completion_logprobs(graphdef, params, tokens[:10], mask[:10], Lp, 0.7, group_size=G)
+        steps.completion_logprobs(graphdef, params, tokens[:10], mask[:10], Lp, 0.7, group_size=G)
 
 
 def test_split_rows_keeps_groups_whole_and_merge_inverts_it():
     x = jnp.arange(24)
-    s = train.split_rows(x, 3, group=4)  # 6 groups of 4 -> chunk j = groups j, j + 3
+    s = steps.split_rows(x, 3, group=4)  # 6 groups of 4 -> chunk j = groups j, j + 3
     assert s.tolist() == [
         [0, 1, 2, 3, 12, 13, 14, 15],
         [4, 5, 6, 7, 16, 17, 18, 19],
         [8, 9, 10, 11, 20, 21, 22, 23],
     ]
-    assert train.merge_rows(s, group=4).tolist() == x.tolist()
-    assert train.split_rows(x, 3).tolist()[0] == [0, 3, 6, 9, 12, 15, 18, 21]  # group 1: strided
-    assert train.merge_rows(train.split_rows(x, 3)).tolist() == x.tolist()
+    assert steps.merge_rows(s, group=4).tolist() == x.tolist()
+    assert steps.split_rows(x, 3).tolist()[0] == [0, 3, 6, 9, 12, 15, 18, 21]  # group 1: strided
+    assert steps.merge_rows(steps.split_rows(x, 3)).tolist() == x.tolist()
 
 
 @pytest.mark.slow

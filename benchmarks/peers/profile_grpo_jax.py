@@ -5,16 +5,17 @@
 
 On a synthetic batch of the workload's shape ([R, Lp + Lc] tokens, all completion tokens
 real), times separately (jitted, median of `--repeats`, after a compile call):
-  forward        the reference log-prob pass (`train.make_logprobs_fn`)
+  forward        the reference log-prob pass (`steps.make_steps(exp).logprobs`)
   loss+grad      `jax.value_and_grad` of the same GRPO loss the update uses
   optimizer      clip + AdamW (`exp.tx.update` + `optax.apply_updates`) on given gradients
   guard          the update's non-finite guard (`_all_finite` over the new parameters and
                  the three `_select`s over parameters and optimizer state)
-  update         the whole jitted update (`train.make_update_fn`), donated state
+  update         the whole jitted update (`steps.make_steps(exp).update`), donated state
 so that update ~ loss+grad + optimizer + guard shows what the non-gradient parts cost; and
 the forward and loss+grad with the LM head ([E, V] product + log-softmax) applied to the
 completion positions only (`return_hidden=True` + `model.logits` on the last Lc rows) instead
-of to every position, the change this profile suggests for `train.completion_logprobs`.
+of to every position, the change this profile suggests for `steps.completion_logprobs` (since
+adopted: it now projects the completion positions only).
 `--trace_dir` additionally writes a jax.profiler trace of one update call.
 """
 
@@ -56,13 +57,16 @@ def main(argv=None):
     import optax
     import run_grpo_jax
 
-    from grpo_jax import losses, train
+    from grpo_jax import losses, steps
     from grpo_jax.experiment import build_experiment
+    from grpo_jax.models.transformer import positions_from_mask
+    from grpo_jax.state import Batch
 
     prompts = common.load_prompts(args.prompts)
     lp = max(len(p["ids"]) for p in prompts)
     exp = build_experiment(run_grpo_jax.make_config(args, lp))
-    state = exp.init_state(make_state=train.TrainState)
+    state = steps.init_train_state(exp)
+    fns = steps.make_steps(exp)
     R, lc = args.prompts * args.samples, args.max_new_tokens
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(
@@ -79,9 +83,9 @@ def main(argv=None):
     )
     cmask = jnp.ones((R, lc), jnp.float32)
     adv = jnp.asarray(rng.standard_normal(R).astype(np.float32))
-    logprobs_fn = train.make_logprobs_fn(exp)
+    logprobs_fn = fns.logprobs
     ref = logprobs_fn(state.params, tokens, mask)
-    batch = train.Batch(
+    batch = Batch(
         tokens=tokens,
         attention_mask=mask,
         completion_mask=cmask,
@@ -89,8 +93,7 @@ def main(argv=None):
         sample_weights=jnp.ones((R,), jnp.float32),
         old_logprobs=ref,
         ref_logprobs=ref,
-        returns=jnp.zeros_like(ref),
-        old_values=jnp.zeros_like(ref),
+        sampler_logprobs=ref,
     )
     cfg = exp.config.algorithm
     T = float(exp.config.rollout.temperature)
@@ -100,12 +103,12 @@ def main(argv=None):
         from flax import nnx
 
         model = nnx.merge(graphdef, params)
-        positions = train.positions_from_mask(mask)
+        positions = positions_from_mask(mask)
         h, _ = model(tokens[:, :-1], positions[:, :-1], mask[:, :-1], return_hidden=True)
         logits = model.logits(h[:, prompt_len - 1 :])
         return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
 
-    def loss_fn(params, logprob_fn=train.completion_logprobs):  # as in train.make_update_fn
+    def loss_fn(params, logprob_fn=steps.completion_logprobs):  # as in the update (steps.py)
         lps = logprob_fn(exp.graphdef, params, tokens, mask, lp, T)
         loss, _ = losses.policy_loss(
             lps,
@@ -138,11 +141,11 @@ def main(argv=None):
 
     @jax.jit
     def guard_fn(new, old, opt_new, opt_old, loss, gnorm):
-        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & train._all_finite(new)
-        return (train._select(ok, new, old), train._select(ok, opt_new, opt_old))
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & steps._all_finite(new)
+        return (steps._select(ok, new, old), steps._select(ok, opt_new, opt_old))
 
     new_params, new_opt = opt_fn(state.params, state.opt_state, grads)
-    update = train.make_update_fn(exp)
+    update = fns.update
     holder = {"state": state}
 
     def run_update():
@@ -175,7 +178,7 @@ def main(argv=None):
     }
     # the update donates its state: run it on a copy so the arrays above stay valid
     holder["state"] = jax.tree.map(jnp.copy, state)
-    times["whole update (make_update_fn)"] = timeit(run_update, args.repeats)
+    times["whole update (steps.update)"] = timeit(run_update, args.repeats)
     if args.trace_dir:
         jax.profiler.start_trace(args.trace_dir)
         jax.block_until_ready(run_update())

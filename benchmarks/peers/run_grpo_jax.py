@@ -78,6 +78,7 @@ def main(argv=None):
     import jax
     import numpy as np
 
+    from grpo_jax import steps as steps_lib
     from grpo_jax import train
     from grpo_jax.experiment import build_experiment
 
@@ -94,18 +95,16 @@ def main(argv=None):
             raise SystemExit(f"prompt {i}: grpo_jax token ids differ from prompts.json")
     prompt_tokens_per_step = args.samples * sum(len(p["ids"]) for p in prompts)
 
-    state = exp.init_state(make_state=train.TrainState)
-    exp.set_ref_params(None, state)
+    run, _ = steps_lib.init_run(exp, warm_start=False)  # RL from the checkpoint (no SFT)
     from flax import nnx
 
     ids0 = np.asarray([prompts[0]["ids"]], np.int32)
-    logits0, _ = nnx.merge(exp.graphdef, state.params)(
+    logits0, _ = nnx.merge(exp.graphdef, run.train.params)(
         ids0, np.arange(ids0.shape[1], dtype=np.int32)[None], np.ones(ids0.shape, bool)
     )
     nll0 = common.prompt_nll(np.asarray(logits0[0]), prompts[0]["ids"])
     print(f"[grpo_jax] prompt 0 NLL {nll0:.5f}", flush=True)
-    fns = train._jit_functions(exp)
-    ctrl = train.init_controllers(exp)
+    fns = steps_lib.make_steps(exp)
     source = exp.make_source()
     steps = []
     total = args.warmup + args.steps
@@ -114,8 +113,8 @@ def main(argv=None):
         if profiling:
             jax.profiler.start_trace(args.profile_dir)
         t0 = time.perf_counter()
-        state, ctrl, row = train.rl_step(exp, state, ctrl, source, fns)
-        jax.block_until_ready(state.params)
+        run, row = train.rl_step(exp, fns, run, source)
+        jax.block_until_ready(run.train.params)
         wall = time.perf_counter() - t0
         if profiling:
             jax.profiler.stop_trace()
@@ -155,7 +154,7 @@ def main(argv=None):
 
     peak = matmul_peak()
     mc = exp.model_config
-    n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
+    n_params = sum(int(x.size) for x in jax.tree.leaves(run.train.params))
     n_head = mc.vocab_size * mc.hidden_size
     n_body = n_params - n_head if mc.tie_word_embeddings else n_params - 2 * n_head
     R, Lc, Lp = args.prompts * args.samples, exp.max_new_tokens, exp.prompt_len

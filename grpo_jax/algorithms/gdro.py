@@ -43,7 +43,8 @@ class PromptGDRO(Curriculum):
             return source.next()
         all_ids = jnp.arange(self.num_prompts, dtype=jnp.int32)
         all_bins = np.asarray(gdro.classify(self.classifier_config, state.classifier, all_ids))
-        q = np.asarray(gdro.prompt_gdro_q(self.prompt_config, state.controller, all_bins))
+        # slot B of q: never-seen prompts (their share of the pool; corrected mode)
+        q = np.asarray(gdro.resample_q(self.prompt_config, state.controller, all_bins))
         return source.next_by_bin(q, all_bins)
 
     def weights(self, state: CurriculumState, placement: Placement, advantages) -> jax.Array:
@@ -51,7 +52,9 @@ class PromptGDRO(Curriculum):
             return super().weights(state, placement, advantages)
         rollout_bins = jnp.asarray(placement.bins[placement.segment_ids])
         return jnp.asarray(
-            gdro.prompt_gdro_weights(self.prompt_config, state.controller, rollout_bins)
+            gdro.prompt_gdro_weights(
+                self.prompt_config, state.controller, rollout_bins, advantages=advantages
+            )
         )
 
     def update_controller(self, controller, outcome: StepOutcome):
@@ -67,6 +70,7 @@ class PromptGDRO(Curriculum):
             jnp.asarray(rollout_bins),
             signal,
             rewards=jnp.asarray(outcome.rewards),
+            advantages=jnp.asarray(outcome.advantages),
         )
 
 
