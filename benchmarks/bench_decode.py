@@ -2,6 +2,7 @@
 
   python benchmarks/bench_decode.py                          # rows 1, 16, 128; prompt 159
   python benchmarks/bench_decode.py --rows=1,8 --new_tokens=16
+  python benchmarks/bench_decode.py --random=smollm2-135m     # random weights, no checkpoint
 
 For each batch size B the sampler (`grpo_jax.sampling.generate`, float32, EOS disabled so every
 row decodes every step) runs twice, with N and with 2 new tokens; the difference is N - 2 decode
@@ -66,6 +67,12 @@ def main(argv=None):
         help="HF safetensors dir (default: the peers' converted SmolLM2, or the "
         "bench_sampler conversion)",
     )
+    parser.add_argument(
+        "--random",
+        default="",
+        help="a models.get_preset name: random float32 weights of that shape instead of a "
+        "checkpoint (e.g. smollm2-135m)",
+    )
     parser.add_argument("--rows", default="1,16,128")
     parser.add_argument("--prompt_len", type=int, default=159, help="the peers' full-size prompt")
     parser.add_argument("--new_tokens", type=int, default=34)
@@ -81,15 +88,24 @@ def main(argv=None):
     from grpo_jax.models.loading import load_hf_checkpoint
     from grpo_jax.sampling import SamplingConfig, generate
 
-    ckpt = args.checkpoint
-    if not ckpt:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-        import common
+    if args.random:
+        from grpo_jax.models import get_preset
+        from grpo_jax.models.transformer import random_params
 
-        ckpt = common.model_dir()
-    if not os.path.isfile(os.path.join(ckpt, "model.safetensors")):
-        raise SystemExit(f"{ckpt}/model.safetensors missing: run benchmarks/peers/prepare.py first")
-    cfg, graphdef, params = load_hf_checkpoint(ckpt, dtype="float32")
+        cfg = get_preset(args.random, dtype="float32", param_dtype="float32")
+        graphdef, params = random_params(cfg, 0)
+    else:
+        ckpt = args.checkpoint
+        if not ckpt:
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+            import common
+
+            ckpt = common.model_dir()
+        if not os.path.isfile(os.path.join(ckpt, "model.safetensors")):
+            raise SystemExit(
+                f"{ckpt}/model.safetensors missing: run benchmarks/peers/prepare.py first"
+            )
+        cfg, graphdef, params = load_hf_checkpoint(ckpt, dtype="float32")
     n_params = sum(int(x.size) for x in jax.tree.leaves(params))
     n_embed = cfg.vocab_size * cfg.hidden_size
     # matmul parameters per token: every layer weight + the (tied) LM head; the embedding lookup
@@ -133,7 +149,17 @@ def main(argv=None):
         tok_s = B / step
         mean_pos = Lp + (2 + N) / 2  # positions read, averaged over the timed steps
         bytes_needed = weight_bytes + B * kv_bytes_per_pos * mean_pos
-        bytes_read = weight_bytes + B * kv_bytes_per_pos * (Lp + N)  # as implemented: whole cache
+        # as implemented: each timed step reads its attention bucket's slots (older samplers
+        # without buckets read all Lp + N)
+        try:
+            from grpo_jax.sampling import decode_buckets
+
+            ends = decode_buckets(Lp, N, SamplingConfig(max_new_tokens=N).attention_buckets)
+            read = [next(e for e in ends if e >= Lp + i) for i in range(2, N)]
+            mean_read = sum(read) / len(read)
+        except ImportError:
+            mean_read = Lp + N
+        bytes_read = weight_bytes + B * kv_bytes_per_pos * mean_read
         bound = B * bw["best"] / bytes_needed
         compute_bound = peak / (2 * n_matmul)  # tokens/s at the matmul peak, any batch
         r = {
@@ -166,6 +192,8 @@ def main(argv=None):
         "new_tokens": N,
         "results": results,
         "devices": [str(d) for d in jax.devices()],
+        "jax_version": jax.__version__,
+        "model": args.random or "checkpoint",
     }
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

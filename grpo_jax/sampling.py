@@ -1,17 +1,24 @@
-"""Jitted autoregressive sampler: one prefill pass + KV-cache decode in a lax.while_loop.
+"""Jitted autoregressive sampler: one prefill pass + KV-cache decode in lax.while_loops.
 
 `generate(graphdef, params, prompt_tokens, prompt_mask, rng, config)` -> `Rollouts`.
 
 Shapes are static (R rows, Lp prompt slots, Lc = max_new_tokens), so a training loop with a
-fixed batch compiles once. The KV cache has Lp + Lc slots and is updated in place
-(dynamic_update_slice on a loop carry); the prompt is processed once; there is no host sync
-inside the loop, which exits as soon as every row has produced an EOS id.
+fixed batch compiles once. The KV cache (`DecodeCache`, [L, R, kv_heads, Lp + Lc, head_dim])
+is carried through the loops and updated in place (dynamic_update_slice); each layer's
+attention reads its slots in place, in the layout its einsum consumes (no per-step copy or
+transpose of the cache: tests/test_sampling_hlo.py checks the optimized HLO). The decode steps
+run in up to `attention_buckets` chunks, one while_loop each, and a chunk attends to a static
+prefix of the cache just long enough for its last step rather than all Lp + Lc slots. The
+prompt is processed once; there is no host sync inside the loops, which exit as soon as every
+row has produced an EOS id.
 
 Sampling distribution (per step, HF `generate` order): logits / temperature, then top-k, then
 top-p (nucleus, Holtzman et al. 2020) on the renormalised top-k distribution. temperature == 0
 is greedy argmax (no division). `Rollouts.logprobs` are log_softmax(logits / temperature)
 of the sampled token BEFORE top-k/top-p truncation (log_softmax(logits) when temperature == 0),
-i.e. what a training forward pass at the same temperature recomputes.
+i.e. what a training forward pass at the same temperature recomputes. The draw is
+inverse-CDF sampling with one uniform per row (no [R, V] random bits): the same distribution
+as the Gumbel-max trick, other samples for a given key.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax.models.transformer import init_cache, positions_from_mask
+from grpo_jax.models.transformer import init_decode_cache, positions_from_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,8 @@ class SamplingConfig:
     after EOS and for unused slots. prompt_group_size: G > 1 when the rows come in consecutive
     groups of G identical prompts (a GRPO group): the prompt is prefilled once per group and
     its KV cache copied to the G rows (same samples up to float rounding, 1/G of the prefill).
+    attention_buckets: at most this many decode chunks, each attending to a static prefix of
+    the cache just long enough for its last step (1 = every step reads all Lp + Lc slots).
     """
 
     max_new_tokens: int
@@ -47,6 +56,7 @@ class SamplingConfig:
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
     prompt_group_size: int = 1
+    attention_buckets: int = 8
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -63,6 +73,11 @@ class SamplingConfig:
             raise ValueError(
                 f"SamplingConfig.prompt_group_size must be an int >= 1, got "
                 f"{self.prompt_group_size!r}"
+            )
+        if not isinstance(self.attention_buckets, int) or self.attention_buckets < 1:
+            raise ValueError(
+                f"SamplingConfig.attention_buckets must be an int >= 1, got "
+                f"{self.attention_buckets!r}"
             )
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
@@ -86,36 +101,89 @@ class Rollouts:
     truncated: jax.Array
 
 
+_BLOCK = 256  # vocabulary block of the two-level inverse-CDF draw
+
+
+def _last_positive(x: jax.Array) -> jax.Array:
+    """x [R, N] >= 0 -> [R] int32, the last index with x > 0 (0 when none)."""
+    n = x.shape[-1]
+    return (n - 1 - jnp.argmax(x[:, ::-1] > 0, axis=-1)).astype(jnp.int32)
+
+
+def _inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
+    """One draw per row from unnormalised weights [R, N] >= 0 (float32) with one uniform
+    u [R] in [0, 1): the first index whose inclusive cumulative weight exceeds u x total.
+
+    Two levels (blocks of _BLOCK, then within the chosen block), so only [R, N / _BLOCK] and
+    [R, _BLOCK] cumulative sums are formed. Float rounding at the top end is clipped to the
+    last positive weight, so a zero-weight index is never drawn. Returns [R] int32.
+    """
+    R, N = weights.shape
+    nb = -(-N // _BLOCK)
+    w = jnp.pad(weights, ((0, 0), (0, nb * _BLOCK - N))).reshape(R, nb, _BLOCK)
+    block_mass = jnp.sum(w, axis=-1)  # [R, nb]
+    block_cum = jnp.cumsum(block_mass, axis=-1)
+    t = u * block_cum[:, -1]
+    b = jnp.minimum(jnp.sum(block_cum <= t[:, None], axis=-1), _last_positive(block_mass))
+    b = b.astype(jnp.int32)
+    inner = jnp.take_along_axis(w, b[:, None, None], axis=1)[:, 0]  # [R, _BLOCK]
+    before = jnp.take_along_axis(block_cum - block_mass, b[:, None], axis=-1)[:, 0]
+    inner_cum = jnp.cumsum(inner, axis=-1)
+    j = jnp.sum(inner_cum <= (t - before)[:, None], axis=-1)
+    j = jnp.minimum(j, _last_positive(inner)).astype(jnp.int32)
+    return b * _BLOCK + j
+
+
 def sample_logits(logits: jax.Array, key: jax.Array, config: SamplingConfig):
     """One sampling step: logits [R, V] -> (token [R] int32, logprob [R] float32).
 
     Temperature, then top-k, then top-p (see the module docstring); logprob is
     log_softmax(logits / temperature)[token] before truncation (temperature 0: greedy argmax
-    and log_softmax(logits)). jittable; config static.
+    and log_softmax(logits)). The draw is inverse-CDF sampling with one uniform per row over
+    the (truncated) probabilities, so no [R, V] random bits are generated. jittable; config
+    static.
     """
     logits = logits.astype(jnp.float32)
+    R, V = logits.shape
     if config.temperature == 0:
         tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return tok, jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - lse
     scaled = logits / config.temperature
-    logp = jax.nn.log_softmax(scaled, axis=-1)
-    V = logits.shape[-1]
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    lse = jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1)) + top[:, 0]
+    u = jax.random.uniform(key, (R,), jnp.float32)
     k = config.top_k if 0 < config.top_k < V else 0
     if k == 0 and config.top_p >= 1.0:
-        tok = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+        tok = _inverse_cdf(jnp.exp(scaled - top), u)
     else:
         # sorted (descending) candidate set: the top-k, or the whole vocabulary for top-p only
         vals, idx = jax.lax.top_k(scaled, k if k else V)
+        probs = jnp.exp(vals - vals[:, :1])  # unnormalised, descending
+        cum = jnp.cumsum(probs, axis=-1)
+        n_keep = jnp.full((R,), probs.shape[-1], jnp.int32)
         if config.top_p < 1.0:
-            probs = jax.nn.softmax(vals, axis=-1)
-            exclusive_cum = jnp.cumsum(probs, axis=-1) - probs
-            keep = exclusive_cum < config.top_p
-            keep = keep.at[:, 0].set(True)  # the argmax always survives (top_p == 0)
-            vals = jnp.where(keep, vals, -jnp.inf)
-        choice = jax.random.categorical(key, vals, axis=-1)
+            # keep the tokens whose exclusive cumulative probability is < top_p (a prefix of
+            # the sorted order; the argmax always survives, so top_p == 0 is greedy)
+            exclusive = (cum - probs) / cum[:, -1:]
+            n_keep = jnp.maximum(jnp.sum(exclusive < config.top_p, axis=-1), 1).astype(jnp.int32)
+        kept_mass = jnp.take_along_axis(cum, (n_keep - 1)[:, None], axis=-1)[:, 0]
+        choice = jnp.minimum(jnp.sum(cum <= (u * kept_mass)[:, None], axis=-1), n_keep - 1)
         tok = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
-    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    return tok, jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
+
+
+def decode_buckets(prompt_len: int, max_new_tokens: int, buckets: int) -> tuple[int, ...]:
+    """Static attention lengths of the decode chunks: a tuple of n <= `buckets` slot counts.
+
+    Decode step i (1 <= i < Lc) writes slot Lp + i - 1 and needs slots [0, Lp + i); the steps
+    are split into n chunks of at least 16 steps each, and chunk j's steps attend to its end,
+    Lp + ends[j] slots (the last one is Lp + Lc - 1, the last step's need).
+    """
+    steps = max_new_tokens - 1  # decode steps after the token sampled from the prefill
+    n = max(1, min(int(buckets), -(-steps // 16)))
+    ends = [1 + -(-(j + 1) * steps // n) for j in range(n)]  # last step index + 1 of chunk j
+    return tuple(prompt_len + e - 1 for e in ends)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
@@ -133,11 +201,17 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
 
     # prefill one row per group of G identical prompts (G = 1: every row), then copy its cache
-    # and last logits to the group's rows
+    # and last logits to the group's rows. The cache is [L, rows, kv_heads, slots, head_dim]
+    # (DecodeCache): each step writes its slot in place and reads the filled prefix in place.
     G = config.prompt_group_size
-    cache = init_cache(model.config, R // G, Lp + Lc)
+    cache = init_decode_cache(model.config, R // G, Lp + Lc)
     hidden, cache = model(
-        prompt_tokens[::G], positions[::G], prompt_mask[::G], cache=cache, return_hidden=True
+        prompt_tokens[::G],
+        positions[::G],
+        prompt_mask[::G],
+        cache=cache,
+        return_hidden=True,
+        attend_len=Lp,
     )
     logits = model.logits(hidden[:, -1])  # [R / G, V]
     if G > 1:
@@ -154,28 +228,42 @@ def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, co
     out_lp = jnp.zeros((R, Lc), jnp.float32).at[:, 0].set(lp)
     done = jnp.isin(tok, eos)
 
-    def cond(carry):
-        i, _, _, done, _, _, _ = carry
-        return (i < Lc) & ~jnp.all(done)
+    def make_body(attend_len):
+        def body(carry):
+            i, tok, cache, done, out_tokens, out_lp, rng = carry
+            pos = (prompt_len + i - 1)[:, None]
+            hidden, cache = model(
+                tok[:, None],
+                pos,
+                jnp.ones((R, 1), bool),
+                cache=cache,
+                return_hidden=True,
+                attend_len=attend_len,
+            )
+            logits = model.logits(hidden[:, 0])
+            rng, key = jax.random.split(rng)
+            new_tok, lp = sample_logits(logits, key, config)
+            new_tok = jnp.where(done, config.pad_id, new_tok)
+            lp = jnp.where(done, 0.0, lp)
+            out_tokens = jax.lax.dynamic_update_slice(out_tokens, new_tok[:, None], (0, i))
+            out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
+            done = done | jnp.isin(new_tok, eos)
+            return i + 1, new_tok, cache, done, out_tokens, out_lp, rng
 
-    def body(carry):
-        i, tok, cache, done, out_tokens, out_lp, rng = carry
-        pos = (prompt_len + i - 1)[:, None]
-        hidden, cache = model(
-            tok[:, None], pos, jnp.ones((R, 1), bool), cache=cache, return_hidden=True
-        )
-        logits = model.logits(hidden[:, 0])
-        rng, key = jax.random.split(rng)
-        new_tok, lp = sample_logits(logits, key, config)
-        new_tok = jnp.where(done, config.pad_id, new_tok)
-        lp = jnp.where(done, 0.0, lp)
-        out_tokens = jax.lax.dynamic_update_slice(out_tokens, new_tok[:, None], (0, i))
-        out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
-        done = done | jnp.isin(new_tok, eos)
-        return i + 1, new_tok, cache, done, out_tokens, out_lp, rng
+        return body
 
+    # decode in chunks of steps, chunk j attending to its first `attend_len` slots (a static
+    # slice of the cache); each chunk is a while_loop that also exits once every row is done
     carry = (jnp.ones((), jnp.int32), tok, cache, done, out_tokens, out_lp, rng)
-    _, _, _, _, out_tokens, out_lp, _ = jax.lax.while_loop(cond, body, carry)
+    for attend_len in decode_buckets(Lp, Lc, config.attention_buckets) if Lc > 1 else ():
+        last_step = attend_len - Lp  # step i reads slots [0, Lp + i)
+
+        def cond(carry, last_step=last_step):
+            i, _, _, done, _, _, _ = carry
+            return (i <= last_step) & ~jnp.all(done)
+
+        carry = jax.lax.while_loop(cond, make_body(attend_len), carry)
+    _, _, _, _, out_tokens, out_lp, _ = carry
 
     is_eos = jnp.isin(out_tokens, eos)
     eos_before = (jnp.cumsum(is_eos, axis=-1) - is_eos) > 0  # an EOS strictly earlier

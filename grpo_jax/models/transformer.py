@@ -133,6 +133,34 @@ class KVCache:
     index: jax.Array
 
 
+@flax.struct.dataclass
+class DecodeCache:
+    """KV cache in the layout the decode attention reads (the sampler's cache).
+
+    k, v: [L, B, KVH, S, D] (config.dtype): per layer and row, each kv head's slots are
+    contiguous, so a step's attention einsum ("bksd") reads a layer's cache in place, with no
+    transpose, and writes its new keys with one dynamic_update_slice. key_mask [B, S] bool and
+    index [] int32 as in KVCache.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    key_mask: jax.Array
+    index: jax.Array
+
+
+def init_decode_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None):
+    """Empty DecodeCache for `batch_size` rows and `max_len` slots (dtype: config.dtype)."""
+    dtype = jnp.dtype(dtype or config.dtype)
+    shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
+    return DecodeCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        key_mask=jnp.zeros((batch_size, max_len), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     """Empty KVCache for `batch_size` rows and `max_len` slots (dtype defaults to config.dtype)."""
     dtype = jnp.dtype(dtype or config.dtype)
@@ -239,27 +267,30 @@ class Attention(nnx.Module):
             k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
         return apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta), v
 
-    def _attend(self, q, keys, values, mask):
-        """q [B, T, H, D], keys/values [B, S, KVH, D], mask [B, T, S] -> [B, T, H, D]."""
+    def _attend(self, q, keys, values, mask, kv_layout="bskd"):
+        """q [B, T, H, D], keys/values [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D]
+        ("bksd", DecodeCache), mask [B, T, S] -> [B, T, H, D]."""
         dt = q.dtype
         B, T, H, D = q.shape
         K = self.config.num_kv_heads
         qg = q.reshape(B, T, K, H // K, D)
         scores = jnp.einsum(
-            "btkgd,bskd->bkgts", qg, keys.astype(dt), preferred_element_type=jnp.float32
+            f"btkgd,{kv_layout}->bkgts", qg, keys.astype(dt), preferred_element_type=jnp.float32
         ) * (D**-0.5)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        return jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt)).reshape(B, T, H, D)
+        out = jnp.einsum(f"bkgts,{kv_layout}->btkgd", probs, values.astype(dt))
+        return out.reshape(B, T, H, D)
 
-    def __call__(self, x, positions, mask, kv_write, kv_read):
+    def __call__(self, x, positions, mask, kv_write, kv_read, kv_layout="bskd"):
         """x [B, T, E]; positions [B, T]; mask [B, T, S] bool (query may attend key);
         kv_write(k, v) stores this step's keys/values [B, T, KVH, D] and kv_read() returns the
-        keys/values to attend to [B, S, KVH, D]. Returns [B, T, E]."""
+        keys/values to attend to, [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D] ("bksd").
+        Returns [B, T, E]."""
         q, k, v = self._qkv(x, positions)
         kv_write(k, v)
         keys, values = kv_read()
-        out = self._attend(q, keys, values, mask)
+        out = self._attend(q, keys, values, mask, kv_layout)
         return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(x.dtype))
 
 
@@ -293,9 +324,10 @@ class Block(nnx.Module):
         self.mlp_norm = _param(rngs, o, *_stack(num_layers, (E,), ("norm",)), config.param_dtype)
         self.mlp = MLP(config, rngs=rngs, num_layers=num_layers)
 
-    def __call__(self, x, positions, mask, kv_write, kv_read):
+    def __call__(self, x, positions, mask, kv_write, kv_read, kv_layout="bskd"):
         eps = self.config.rms_norm_eps
-        x = x + self.attn(rms_norm(x, self.attn_norm[...], eps), positions, mask, kv_write, kv_read)
+        h = rms_norm(x, self.attn_norm[...], eps)
+        x = x + self.attn(h, positions, mask, kv_write, kv_read, kv_layout)
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
 
     def shared_prefix(self, xp, pos_p, mask_pp, xc, pos_c, mask_cp, mask_cc):
@@ -335,8 +367,20 @@ class Decoder(nnx.Module):
             rngs, nnx.initializers.ones_init(), (config.hidden_size,), ("norm",), config.param_dtype
         )
 
-    def __call__(self, tokens, positions, attention_mask=None, *, cache: KVCache | None = None):
-        """Returns (hidden [B, T, E] after the final norm in config.dtype, new_cache or None)."""
+    def __call__(
+        self,
+        tokens,
+        positions,
+        attention_mask=None,
+        *,
+        cache: KVCache | DecodeCache | None = None,
+        attend_len: int | None = None,
+    ):
+        """Returns (hidden [B, T, E] after the final norm in config.dtype, new_cache or None).
+
+        attend_len (static, with a cache): attend to slots [0, attend_len) only, read in place
+        from the cache (the caller guarantees cache.index + T <= attend_len); None = all slots.
+        """
         c = self.config
         dt = jnp.dtype(c.dtype)
         B, T = tokens.shape
@@ -345,17 +389,20 @@ class Decoder(nnx.Module):
         attention_mask = attention_mask.astype(bool)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
 
+        decode_layout = isinstance(cache, DecodeCache)
+        kv_layout = "bksd" if decode_layout else "bskd"
         if cache is None:
             key_mask = attention_mask
             q_slot = jnp.arange(T)
             S = T
         else:
-            S = cache.k.shape[2]
+            S = cache.key_mask.shape[1]
             key_mask = jax.lax.dynamic_update_slice(
                 cache.key_mask, attention_mask, (0, cache.index)
             )
             q_slot = cache.index + jnp.arange(T)
-        mask = key_mask[:, None, :] & (jnp.arange(S)[None, None, :] <= q_slot[None, :, None])
+        A = S if attend_len is None else min(int(attend_len), S)  # slots attended
+        mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[None, :, None])
 
         graphdef, layer_state = nnx.split(self.layers)
 
@@ -371,6 +418,22 @@ class Decoder(nnx.Module):
 
                 def kv_read():
                     return fresh["kv"]
+            elif decode_layout:
+                # [L, B, KVH, S, D]: write the T new slots of layer l in place, read the layer's
+                # first A slots (a contiguous-per-head window: no copy, no transpose)
+                def kv_write(k, v):
+                    at = (l, 0, 0, cache.index, 0)
+                    k = jnp.swapaxes(k, 1, 2)[None].astype(ck.dtype)  # [1, B, KVH, T, D]
+                    v = jnp.swapaxes(v, 1, 2)[None].astype(cv.dtype)
+                    fresh["k"] = jax.lax.dynamic_update_slice(ck, k, at)
+                    fresh["v"] = jax.lax.dynamic_update_slice(cv, v, at)
+
+                def kv_read():
+                    size = (1, *ck.shape[1:3], A, ck.shape[4])
+                    return tuple(
+                        jax.lax.dynamic_slice(fresh[n], (l, 0, 0, 0, 0), size)[0]
+                        for n in ("k", "v")
+                    )
             else:
 
                 def kv_write(k, v):
@@ -382,13 +445,14 @@ class Decoder(nnx.Module):
                     )
 
                 def kv_read():
-                    return (
-                        jax.lax.dynamic_index_in_dim(fresh["k"], l, 0, keepdims=False),
-                        jax.lax.dynamic_index_in_dim(fresh["v"], l, 0, keepdims=False),
+                    size = (1, ck.shape[1], A, *ck.shape[3:])
+                    return tuple(
+                        jax.lax.dynamic_slice(fresh[n], (l, 0, 0, 0, 0), size)[0]
+                        for n in ("k", "v")
                     )
 
             h = sharding.constrain_batch(h)  # rows over data x fsdp (a no-op without a mesh)
-            h = block(h, positions, mask, kv_write, kv_read)
+            h = block(h, positions, mask, kv_write, kv_read, kv_layout)
             if cache is not None:
                 ck, cv = fresh["k"], fresh["v"]
             return (h, ck, cv), None
@@ -403,7 +467,7 @@ class Decoder(nnx.Module):
         x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         new_cache = None
         if cache is not None:
-            new_cache = KVCache(k=ck, v=cv, key_mask=key_mask, index=cache.index + T)
+            new_cache = cache.replace(k=ck, v=cv, key_mask=key_mask, index=cache.index + T)
         return x, new_cache
 
     def shared_prefix(
@@ -494,21 +558,25 @@ class Transformer(nnx.Module):
         positions,
         attention_mask=None,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | DecodeCache | None = None,
         return_hidden: bool = False,
+        attend_len: int | None = None,
     ):
         """tokens [B, T] int32; positions [B, T] int32 rotary positions (left padding: count from
         the first real token, see positions_from_mask); attention_mask [B, T] bool, True on real
         tokens (key padding mask combined with the causal mask; None = all real);
-        cache: optional KVCache, the tokens are written at slots [cache.index, cache.index + T)
-        and attend to every earlier valid slot.
+        cache: optional KVCache or DecodeCache, the tokens are written at slots
+        [cache.index, cache.index + T) and attend to every earlier valid slot; attend_len
+        (static, with a cache): only slots [0, attend_len) are read (>= cache.index + T).
 
         Returns (logits [B, T, V] in config.dtype, new_cache or None); with return_hidden=True
         the first element is the final-norm hidden state [B, T, E] instead (apply
         `self.logits` to the rows you need, e.g. the last one, to skip the [B, T, V] product).
         Fully-masked query rows (pads) get finite garbage outputs, never NaN.
         """
-        h, new_cache = self.model(tokens, positions, attention_mask, cache=cache)
+        h, new_cache = self.model(
+            tokens, positions, attention_mask, cache=cache, attend_len=attend_len
+        )
         if return_hidden:
             return h, new_cache
         return self.logits(h), new_cache

@@ -1,0 +1,137 @@
+"""The compiled decode loop reads its KV cache in place: an optimized-HLO inspection test.
+
+`decode_cache_traffic` compiles `sampling._generate`, finds the decode while loops (those whose
+carry holds the [R, Lc] output tokens) and every computation they reach (the layer scan, the
+fusions), and counts the ops there whose result has the size of a layer's live cache (a
+permutation of [R, KVH, s, D] for Lp <= s <= Lp + Lc, unit dims ignored) or of the whole cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models import get_preset
+from grpo_jax.models.transformer import random_params
+from grpo_jax.sampling import SamplingConfig, _generate
+
+_HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
+_CALLEE = re.compile(r"(?:body|condition|calls|to_apply)=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_OP = re.compile(r"= [a-z0-9]+\[([\d,]*)\]\S* ([a-z\-]+)\(")
+
+
+def _computations(hlo: str):
+    comps, entry, cur = {}, None, None
+    for line in hlo.splitlines():
+        m = _HEADER.match(line)
+        if m:
+            cur = m.group(1)
+            comps[cur] = []
+            if line.startswith("ENTRY"):
+                entry = cur
+        elif cur is not None and line.startswith(" "):
+            comps[cur].append(line)
+    return comps, entry
+
+
+def _callees(line: str):
+    out = _CALLEE.findall(line)
+    for group in _BRANCHES.findall(line):
+        out += [c.strip().lstrip("%") for c in group.split(",")]
+    return out
+
+
+def decode_cache_traffic(hlo: str, *, rows, kv_heads, head_dim, prompt_len, slots, layers):
+    """Counter {op: n} of cache-sized results inside the decode loops of optimized HLO text."""
+    comps, entry = _computations(hlo)
+    out_tokens = f"s32[{rows},{slots - prompt_len}]"
+    roots = []
+    for line in comps[entry]:
+        if " while(" in line and out_tokens in line.split(" while(")[0]:
+            roots.append(re.search(r"body=%([\w.\-]+)", line).group(1))
+    assert roots, "no decode while loop found"
+    seen, todo = set(), list(roots)
+    while todo:
+        c = todo.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        for line in comps[c]:
+            todo += _callees(line)
+    per_layer = {tuple(sorted((rows, kv_heads, s, head_dim))) for s in range(prompt_len, slots + 1)}
+    whole = tuple(sorted((layers, rows, kv_heads, slots, head_dim)))
+    counts = collections.Counter()
+    for c in seen:
+        for line in comps[c]:
+            m = _OP.search(line)
+            if not m or not m.group(1):
+                continue
+            dims = tuple(sorted(int(d) for d in m.group(1).split(",") if int(d) != 1))
+            if dims in per_layer:
+                counts[m.group(2)] += 1
+            elif dims == whole:
+                counts["whole:" + m.group(2)] += 1
+    return counts
+
+
+# distinct sizes, so a shape identifies the tensor: R 6, KVH 2, D 24, Lp 11, Lc 37
+CFG = get_preset("tiny", vocab_size=96, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=24)
+R, LP, LC = 6, 11, 37
+
+
+def compiled_decode_hlo(config: SamplingConfig, cfg=CFG, rows=R, prompt_len=LP):
+    g, p = random_params(cfg, 0)
+    toks = jnp.ones((rows, prompt_len), jnp.int32)
+    mask = jnp.ones((rows, prompt_len), bool)
+    lowered = _generate.lower(g, p, None, toks, mask, jax.random.key(0), config)
+    return lowered.compile().as_text()
+
+
+def test_decode_loop_never_copies_or_transposes_the_cache():
+    for temperature, top_k in ((1.0, 0), (0.0, 0), (0.8, 5)):
+        sc = SamplingConfig(max_new_tokens=LC, temperature=temperature, top_k=top_k)
+        counts = decode_cache_traffic(
+            compiled_decode_hlo(sc),
+            rows=R,
+            kv_heads=CFG.num_kv_heads,
+            head_dim=CFG.head_dim,
+            prompt_len=LP,
+            slots=LP + LC,
+            layers=CFG.num_layers,
+        )
+        bad = {op: n for op, n in counts.items() if op.split(":")[-1] in ("copy", "transpose")}
+        assert not bad, (temperature, top_k, dict(counts))
+        # and the cache is only updated in place (dynamic-update-slice), never rebuilt
+        assert not counts.get("whole:concatenate") and not counts.get("whole:broadcast"), counts
+
+
+def test_hlo_scan_detects_a_transposed_cache():
+    # the detector itself: a loop that transposes its [R, S, KVH, D] carry every step is caught
+    def f(c, x):
+        def body(carry):
+            i, c, toks = carry
+            t = jnp.einsum("bskd,bd->bks", c, x).sum(-1).astype(jnp.int32)
+            toks = jax.lax.dynamic_update_slice(toks, t[:, :1], (0, i))
+            return i + 1, c * 1.0001, toks
+
+        return jax.lax.while_loop(lambda c: c[0] < LC, body, (0, c, jnp.zeros((R, LC), jnp.int32)))[
+            2
+        ]
+
+    c = jnp.ones((R, LP + LC, CFG.num_kv_heads, CFG.head_dim))
+    x = jnp.ones((R, CFG.head_dim))
+    hlo = jax.jit(f).lower(c, x).compile().as_text()
+    counts = decode_cache_traffic(
+        hlo,
+        rows=R,
+        kv_heads=CFG.num_kv_heads,
+        head_dim=CFG.head_dim,
+        prompt_len=LP,
+        slots=LP + LC,
+        layers=CFG.num_layers,
+    )
+    assert sum(counts.values()) > 0, counts
