@@ -207,9 +207,7 @@ def test_tfds_matches_jsonl_on_toy(toy_dir, tmp_path):
         assert via == direct
     # Bad rows: the same error (file and line) and the same skip counts as the JSONL path.
     with pytest.raises(ValueError, match=r"test\.jsonl:3"):
-        grpo_jax.data.load(
-            "gsm8k", "test", source_dir=toy_dir, use_tfds=True, tfds_data_dir=cache
-        )
+        grpo_jax.data.load("gsm8k", "test", source_dir=toy_dir, use_tfds=True, tfds_data_dir=cache)
     assert grpo_jax.data.load_with_stats(
         "gsm8k", "test", source_dir=toy_dir, bad_rows="skip", use_tfds=True, tfds_data_dir=cache
     ) == datasets.load_with_stats("gsm8k", "test", source_dir=toy_dir, bad_rows="skip")
@@ -236,4 +234,6 @@ def test_tfds_builder_and_data_source_directly(toy_dir, tmp_path):
 @needs_data
 def test_tfds_matches_jsonl_real_small(tmp_path):
     for name in ("aime24", "olympiadbench"):
-        assert grpo_jax.data.load(name, use_tfds=True, tfds_data_dir=tmp_path) == datasets.load(name)
+        assert grpo_jax.data.load(name, use_tfds=True, tfds_data_dir=tmp_path) == datasets.load(
+            name
+        )
