@@ -187,11 +187,8 @@ def decode_buckets(prompt_len: int, max_new_tokens: int, buckets: int) -> tuple[
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
-def _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, config):
-    if model_state is None:
-        model = nnx.merge(graphdef, params)
-    else:
-        model = nnx.merge(graphdef, params, model_state)
+def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config):
+    model = nnx.merge(graphdef, params)
     R, Lp = prompt_tokens.shape
     Lc = config.max_new_tokens
     prompt_mask = prompt_mask.astype(bool)
@@ -289,13 +286,10 @@ def generate(
     prompt_mask,
     rng,
     config: SamplingConfig,
-    *,
-    model_state: nnx.State | None = None,
 ) -> Rollouts:
     """Sample `config.max_new_tokens` tokens after each prompt.
 
-    graphdef, params: `nnx.split(model, nnx.Param)` of a Transformer (model_state: any other
-    state from `nnx.split(model, nnx.Param, ...)`; the Transformer has none).
+    graphdef, params: `nnx.split(model, nnx.Param)` of a Transformer (it has no other state).
     prompt_tokens [R, Lp] int32, LEFT-padded (the last column is each prompt's last token);
     prompt_mask [R, Lp] bool, True on real prompt tokens; rng: a PRNG key.
     config: SamplingConfig (static). Inputs may be sharded over the batch; nothing is moved.
@@ -312,4 +306,4 @@ def generate(
             f"{prompt_tokens.shape[0]} rows are not a multiple of "
             f"prompt_group_size {config.prompt_group_size}"
         )
-    return _generate(graphdef, params, model_state, prompt_tokens, prompt_mask, rng, config)
+    return _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config)

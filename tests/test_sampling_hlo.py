@@ -87,7 +87,7 @@ def compiled_decode_hlo(config: SamplingConfig, cfg=CFG, rows=R, prompt_len=LP):
     g, p = random_params(cfg, 0)
     toks = jnp.ones((rows, prompt_len), jnp.int32)
     mask = jnp.ones((rows, prompt_len), bool)
-    lowered = _generate.lower(g, p, None, toks, mask, jax.random.key(0), config)
+    lowered = _generate.lower(g, p, toks, mask, jax.random.key(0), config)
     return lowered.compile().as_text()
 
 

@@ -136,7 +136,7 @@ class Curriculum:
         kwargs = config.gdro.classifier.to_dict()
         if kwargs.get("delta", 0.0) < 0:
             kwargs["delta"] = cls.hysteresis
-        return {"classifier_config": gdro.ClassifierConfig(**kwargs)}
+        return {"classifier_config": gdro.ClassifierConfig.from_dict(kwargs)}
 
     @property
     def num_bins(self) -> int:

@@ -32,7 +32,7 @@ class PromptGDRO(Curriculum):
     def config_kwargs(cls, config) -> dict:
         return {
             **super().config_kwargs(config),
-            "prompt_config": gdro.PromptGDROConfig(**config.gdro.prompt.to_dict()),
+            "prompt_config": gdro.PromptGDROConfig.from_dict(config.gdro.prompt.to_dict()),
         }
 
     def init_controller(self):
@@ -86,8 +86,8 @@ class RolloutGDRO(Curriculum):
     def config_kwargs(cls, config) -> dict:
         return {
             **super().config_kwargs(config),
-            "rollout_config": gdro.RolloutGDROConfig(
-                **config.gdro.rollout.to_dict(), n_bar=config.rollout.rollouts_per_prompt
+            "rollout_config": gdro.RolloutGDROConfig.from_dict(
+                {**config.gdro.rollout.to_dict(), "n_bar": config.rollout.rollouts_per_prompt}
             ),
         }
 
