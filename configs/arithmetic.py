@@ -3,14 +3,27 @@
 A short supervised warm start teaches the answer format, then RL raises held-out accuracy.
 Usage: `python -m experiments.run --config=configs/arithmetic.py:grpo --workdir=/tmp/arith`
 Arguments: grpo (default) | prompt_gdro | rollout_gdro | ppo, optionally followed by
-`,heavy_tailed` (the heterogeneous mix used by experiments/compare.py) or `,smoke` (tiny).
+`,heavy_tailed` (the heterogeneous mix used by experiments/compare.py), `,frontier` (the
+moving-frontier testbed, below) or `,smoke` (tiny).
+
+`,frontier`: ladder addition (grpo_jax/data/arithmetic.py, `ladder_problem`), RL difficulty
+d = 2..5 uniform (d + 1 digits over two addends). The supervised warm start has its own pool
+(d = 1..5, disjoint from the RL pool and from eval): build it with `experiments.oracle.warm_start`
+(experiments.run warm-starts on the experiment's training pool). RL pool = steps * P / 5 = 1280
+problems, every prompt drawn exactly 5 times in a run. Evaluation: 1,200 held-out problems
+(300 per d) x 32 samples; the pooled mean is the training mix, the hard-weighted mix is
+`arithmetic.mix_mean(per_level, {2: 1, 3: 2, 4: 3, 5: 4})` (weights d - 1).
+`python -m experiments.oracle --config=configs/arithmetic.py:grpo,frontier --out=reports`
+checks it (frontier share, oracle gain; reports/oracle.md).
 """
 
 from configs import common
 
 
 def get_config(arg: str = "grpo"):
-    algorithm, parts = common.parse_arg(arg, flags=("heavy_tailed", "smoke", "paper_gdro"))
+    algorithm, parts = common.parse_arg(
+        arg, flags=("heavy_tailed", "frontier", "smoke", "paper_gdro")
+    )
     c = common.base_config()
     c.steps = 100  # RL steps
     c.model.preset = "tiny"  # 2 layers, width 64 (see grpo_jax/models/config.py)
@@ -58,6 +71,8 @@ def get_config(arg: str = "grpo"):
     if "heavy_tailed" in parts:
         c.data.arithmetic.levels = (1, 2, 3, 4, 5)
         c.data.arithmetic.heavy_tailed = True  # most problems easy, a long tail of hard levels
+    if "frontier" in parts:
+        frontier(c)
     if "smoke" in parts:  # seconds-long run for tests
         c.steps = 3
         c.sft.steps = 5
@@ -68,4 +83,30 @@ def get_config(arg: str = "grpo"):
         c.eval.batch_size = 64
         c.checkpoint.every_steps = 1
         c.logging.progress_bar = False
+    return c
+
+
+def frontier(c):
+    """The moving-frontier testbed (see the module docstring; numbers in reports/oracle.md)."""
+    c.steps = 100  # RL steps
+    c.rollout.prompts_per_step = 64  # P
+    c.rollout.rollouts_per_prompt = 4  # n_bar (the paper's); R = 256
+    c.rollout.max_new_tokens = 7  # up to 6 answer digits + EOS
+    a = c.data.arithmetic
+    a.generator = "ladder"  # d + 1 digits over two addends
+    a.levels = (2, 3, 4, 5)  # RL difficulties d: 3-6 digits in all
+    a.level_weights = None  # uniform over d
+    a.heavy_tailed = False
+    a.num_train = 1280  # RL pool = steps * P / 5: every prompt drawn 5 times
+    a.num_sft = 20000  # separate warm-start pool (disjoint from RL and eval)
+    a.sft_levels = (1, 2, 3, 4, 5)  # warm-start difficulties (d = 1 teaches the format)
+    a.sft_level_weights = None  # uniform
+    a.train_pool = "rl"  # the experiment's training pool (the warm start builds with "sft")
+    a.num_eval = 1200  # 300 per difficulty
+    a.eval_uniform = True  # equal counts per d (300 each): per-level means reweight
+    c.sft.steps = 400  # warm-start steps (on the SFT pool)
+    c.eval.max_examples = 1200  # all held-out problems
+    c.eval.num_samples = 32  # samples per held-out problem
+    c.eval.batch_size = 1024
+    c.checkpoint.every_steps = 50
     return c

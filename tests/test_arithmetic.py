@@ -1,6 +1,7 @@
 """Tests for grpo_jax.data.arithmetic: problems, answers, splits, level mixes, CharTokenizer."""
 
 import collections
+import dataclasses
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_jax.data.arithmetic import (
+    LADDER_MAX,
     LEVELS,
     ArithmeticConfig,
     CharTokenizer,
@@ -16,8 +18,11 @@ from grpo_jax.data.arithmetic import (
     answer_reward,
     evaluate_expression,
     format_prompt,
+    ladder_problem,
     level_counts,
     make_arithmetic,
+    make_splits,
+    mix_mean,
     sft_examples,
 )
 
@@ -188,3 +193,110 @@ def test_every_arithmetic_prompt_and_answer_tokenizes():
     for ex in train + evals:
         for text in (format_prompt(ex["problem"]), ex["answer"]):
             assert tok.unk_id not in tok.encode(text)
+
+
+# ----------------------------------------------------------------------------- ladder, SFT pool
+
+
+def test_ladder_problem_digits_and_answers():
+    """d + 1 digits in all: ceil((d+1)/2) and floor((d+1)/2) per addend, no leading zeros."""
+    rng = np.random.default_rng(0)
+    expected = {1: (1, 1), 2: (2, 1), 3: (2, 2), 4: (3, 2), 5: (3, 3), 8: (5, 4), 9: (5, 5)}
+    for d, (hi, lo) in expected.items():
+        first_long = 0
+        for _ in range(200):
+            text = ladder_problem(d, rng)
+            a, b = text.split("+")
+            assert sorted((len(a), len(b)), reverse=True) == [hi, lo], (d, text)
+            assert all(x == "0" or x[0] != "0" for x in (a, b)), text
+            assert evaluate_expression(text) == int(a) + int(b)
+            first_long += len(a) > len(b)
+        if hi > lo:  # order swapped with probability 1/2
+            assert 60 < first_long < 140
+    assert ladder_problem(9, rng) != ladder_problem(9, rng)
+    for bad in (0, LADDER_MAX + 1):
+        with pytest.raises(ValueError, match="ladder difficulty"):
+            ladder_problem(bad, rng)
+
+
+def _ladder(**kw):
+    base = dict(generator="ladder", levels=(2, 3, 4, 5), num_train=400, num_eval=80, seed=3)
+    return ArithmeticConfig(**{**base, **kw})
+
+
+def test_make_splits_sft_pool_disjoint_and_exact():
+    cfg = _ladder(num_sft=600, sft_levels=(1, 2, 3, 4, 5))
+    s = make_splits(cfg)
+    assert [len(s[k]) for k in ("train", "sft", "eval")] == [400, 600, 80]
+    train, sft, evals = ({ex["problem"] for ex in s[k]} for k in ("train", "sft", "eval"))
+    assert not train & sft and not sft & evals and not train & evals
+    assert collections.Counter(ex["level"] for ex in s["train"]) == dict.fromkeys((2, 3, 4, 5), 100)
+    assert collections.Counter(ex["level"] for ex in s["eval"]) == dict.fromkeys((2, 3, 4, 5), 20)
+    assert collections.Counter(ex["level"] for ex in s["sft"]) == dict.fromkeys(range(1, 6), 120)
+    for split in s.values():
+        assert [ex["id"] for ex in split] == list(range(len(split)))
+        for ex in split:
+            a, b = ex["problem"].split("+")
+            assert ex["answer"] == str(int(a) + int(b)) and len(a) + len(b) == ex["level"] + 1
+    # the SFT pool is an addition: train and eval are the same as without it
+    plain = make_splits(_ladder())
+    assert plain["train"] == s["train"] and plain["eval"] == s["eval"] and plain["sft"] == []
+    # train_pool="sft" serves the SFT pool as the experiment's training list
+    assert make_arithmetic(dataclasses.replace(cfg, train_pool="sft")) == (s["sft"], s["eval"])
+    assert make_arithmetic(cfg) == (s["train"], s["eval"])
+
+
+def test_make_splits_seeded_and_sft_mix():
+    a, b = make_splits(_ladder(num_sft=50)), make_splits(_ladder(num_sft=50))
+    c = make_splits(_ladder(num_sft=50, seed=4))
+    assert a == b and a["train"] != c["train"] and a["sft"] != c["sft"]
+    # default SFT mix = the train mix; explicit weights
+    cfg = _ladder(num_sft=90, level_weights=(2.0, 1.0, 0.0, 0.0))
+    assert collections.Counter(ex["level"] for ex in make_splits(cfg)["sft"]) == {2: 60, 3: 30}
+    cfg = _ladder(num_sft=40, sft_levels=(1, 2), sft_level_weights=(3.0, 1.0))
+    assert collections.Counter(ex["level"] for ex in make_splits(cfg)["sft"]) == {1: 30, 2: 10}
+
+
+def test_ladder_config_validation():
+    with pytest.raises(ValueError, match="unknown level"):
+        ArithmeticConfig(generator="ladder", levels=(LADDER_MAX + 1,))
+    with pytest.raises(ValueError, match="unknown level"):
+        ArithmeticConfig(levels=(1, 2), sft_levels=(6,))  # the five kinds: 1..5
+    with pytest.raises(ValueError, match="generator"):
+        ArithmeticConfig(generator="digits")
+    with pytest.raises(ValueError, match="num_sft > 0"):
+        ArithmeticConfig(train_pool="sft")
+    with pytest.raises(ValueError, match="train_pool"):
+        ArithmeticConfig(train_pool="eval", num_sft=1)
+    with pytest.raises(ValueError, match="sft_level_weights"):
+        ArithmeticConfig(num_sft=1, sft_levels=(1, 2), sft_level_weights=(1.0,))
+    cfg = ArithmeticConfig(generator="ladder", levels=[6, 9], sft_levels=[1], num_sft=1)
+    assert cfg.levels == (6, 9) and cfg.sft_levels == (1,) and hash(cfg)
+
+
+def test_mix_mean_hand_values():
+    per_level = {"2": {"mean_at_1": 0.8}, "3": {"mean_at_1": 0.4}, "4": {"mean_at_1": 0.1}}
+    assert mix_mean(per_level, {2: 1, 3: 1, 4: 2}) == pytest.approx((0.8 + 0.4 + 0.2) / 4)
+    assert mix_mean({2: 0.8, 3: 0.4}, {2: 3.0, 9: 5.0}) == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        mix_mean({2: 0.8}, {3: 1.0})
+
+
+def test_frontier_config():
+    """configs/arithmetic.py:<algo>,frontier: RL pool = steps * P / 5, disjoint from SFT."""
+    from configs import arithmetic as arith_cfg
+
+    c = arith_cfg.get_config("rollout_gdro,frontier")
+    assert c.algorithm.name == "rollout_gdro"
+    a = ArithmeticConfig(**c.data.arithmetic.to_dict())
+    assert a.generator == "ladder" and a.num_sft > 0 and a.train_pool == "rl"
+    assert c.steps * c.rollout.prompts_per_step / a.num_train == 5
+    assert c.eval.num_samples >= 32 and min(a.num_eval, c.eval.max_examples) >= 1000
+    longest = ladder_problem(max(a.levels), np.random.default_rng(0))
+    assert len(format_prompt(longest)) <= c.data.max_prompt_tokens
+    assert c.rollout.max_new_tokens >= len(str(2 * 10 ** ((max(a.levels) + 2) // 2))) + 1
+    # the other variants keep their values
+    d = arith_cfg.get_config("grpo")
+    assert (d.steps, d.rollout.prompts_per_step, d.rollout.rollouts_per_prompt) == (100, 64, 8)
+    assert d.data.arithmetic.levels == (1, 2, 3) and d.sft.steps == 300
+    assert "generator" not in d.data.arithmetic

@@ -21,12 +21,23 @@ level  problem                                          example          max pro
        one ``*``, whose right operand has one digit
 ====== =============================================== ================ =========== ==========
 
+Ladder (``generator="ladder"``, the "frontier" testbed of configs/arithmetic.py): a fine-grained
+difficulty ``d = 1..LADDER_MAX`` (9), ``d + 1`` digits in all over two addends: the first has
+``ceil((d+1)/2)`` digits, the second ``floor((d+1)/2)`` (a k-digit operand is uniform in
+``[10^(k-1), 10^k - 1]``, ``[0, 9]`` for k = 1), their order swapped with probability 1/2.
+``d=1`` ``3+5``; ``d=2`` ``47+6``; ``d=3`` ``47+38``; ``d=4`` ``472+38``; ... ``d=9``
+``47213+38571`` (12-character prompt, answers up to 6 digits). Difficulty grows with the length
+of the carry chains the model must resolve while writing the answer most significant digit first.
+
 Answers are exact Python integers (usual precedence: ``*`` before ``+``/``-``, left to right),
 written in decimal with a leading ``-`` when negative (at most 5 characters).
 
 Train / eval split: eval problems are drawn first (i.i.d. from each level's distribution); train
 problems are drawn from the same distribution *excluding* every eval problem string, so eval is
-disjoint from train as a set of problems. Levels 2-5 have thousands of distinct problems, so
+disjoint from train as a set of problems. With ``num_sft > 0`` a third pool, the supervised
+warm-start (SFT) pool, is drawn last (its own mix ``sft_levels`` / ``sft_level_weights``),
+excluding every eval *and* train problem: the RL pool is never seen in SFT
+(``ArithmeticConfig.train_pool="sft"`` makes `make_arithmetic` return it in place of train). Levels 2-5 have thousands of distinct problems, so
 duplicates are rare; level 1 has 1,000 distinct problems and level 4 has 784, so with large
 `num_train` examples of those levels repeat (each still gets its own id).
 
@@ -42,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,12 +62,16 @@ from grpo_jax.rewards.extract import integer_answer_is_correct as answer_is_corr
 __all__ = [
     "ArithmeticConfig",
     "CharTokenizer",
+    "LADDER_MAX",
     "LEVELS",
     "answer_is_correct",
     "answer_reward",
     "evaluate_expression",
     "format_prompt",
+    "ladder_problem",
     "level_counts",
+    "make_splits",
+    "mix_mean",
     "make_arithmetic",
     "sft_examples",
 ]
@@ -105,6 +120,35 @@ LEVELS: dict[int, Callable[[np.random.Generator], str]] = {
     4: _level4,
     5: _level5,
 }
+
+LADDER_MAX = 9  # hardest ladder difficulty: 5-digit + 5-digit
+
+
+def _operand(rng: np.random.Generator, digits: int) -> int:
+    lo = 0 if digits == 1 else 10 ** (digits - 1)
+    return int(rng.integers(lo, 10**digits))
+
+
+def ladder_problem(d: int, rng: np.random.Generator) -> str:
+    """A ladder problem of difficulty ``d`` in ``1..LADDER_MAX``: two addends with ``d + 1``
+    digits in all (``ceil((d+1)/2)`` and ``floor((d+1)/2)``), in random order (no ``=``)."""
+    if not 1 <= d <= LADDER_MAX:
+        raise ValueError(f"ladder difficulty must be in 1..{LADDER_MAX}, got {d}")
+    hi, lo = (d + 2) // 2, (d + 1) // 2
+    a, b = _operand(rng, hi), _operand(rng, lo)
+    if rng.integers(0, 2):
+        a, b = b, a
+    return f"{a}+{b}"
+
+
+GENERATORS = ("levels", "ladder")
+
+
+def _generator(kind: str, level: int) -> Callable[[np.random.Generator], str]:
+    if kind == "ladder":
+        return lambda rng: ladder_problem(level, rng)
+    return LEVELS[level]
+
 
 _EXPR_RE = re.compile(r"^\d+(?:[+\-*]\d+)*$")
 _TOKEN_RE = re.compile(r"\d+|[+\-*]")
@@ -179,6 +223,15 @@ class ArithmeticConfig:
       eval_uniform: if True the eval split has equal counts per level (so per-level accuracy is
         measurable); if False it follows the train mix.
       seed: generation seed (the same config always produces the same examples).
+      generator: ``"levels"`` (the five problem kinds of `LEVELS`) or ``"ladder"``
+        (`ladder_problem`; `levels` are then ladder difficulties in ``1..LADDER_MAX``).
+      num_sft: size of the separate supervised warm-start pool (0 = none: SFT, if any, uses the
+        train pool). Its problems are disjoint from train and eval.
+      sft_levels: levels of the SFT pool (None = `levels`).
+      sft_level_weights: relative frequency of each of `sft_levels` (None = the train mix when
+        `sft_levels` is None, else uniform).
+      train_pool: which pool `make_arithmetic` returns first: ``"rl"`` (the train pool) or
+        ``"sft"`` (the SFT pool; build a warm-start experiment with it, then RL with ``"rl"``).
     """
 
     num_train: int = 2000
@@ -189,21 +242,50 @@ class ArithmeticConfig:
     heavy_tail_exponent: float = 2.0
     eval_uniform: bool = True
     seed: int = 0
+    generator: str = "levels"
+    num_sft: int = 0
+    sft_levels: tuple[int, ...] | None = None
+    sft_level_weights: tuple[float, ...] | None = None
+    train_pool: str = "rl"
 
     def __post_init__(self):
         # Accept lists (e.g. from a ConfigDict.to_dict()) and keep the dataclass hashable.
         object.__setattr__(self, "levels", tuple(int(lv) for lv in self.levels))
         if self.level_weights is not None:
             object.__setattr__(self, "level_weights", tuple(float(w) for w in self.level_weights))
+        if self.sft_levels is not None:
+            object.__setattr__(self, "sft_levels", tuple(int(lv) for lv in self.sft_levels))
+        if self.sft_level_weights is not None:
+            object.__setattr__(
+                self, "sft_level_weights", tuple(float(w) for w in self.sft_level_weights)
+            )
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
+        if self.train_pool not in ("rl", "sft"):
+            raise ValueError(f"train_pool must be 'rl' or 'sft', got {self.train_pool!r}")
+        if self.num_sft < 0:
+            raise ValueError(f"num_sft must be >= 0, got {self.num_sft}")
+        if self.train_pool == "sft" and self.num_sft == 0:
+            raise ValueError("train_pool='sft' needs num_sft > 0")
+        known = range(1, LADDER_MAX + 1) if self.generator == "ladder" else LEVELS
+        for name in ("levels", "sft_levels"):
+            lvs = getattr(self, name) or ()
+            unknown = [lv for lv in lvs if lv not in known]
+            if unknown:
+                raise ValueError(
+                    f"{name}: unknown level(s) {unknown} for generator {self.generator!r}; "
+                    f"known: {sorted(known)}"
+                )
+        if self.sft_level_weights is not None and len(self.sft_level_weights) != len(
+            self.sft_levels or self.levels
+        ):
+            raise ValueError("sft_level_weights needs one entry per SFT level")
         if self.num_train < 0 or self.num_eval < 0:
             raise ValueError(
                 f"num_train/num_eval must be >= 0, got {self.num_train}, {self.num_eval}"
             )
         if not self.levels:
             raise ValueError("levels must not be empty")
-        unknown = [lv for lv in self.levels if lv not in LEVELS]
-        if unknown:
-            raise ValueError(f"levels: unknown level(s) {unknown}; known: {sorted(LEVELS)}")
         if len(set(self.levels)) != len(self.levels):
             raise ValueError(f"levels: duplicates in {self.levels}")
         if self.level_weights is not None:
@@ -226,6 +308,17 @@ class ArithmeticConfig:
             w = np.ones(len(self.levels))
         return w / w.sum()
 
+    def sft_mix(self) -> tuple[tuple[int, ...], np.ndarray]:
+        """(levels, normalised weights float64) of the SFT pool."""
+        if self.sft_levels is None:
+            lv = self.levels
+            w = self.train_weights() if self.sft_level_weights is None else self.sft_level_weights
+        else:
+            lv = self.sft_levels
+            w = np.ones(len(lv)) if self.sft_level_weights is None else self.sft_level_weights
+        w = np.asarray(w, np.float64)
+        return lv, w / w.sum()
+
 
 def level_counts(total: int, weights: Sequence[float]) -> list[int]:
     """Split `total` into integer counts proportional to `weights` (largest remainder method).
@@ -242,8 +335,10 @@ def level_counts(total: int, weights: Sequence[float]) -> list[int]:
     return [int(c) for c in counts]
 
 
-def _draw(level: int, n: int, rng: np.random.Generator, exclude: set[str]) -> list[str]:
-    gen = LEVELS[level]
+def _draw(
+    level: int, n: int, rng: np.random.Generator, exclude: set[str], kind: str = "levels"
+) -> list[str]:
+    gen = _generator(kind, level)
     out: list[str] = []
     attempts = 0
     while len(out) < n:
@@ -257,19 +352,21 @@ def _draw(level: int, n: int, rng: np.random.Generator, exclude: set[str]) -> li
     return out
 
 
-def make_arithmetic(config: ArithmeticConfig = ArithmeticConfig()) -> tuple[list[dict], list[dict]]:
-    """Generate the (train, eval) example lists of the arithmetic task.
+def make_splits(config: ArithmeticConfig = ArithmeticConfig()) -> dict[str, list[dict]]:
+    """Generate every pool of the arithmetic task.
 
     Args:
       config: `ArithmeticConfig`.
 
     Returns:
-      ``(train, eval)``: lists of example dicts ``{"id", "problem", "answer", "level",
-      "dataset"}``; ``id`` is the index within its own list; ``answer`` is the exact integer
-      answer as a decimal string; examples of all levels are shuffled together (seeded).
-      No problem string of `eval` occurs in `train`.
+      ``{"train": [...], "sft": [...], "eval": [...]}``: lists of example dicts ``{"id",
+      "problem", "answer", "level", "dataset"}``; ``id`` is the index within its own list;
+      ``answer`` is the exact integer answer as a decimal string; levels are shuffled together
+      (seeded). No eval problem string occurs in train or sft, and no train problem in sft
+      ("sft" is empty when ``num_sft = 0``). Adding an SFT pool leaves train and eval unchanged.
     """
     rng = np.random.default_rng([config.seed, 0xA417])
+    kind = config.generator
     train_w = config.train_weights()
     eval_w = np.ones(len(config.levels)) if config.eval_uniform else train_w
     n_eval = level_counts(config.num_eval, eval_w)
@@ -279,13 +376,21 @@ def make_arithmetic(config: ArithmeticConfig = ArithmeticConfig()) -> tuple[list
     train_rows: list[tuple[str, int]] = []
     for level, ne, nt in zip(config.levels, n_eval, n_train):
         lv_rng = np.random.default_rng([config.seed, 0xA417, level])
-        ev = _draw(level, ne, lv_rng, exclude=set())
-        tr = _draw(level, nt, lv_rng, exclude=set(ev))
+        ev = _draw(level, ne, lv_rng, exclude=set(), kind=kind)
+        tr = _draw(level, nt, lv_rng, exclude=set(ev), kind=kind)
         eval_rows += [(p, level) for p in ev]
         train_rows += [(p, level) for p in tr]
 
-    def finish(rows: list[tuple[str, int]]) -> list[dict]:
-        order = rng.permutation(len(rows))
+    sft_rows: list[tuple[str, int]] = []
+    if config.num_sft:
+        seen = {p for p, _ in eval_rows} | {p for p, _ in train_rows}
+        sft_lv, sft_w = config.sft_mix()
+        for level, ns in zip(sft_lv, level_counts(config.num_sft, sft_w)):
+            lv_rng = np.random.default_rng([config.seed, 0x5F7, level])
+            sft_rows += [(p, level) for p in _draw(level, ns, lv_rng, exclude=seen, kind=kind)]
+
+    def finish(rows: list[tuple[str, int]], r: np.random.Generator) -> list[dict]:
+        order = r.permutation(len(rows))
         return [
             {
                 "id": i,
@@ -297,7 +402,36 @@ def make_arithmetic(config: ArithmeticConfig = ArithmeticConfig()) -> tuple[list
             for i, j in enumerate(order)
         ]
 
-    return finish(train_rows), finish(eval_rows)
+    train, evals = finish(train_rows, rng), finish(eval_rows, rng)
+    sft = finish(sft_rows, np.random.default_rng([config.seed, 0x5F7]))
+    return {"train": train, "sft": sft, "eval": evals}
+
+
+def make_arithmetic(config: ArithmeticConfig = ArithmeticConfig()) -> tuple[list[dict], list[dict]]:
+    """``(train, eval)`` of `make_splits`; ``train`` is the SFT pool when
+    ``config.train_pool == "sft"`` (so a warm-start experiment trains on it)."""
+    splits = make_splits(config)
+    return splits["sft" if config.train_pool == "sft" else "train"], splits["eval"]
+
+
+def mix_mean(per_level: Mapping, weights: Mapping) -> float:
+    """Mean of a per-level metric under another level mix: ``sum_l w_l x_l / sum_l w_l``.
+
+    Args:
+      per_level: level -> value (float), or -> dict with ``"mean_at_1"`` (the ``per_level``
+        entry of `grpo_jax.evaluation.evaluate_policy`); keys may be int or str.
+      weights: level -> weight >= 0 (e.g. `ArithmeticConfig.train_weights` by level); levels
+        missing from `weights` count 0.
+    """
+    w = {int(k): float(v) for k, v in weights.items()}
+    num = den = 0.0
+    for k, x in per_level.items():
+        x = x["mean_at_1"] if isinstance(x, Mapping) else x
+        num += w.get(int(k), 0.0) * float(x)
+        den += w.get(int(k), 0.0)
+    if den <= 0:
+        raise ValueError("mix_mean: the weights of the given levels sum to 0")
+    return num / den
 
 
 def sft_examples(examples: Sequence[dict]) -> list[tuple[str, str]]:

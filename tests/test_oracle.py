@@ -1,0 +1,135 @@
+"""Tests for experiments/oracle.py: closed forms, the greedy oracle, true WSE, the simulation."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from experiments import oracle
+
+
+def test_informative_prob_closed_form():
+    assert oracle.informative_prob(0.5, 2) == pytest.approx(0.5)
+    assert oracle.informative_prob(0.1, 4) == pytest.approx(1 - 0.1**4 - 0.9**4)  # 0.3438
+    assert oracle.informative_prob(0.1, 4) == pytest.approx(0.3438)
+    np.testing.assert_allclose(oracle.informative_prob([0.0, 1.0, 0.3], [8, 8, 1]), [0, 0, 0])
+    np.testing.assert_allclose(
+        oracle.informative_prob(0.25, np.array([2, 3])), [2 * 0.25 * 0.75, 1 - 0.25**3 - 0.75**3]
+    )
+
+
+def _objective(p, n):
+    return float(oracle.informative_prob(np.asarray(p), np.asarray(n)).sum())
+
+
+def test_oracle_allocation_hand_example():
+    # p = 0 gains nothing from rollouts: it keeps n_min, the p = 0.5 prompt takes the rest
+    np.testing.assert_array_equal(oracle.oracle_allocation([0.0, 0.5], 8, 2, 6), [2, 6])
+    # p = (0.05, 0.5), 9 rollouts in [2, 8], 5 above n_min. Marginal gains: p = 0.5: 1/4, 1/8,
+    # 1/16, 1/32, 1/64 (rollouts 3..7); p = 0.05: 3rd 0.1425 - 0.095 = 0.0475, 4th
+    # 0.18549 - 0.1425 = 0.0430. The five largest: 1/4, 1/8, 1/16, 0.0475, 0.0430 -> n = (4, 5)
+    f = oracle.informative_prob(0.05, np.array([2, 3, 4]))
+    np.testing.assert_allclose(np.diff(f), [0.0475, 0.0430], atol=5e-5)
+    np.testing.assert_array_equal(oracle.oracle_allocation([0.05, 0.5], 9, 2, 8), [4, 5])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_oracle_allocation_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    p = rng.choice([0.0, 0.02, 0.1, 0.3, 0.5, 0.8, 1.0], size=4)
+    n_min, n_max, total = 2, 6, int(rng.integers(8, 25))
+    n = oracle.oracle_allocation(p, total, n_min, n_max)
+    assert n.sum() == total and n.min() >= n_min and n.max() <= n_max
+    best = max(
+        _objective(p, c)
+        for c in itertools.product(range(n_min, n_max + 1), repeat=4)
+        if sum(c) == total
+    )
+    assert _objective(p, n) == pytest.approx(best, abs=1e-12)
+
+
+def test_oracle_allocation_at_least_uniform_and_budget():
+    rng = np.random.default_rng(0)
+    p = rng.beta(0.5, 2.0, size=64)
+    n = oracle.oracle_allocation(p, 64 * 4, 2, 12)
+    assert n.sum() == 256 and n.min() >= 2 and n.max() <= 12
+    assert _objective(p, n) >= _objective(p, np.full(64, 4))
+    with pytest.raises(ValueError, match="outside"):
+        oracle.oracle_allocation(p, 64 * 13, 2, 12)
+
+
+def test_true_wse_hand_example():
+    p = np.array([0.5, 0.5, 0.1, 0.9])
+    n = np.array([4, 4, 2, 8])
+    # bins (edges 0.1..0.9, right-closed like the classifier): 0.5 -> 5, 0.1 -> 1, 0.9 -> 9
+    # shares 1/2, 1/4, 1/4; sigma 0.5, 0.3, 0.3; n 4, 2, 8
+    expected = 0.5 * 0.5 / 2 + 0.25 * 0.3 / np.sqrt(2) + 0.25 * 0.3 / np.sqrt(8)
+    assert oracle.true_wse(p, n) == pytest.approx(expected)  # 0.20455
+    assert oracle.true_wse(p, n) == pytest.approx(0.20455, abs=1e-5)
+    # a bin's n_b is its mean group size, sigma_b its mean sigma: one bin {0.5, 0.55}, n 2 and 6
+    assert oracle.true_wse([0.5, 0.55], [2, 6]) == pytest.approx(
+        (0.5 + np.sqrt(0.55 * 0.45)) / 2 / 2
+    )
+    # weights shift the bin shares: all weight on the p = 0.1 prompt
+    assert oracle.true_wse(p, n, weights=[0, 0, 1, 0]) == pytest.approx(0.3 / np.sqrt(2))
+    assert oracle.true_wse([0.0, 1.0], [4, 4]) == 0.0
+
+
+def test_kish_ess():
+    assert oracle.kish_ess([1, 1, 1, 1]) == pytest.approx(4)
+    assert oracle.kish_ess([1, 0]) == pytest.approx(1)
+    assert oracle.kish_ess([2, 1, 1]) == pytest.approx(16 / 6)
+    assert oracle.kish_ess([]) == 0.0
+
+
+def test_simulate_closed_form():
+    """Pool = the batch (every prompt drawn each step), so the expected values are exact."""
+    p = np.array([0.0, 0.0, 0.3, 0.3])
+    sim = oracle.simulate(p, prompts_per_step=4, n_bar=4, steps=3, n_min=2, n_max=12)
+    uni = 2 * (1 - 0.3**4 - 0.7**4)
+    orc = 2 * (1 - 0.3**6 - 0.7**6)  # the p = 0 prompts keep 2, the others take 6 each
+    np.testing.assert_allclose(sim["uniform"]["informative"], uni)
+    np.testing.assert_allclose(sim["prompt_gdro"]["informative"], uni)
+    np.testing.assert_allclose(sim["oracle"]["informative"], orc)
+    wse_u = 0.5 * np.sqrt(0.21) / 2  # bin of p = 0 has sigma 0
+    np.testing.assert_allclose(sim["uniform"]["wse"], wse_u)
+    np.testing.assert_allclose(sim["oracle"]["wse"], 0.5 * np.sqrt(0.21) / np.sqrt(6))
+    # sqrt: step 0 all unseen (n_bar each); later bins from the classifier, budget exact
+    assert sim["sqrt"]["informative"][0] == pytest.approx(uni)
+    assert np.all(sim["sqrt"]["informative"] <= orc + 1e-12)
+    s = oracle.summarise(sim)
+    assert s["oracle_gain"] == pytest.approx(orc / uni - 1)
+    assert s["uniform"]["informative_gain"] == 0.0
+    np.testing.assert_allclose(sim["frontier_share_drawn"], 0.5)
+
+
+def test_simulate_sqrt_moves_rollouts_to_uncertain_prompts():
+    """After a few visits the sqrt rule gives p(1-p)-large prompts more than n_bar."""
+    p = np.array([0.0] * 8 + [0.5] * 8)
+    sim = oracle.simulate(p, prompts_per_step=16, n_bar=4, steps=6, n_min=2, n_max=12)
+    assert sim["sqrt"]["informative"][-1] > sim["uniform"]["informative"][-1] + 0.5
+    assert np.all(np.diff(sim["uniform"]["informative"]) == 0)
+
+
+@pytest.mark.slow
+def test_oracle_cli_toy(tmp_path):
+    res = oracle.main(
+        [
+            "--config=configs/arithmetic.py:grpo,frontier,smoke",
+            f"--out={tmp_path}",
+            "--num_samples=4",
+            "--max_prompts=16",
+            "--sim_steps=3",
+            "--set=mesh.num_devices=1",
+        ]
+    )
+    assert (tmp_path / "oracle.md").exists()
+    assert (tmp_path / "oracle" / "success_hist.png").stat().st_size > 1000
+    data = json.loads((tmp_path / "oracle.json").read_text())
+    assert len(data["p"]) == 16 and 0 <= data["frontier_share"] <= 1
+    assert all(x * 4 == round(x * 4) for x in data["p"])  # fractions of 4 samples
+    assert data["setup"]["P"] == 8 and "separate SFT pool" in data["setup"]["sft_pool"]
+    s = res["summary"]
+    assert s["oracle"]["informative"] >= s["uniform"]["informative"] - 1e-9
+    assert "Oracle gain" in (tmp_path / "oracle.md").read_text()
