@@ -54,6 +54,7 @@ class Experiment:
       on_policy: one pass over one mini-batch (old log-probs = current ones, never computed).
       algorithm, curriculum, learner: the registered algorithm and its built strategies.
       data_stats: counts of the data loading (overlong prompts, skipped rows, ...).
+      sft_examples: the dataset's separate warm-start pool ([] = warm start on the RL pool).
       state_shardings, abstract_state: the train state's shardings and shapes (every jitted
         step takes and returns these, so steps never recompile because of a sharding change).
     """
@@ -87,6 +88,7 @@ class Experiment:
     curriculum: algorithms.Curriculum
     learner: algorithms.Learner
     data_stats: dict
+    sft_examples: list = dataclasses.field(default_factory=list)
     state_shardings: Any = None
     abstract_state: Any = None
 
@@ -127,8 +129,18 @@ class Experiment:
 
     def sft_data(self):
         """(tokens [N, Lp + La] int32, attention mask bool, target mask float32) for the
-        supervised warm start: each training prompt followed by its gold answer and EOS."""
-        answers = [self.tokenizer.encode(str(g)) + [self.tokenizer.eos_ids[0]] for g in self.golds]
+        supervised warm start: each prompt followed by its gold answer and EOS. The prompts are
+        the dataset's own warm-start pool when it has one (disjoint from the RL prompts: the
+        arithmetic task with ``num_sft > 0``), else the training pool."""
+        if self.sft_examples:
+            texts = [self.render(ex["problem"]) for ex in self.sft_examples]
+            prompts, prompt_mask, _ = templates.encode_prompts(
+                self.tokenizer, texts, self.prompt_len, "truncate"
+            )
+            golds = [ex["answer"] for ex in self.sft_examples]
+        else:
+            prompts, prompt_mask, golds = self.prompt_tokens, self.prompt_mask, self.golds
+        answers = [self.tokenizer.encode(str(g)) + [self.tokenizer.eos_ids[0]] for g in golds]
         la = min(max(len(a) for a in answers), self.max_new_tokens)
         n = len(answers)
         ans = np.full((n, la), self.tokenizer.pad_id, np.int32)
@@ -137,9 +149,9 @@ class Experiment:
             a = a[:la]
             ans[i, : len(a)] = a
             amask[i, : len(a)] = True
-        tokens = np.concatenate([self.prompt_tokens, ans], axis=1)
-        mask = np.concatenate([self.prompt_mask, amask], axis=1)
-        target = np.concatenate([np.zeros_like(self.prompt_mask), amask], axis=1)
+        tokens = np.concatenate([prompts, ans], axis=1)
+        mask = np.concatenate([prompt_mask, amask], axis=1)
+        target = np.concatenate([np.zeros_like(prompt_mask), amask], axis=1)
         return tokens, mask, target.astype(np.float32)
 
     def close(self) -> None:
@@ -231,8 +243,8 @@ def _load_examples(config, name: str, split: str, stats: dict | None = None) -> 
         from grpo_jax.data import arithmetic
 
         acfg = arithmetic.ArithmeticConfig(**config.data.arithmetic.to_dict())
-        train, evals = arithmetic.make_arithmetic(acfg)
-        return train if split == "train" else evals
+        splits = arithmetic.make_splits(acfg)
+        return splits[split if split in ("train", "sft") else "eval"]
     from grpo_jax.data import datasets
 
     try:
@@ -428,6 +440,9 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
             "ratio's 'old' policy) are the untruncated ones; set config.algorithm.tis_cap "
             "(e.g. 2) for the truncated-importance-sampling correction"
         )
+    has_sft_pool = (
+        with_data and config.data.name == "arithmetic" and config.data.arithmetic.get("num_sft", 0)
+    )
     curriculum, learner = build_strategies(config, algo, num_ids, model_cfg, steps_updates, lp)
     reward_fn = make_reward_fn(config) if with_data else None
     eval_reward_fns = {}
@@ -464,6 +479,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         curriculum=curriculum,
         learner=learner,
         data_stats=data_stats,
+        sft_examples=_load_examples(config, config.data.name, "sft") if has_sft_pool else [],
     )
     with exp.mesh_context():
         shapes = jax.eval_shape(exp.state_init_fn)
