@@ -11,7 +11,9 @@ Multi-host (every process runs the same command): `jax.distributed.initialize` i
 `--distributed=off` never initialises. CPU processes use the gloo collectives.
 """
 
+import os
 import re
+import signal
 import sys
 
 from absl import app, flags
@@ -103,6 +105,13 @@ _NUM_PROCESSES = flags.DEFINE_integer(
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "This process's index (default: $GRPO_JAX_PROCESS_ID)."
 )
+_ALLOW_CHANGES = flags.DEFINE_list(
+    "allow_changes",
+    [],
+    "Config fields (or sections), comma-separated, that a resume may change although they change "
+    "the trajectory, e.g. --allow_changes=reward.format_reward,optimizer.learning_rate "
+    "(grpo_jax.config_utils.SAFE_TO_CHANGE lists the fields that never need it).",
+)
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "distributed_timeout_s",
     300,
@@ -134,8 +143,26 @@ def _parse_flags(argv):
         sys.exit(2)
 
 
+def _exit_before_training(signum, frame):
+    """SIGTERM / SIGINT before the training loop installs its own handler: nothing is saved yet."""
+    del frame
+    name = signal.Signals(signum).name
+    print(f"{name} before the run started: nothing saved; exiting.", file=sys.stderr, flush=True)
+    os._exit(130 if signum == signal.SIGINT else 0)
+
+
+def _fail(message, code):
+    """One `error: ...` line and exit, without the interpreter's shutdown (a failed Orbax save
+    leaves pending writes whose shutdown errors would print a hundred tracebacks)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def main(argv):
     del argv
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, _exit_before_training)
     from absl import logging as absl_logging
 
     if not flags.FLAGS[
@@ -167,16 +194,25 @@ def main(argv):
     from grpo_jax import checkpointing, config_utils, train
 
     try:
-        train.train_and_evaluate(config, _WORKDIR.value)
+        result = train.train_and_evaluate(
+            config, _WORKDIR.value, allow_changes=_ALLOW_CHANGES.value
+        )
     except config_utils.ConfigError as e:  # bad config, paths or data: nothing was trained
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact
+        _fail(e, 1)
     except (
         FloatingPointError,
         checkpointing.CheckpointError,
-    ) as e:  # the run stopped; state is on disk
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        checkpointing.WorkdirError,
+    ) as e:  # the run stopped (or never started); what was saved is on disk
+        _fail(e, 1)
+    except OSError as e:  # a file the run writes or reads (full disk, vanished, no permission)
+        what = f"{e.filename}: " if e.filename else ""
+        _fail(f"{what}{e.strerror or e} (errno {e.errno}); the last checkpoint is intact", 1)
+    if result.get("preempted") and result.get("signal") == "SIGINT":
+        sys.exit(130)
 
 
 if __name__ == "__main__":

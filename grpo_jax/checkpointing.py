@@ -16,12 +16,23 @@ What survives what:
   ``<step>.unreadable`` (kept for inspection, out of Orbax's way), so that step can be saved
   again.
 * no readable checkpoint at all: `CheckpointError` (never a silent fresh start).
+* a save that fails (full disk, read-only or vanished directory): `CheckpointSaveError`, one
+  line naming the path and the OS error; the previous checkpoints are intact (the failed step
+  only ever existed as a temporary directory, removed at the next start).
+
+The workdir itself: `WorkdirLock` (one run per workdir, ``<workdir>/.lock``) and
+`probe_writable` (an unwritable directory is reported at start, not at the first save).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import logging
 import os
+import re
+import socket
 from typing import Any
 
 import jax
@@ -37,6 +48,187 @@ UNREADABLE_SUFFIX = ".unreadable"  # where unreadable checkpoints are moved (see
 
 class CheckpointError(RuntimeError):
     """Checkpoints exist but none can be read. The message is one line and says what to do."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed (full disk, read-only directory, ...). One line: the path and the OS error;
+    the checkpoints saved before are intact."""
+
+
+class WorkdirError(RuntimeError):
+    """The workdir cannot be used (a file, unwritable, or held by another run). One line."""
+
+
+def _oserror_text(e: BaseException) -> str:
+    """The OS error inside an exception (also Orbax / TensorStore's ``[os_error_code='28']``)."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{os.strerror(e.errno)} (errno {e.errno})"
+    m = re.search(r"os_error_code='?(\d+)", str(e))
+    if m:
+        code = int(m.group(1))
+        return f"{os.strerror(code)} (errno {code})"
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+def probe_writable(directory: str, what: str = "workdir") -> None:
+    """Creates ``directory`` if needed and writes, syncs and removes a small file in it.
+
+    Raises:
+      WorkdirError: naming the path and the OS error (a file where a directory should be, no
+        permission, a read-only or full file system).
+    """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise WorkdirError(f"{what} {directory} is a file, not a directory; give another path")
+    probe = os.path.join(directory, f".write_probe.{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        os.remove(probe)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(probe)
+        raise WorkdirError(
+            f"{what} {directory} is not writable: {_oserror_text(e)}; fix its permissions or "
+            "free space, or give another path"
+        ) from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkdirLock:
+    """One run per workdir: an exclusive ``fcntl.flock`` on ``<workdir>/.lock`` for the life of
+    the run, with the holder's pid, host and start time written in it.
+
+    The kernel releases the lock when its process dies (even by SIGKILL), so a lock file left
+    by a dead run is stale by construction: the next run takes it over and reports the previous
+    holder. A second live process is refused with `WorkdirError` naming the holder. Multi-host:
+    process 0 alone takes it (the other processes share its workdir and follow it).
+    """
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(os.path.abspath(workdir), ".lock")
+        self._fd = None
+
+    def acquire(self) -> WorkdirLock:
+        import fcntl
+        import time
+
+        if jax.process_index() != 0:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_lock(fd)
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise WorkdirError(f"cannot lock {self.path}: {_oserror_text(e)}") from None
+            raise WorkdirError(
+                f"{os.path.dirname(self.path)} is in use by another run "
+                f"({_describe(holder)}, lock {self.path}); wait for it to finish, stop it, or "
+                "use another --workdir"
+            ) from None
+        previous = _read_lock(fd)
+        if previous.get("pid"):
+            same_host = previous.get("host") == socket.gethostname()
+            dead = same_host and not _pid_alive(int(previous["pid"]))
+            _warn(
+                f"taking over the stale lock {self.path} of a run that ended without releasing "
+                f"it ({_describe(previous)}{', no longer running' if dead else ''})"
+            )
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        import fcntl
+
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)  # an empty lock file: released cleanly
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _read_lock(fd) -> dict:
+    try:
+        data = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        return json.loads(data) if data else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "holder unknown"
+    import time
+
+    started = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+    return f"pid {holder.get('pid')} on {holder.get('host')}, started {when}"
+
+
+class _CapturedStderr:
+    """Redirects file descriptor 2 (C++ and Python writers alike) to a temporary file."""
+
+    def __init__(self):
+        self._saved = self._file = None
+
+    def __enter__(self):
+        import sys
+        import tempfile
+
+        try:
+            sys.stderr.flush()
+            self._file = tempfile.TemporaryFile()
+            self._saved = os.dup(2)
+            os.dup2(self._file.fileno(), 2)
+        except (OSError, ValueError):  # no fd 2 (embedded interpreters): capture nothing
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+
+        if self._saved is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._saved = None
+
+    def replay(self) -> None:
+        if self._file is None:
+            return
+        with contextlib.suppress(OSError):
+            self._file.seek(0)
+            data = self._file.read()
+            if data:
+                os.write(2, data)
+        self._file.close()
+        self._file = None
 
 
 def _warn(msg: str) -> None:
@@ -85,17 +277,32 @@ class Checkpointer:
         arrays (the controllers, identical on every process) are written as numpy by process 0.
         ``meta`` gets a ``"fingerprint"`` entry (see `fingerprint`), checked on restore.
         """
-        self._set_aside_unreadable()
         state = jax.tree.map(lambda x: np.asarray(x) if _host_local(x) else x, state)
         meta = {**meta, "fingerprint": fingerprint(state)}
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
-        self.manager.wait_until_finished()
+        captured = _CapturedStderr()
+        try:
+            with captured:  # a failing save prints ~100 tracebacks from Orbax's threads
+                self._set_aside_unreadable()
+                self.manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                    ),
+                    force=True,
+                )
+                self.manager.wait_until_finished()
+            captured.replay()  # a successful save's output (warnings, a progress bar) is kept
+        except Exception as e:  # full disk, read-only or vanished directory, ...
+            done = [s for s in self.all_steps() if s != step]
+            raise CheckpointSaveError(
+                f"cannot save checkpoint {step} in {self.directory}: {_oserror_text(e)}; "
+                + (
+                    f"the last complete checkpoint ({done[-1]}) is intact: fix the cause and "
+                    "rerun the same command to resume from it"
+                    if done
+                    else "no checkpoint was written: fix the cause and rerun the same command"
+                )
+            ) from e
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
         """Restores the newest readable checkpoint (read-only: nothing on disk changes).

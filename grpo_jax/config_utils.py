@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
+import math
 import os
 from typing import Any
 
@@ -158,42 +160,210 @@ def validate(config: ml_collections.ConfigDict) -> None:
         )
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
+    _validate_ranges(config)
 
 
-# Fields that may change between a run and its resume (they do not change the trajectory).
-_RESUMABLE = (
-    "steps",
-    "checkpoint",
+def _num(config, path, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False):
+    """Checks ``config.<path>`` is a (finite unless hi is inf) number in the given range."""
+    value = _get(config, path)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and integer:
+        ok = isinstance(value, int)
+    if ok:
+        ok = not math.isnan(value)
+        if lo is not None:
+            ok = ok and (value > lo if lo_open else value >= lo)
+        if hi is not None:
+            ok = ok and (value < hi if hi_open else value <= hi)
+    if not ok:
+        lo_s = "" if lo is None else ("(" if lo_open else "[") + f"{lo}, "
+        hi_s = "inf)" if hi is None else f"{hi}" + (")" if hi_open else "]")
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"config.{path}={value!r} must be {kind} in {lo_s or '(-inf, '}{hi_s}")
+
+
+def _validate_ranges(config) -> None:
+    """Every numeric field of configs/common.py a run reads, against the range it can run with
+    (a value outside it fails later, after the warm start, or silently means something else)."""
+    inf = math.inf
+    for path, lo, integer in (
+        ("seed", 0, True),  # numpy generators (data order, warm-start batches) need >= 0
+        ("data.max_train_examples", 0, True),
+        ("rollout.generate_batch_size", 0, True),
+        ("rollout.top_k", 0, True),
+        ("algorithm.mini_batch_size", 0, True),
+        ("algorithm.micro_batch_size", 0, True),
+        ("algorithm.advantage_clip", 0, False),
+        ("algorithm.epsilon_low", 0, False),
+        ("algorithm.epsilon_high", 0, False),
+        ("algorithm.kl_coef", 0, False),
+        ("algorithm.cispo_epsilon_high", 0, False),
+        ("algorithm.overlong_cache_tokens", 0, True),
+        ("optimizer.warmup_steps", 0, True),
+        ("optimizer.weight_decay", 0, False),
+        ("optimizer.grad_clip", 0, False),
+        ("sft.steps", 0, True),
+        ("eval.every_steps", 0, True),
+        ("eval.max_examples", 0, True),
+        ("eval.top_k", 0, True),
+        ("eval.max_new_tokens", 0, True),
+        ("mesh.num_devices", 0, True),
+        ("mesh.fsdp", 1, True),
+        ("mesh.tensor", 1, True),
+        ("ppo.value_clip", 0, False),
+        ("ppo.vf_coef", 0, False),
+        ("ppo.critic_lr", 0, False),
+        ("reward.float_rounding", 0, True),
+    ):
+        _num(config, path, lo, integer=integer)
+    # learning rates: >= 0 (inf is allowed: it is how the non-finite-update guard is tested)
+    for path in ("optimizer.learning_rate", "sft.learning_rate"):
+        _num(config, path, 0, inf)
+    for path in ("optimizer.b1", "optimizer.b2"):
+        _num(config, path, 0, 1, hi_open=True)
+    for path in ("ppo.gamma", "ppo.lam", "eval.top_p"):
+        _num(config, path, 0, 1)
+    for path in ("algorithm.sapo_tau_pos", "algorithm.sapo_tau_neg", "reward.timeout_s"):
+        _num(config, path, 0, lo_open=True)
+    _num(config, "optimizer.max_consecutive_skips", 1, integer=True)
+    _num(config, "reward.num_workers", 1, integer=True)
+    _num(config, "reward.numeric_precision", 1, integer=True)
+    _num(config, "reward.format_reward", -inf, inf, lo_open=True, hi_open=True)
+    if config.algorithm.cispo_epsilon_low is not None:
+        _num(config, "algorithm.cispo_epsilon_low", 0)
+    if config.sft.steps > 0:
+        _num(config, "sft.batch_size", 1, integer=True)
+    if config.mesh.data != -1:
+        _num(config, "mesh.data", 1, integer=True)
+    d = config.algorithm.dual_clip
+    if d and not d > 1:
+        raise ConfigError(f"config.algorithm.dual_clip={d} must be 0 (off) or > 1")
+    from grpo_jax.models import config as model_config_lib  # local: no JAX for config files
+
+    fields = {f.name for f in dataclasses.fields(model_config_lib.ModelConfig)}
+    if config.model.preset not in model_config_lib.PRESETS and not (
+        config.model.hf_checkpoint or config.model.gguf_path
+    ):
+        raise ConfigError(
+            f"config.model.preset={config.model.preset!r} is not one of "
+            f"{sorted(model_config_lib.PRESETS)}"
+        )
+    for key in config.model.overrides:
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=3)
+            raise ConfigError(
+                f"config.model.overrides.{key} is not a ModelConfig field"
+                + (f" (did you mean {', '.join(close)}?)" if close else "")
+            )
+
+
+# THE list of fields that may change between a run and its resume: they do not change what the
+# run computes (total steps, the evaluation / logging / checkpoint schedule, paths, worker
+# counts, timeouts). Every other field changes the trajectory or what is measured (reward,
+# data, model, algorithm, optimizer, rollout sampling, seed, gdro, ppo, sft, mesh, the
+# evaluation protocol) and a resume that changes it is refused, unless the field (or its
+# section) is named in ``allow_changes`` (`experiments/run.py --allow_changes=a.b,c`).
+SAFE_TO_CHANGE = (
+    "steps",  # not with optimizer.schedule='cosine' (the schedule's length), see config_changes
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "checkpoint.overwrite",
     "logging",
-    "eval",
-    "reward",
+    "eval.every_steps",
     "data.source_dir",
     "model.hf_checkpoint",
     "model.gguf_path",
+    "reward.num_workers",
+    "reward.timeout_s",
 )
 
 
-def _comparable(d: dict) -> dict:
-    d = json.loads(json.dumps(d, default=str))
-    for path in _RESUMABLE:
-        parts = path.split(".")
-        node = d
-        for p in parts[:-1]:
-            node = node.get(p, {})
-        node.pop(parts[-1], None)
-    return d
+def _leaves(d: Any, prefix: str = "") -> dict:
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(_leaves(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix.rstrip("."): {}}
+    return {prefix.rstrip("."): d}
 
 
-def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+def _covered(path: str, names) -> bool:
+    return any(path == n or path.startswith(n + ".") for n in names)
+
+
+def _normalised(d: dict) -> dict:
+    return json.loads(json.dumps(d, default=str))  # tuples -> lists, as stored in JSON
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """The fields that differ between two config dicts and are not in `SAFE_TO_CHANGE`:
+    ``[(dotted path, old value, new value)]`` in path order."""
+    a, b = _leaves(_normalised(old)), _leaves(_normalised(new))
+    cosine = "cosine" in (a.get("optimizer.schedule"), b.get("optimizer.schedule"))
+    out = []
+    for path in sorted(set(a) | set(b)):
+        va, vb = a.get(path), b.get(path)
+        if va == vb:
+            continue
+        if _covered(path, SAFE_TO_CHANGE) and not (path == "steps" and cosine):
+            continue
+        out.append((path, va, vb))
+    return out
+
+
+def check_resume(
+    old: dict, new: dict, where: str, allow_changes=(), *, what: str = "a run"
+) -> list[str]:
+    """Refuses ``new`` where ``old`` ran, unless every trajectory change is in ``allow_changes``.
+
+    Returns: the allowed changes made (``"path: old -> new"``), to be recorded with the run.
+    Raises: ConfigError listing the changes (the first five) and the ways out.
+    """
+    changes = config_changes(old, new)
+    refused = [c for c in changes if not _covered(c[0], allow_changes)]
+    if refused:
+        text = [f"{p}: {a!r} -> {b!r}" for p, a, b in refused]
+        more = f"; and {len(text) - 5} more" if len(text) > 5 else ""
+        fields = ",".join(p for p, _, _ in refused)
+        raise ConfigError(
+            f"{where} holds {what} with another config ({'; '.join(text[:5])}{more}); use a new "
+            "--workdir, or pass --config.checkpoint.overwrite=True to start over there, or "
+            f"--allow_changes={fields} to continue this run with the change"
+        )
+    return [f"{p}: {a!r} -> {b!r}" for p, a, b in changes]
+
+
+def saved_config(checkpoints_dir: str) -> tuple[int, dict] | None:
+    """``(step, config dict)`` stored in the newest complete checkpoint's meta, read as plain
+    JSON (no Orbax, no model); None when there is none (or none holds a config)."""
+    try:
+        names = os.listdir(checkpoints_dir)
+    except OSError:
+        return None
+    for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+        try:
+            with open(os.path.join(checkpoints_dir, str(step), "meta", "metadata")) as f:
+                config = json.load(f).get("config")
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable: restore_latest reports it and falls back the same way
+        if config is not None:
+            return step, config
+    return None
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: str, allow_changes=()) -> list[str]:
     """Refuses a workdir that holds a run with an incompatible config (unless overwrite).
 
-    The first call writes ``<workdir>/config.json``; later calls compare against it, ignoring
-    fields that do not change the trajectory (steps, checkpoint/logging/eval settings, paths).
+    The first call writes ``<workdir>/config.json``; later calls compare against it and against
+    the config stored in the newest checkpoint (the copy that counts; it stands in for a
+    missing config.json), ignoring `SAFE_TO_CHANGE` and the fields in ``allow_changes``.
     Multi-process runs: every process compares, only process 0 writes (or clears, on
     overwrite), and all of them wait for it before returning.
 
+    Returns: the allowed changes (``"path: old -> new"``; empty for a new or unchanged run).
     Raises:
-      ConfigError: naming the first differing field, the workdir and ``config.checkpoint.overwrite``.
+      ConfigError: naming the differing fields, the workdir, ``config.checkpoint.overwrite`` and
+      ``--allow_changes``.
     """
     import jax  # local: config files import this module without starting JAX
 
@@ -201,30 +371,35 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
         from jax.experimental import multihost_utils
 
         try:
-            _check_workdir(config, workdir, write=jax.process_index() == 0)
+            return _check_workdir(config, workdir, allow_changes, write=jax.process_index() == 0)
         finally:  # a refusal on one process is a refusal on all (same files, same config)
             multihost_utils.sync_global_devices("grpo_jax.check_workdir")
-        return
-    _check_workdir(config, workdir, write=True)
+    return _check_workdir(config, workdir, allow_changes, write=True)
 
 
-def _check_workdir(config: ml_collections.ConfigDict, workdir: str, write: bool) -> None:
+def _check_workdir(config, workdir: str, allow_changes, write: bool) -> list[str]:
     path = os.path.join(workdir, "config.json")
     new = config.to_dict()
-    if os.path.exists(path) and not config.checkpoint.overwrite:
-        with open(path) as f:
-            old = json.load(f)
-        a, b = _comparable(old), _comparable(new)
-        if a != b:
-            diff = _first_difference(a, b)
-            raise ConfigError(
-                f"{workdir} holds a run with another config ({diff}); use a new --workdir, or pass "
-                "--config.checkpoint.overwrite=True to start over there"
-            )
-        return
+    changes = []
+    if not config.checkpoint.overwrite:
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    old = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    f"{path} cannot be read ({type(e).__name__}: {' '.join(str(e).split())}); "
+                    "remove it to use the copy stored in the checkpoints"
+                ) from None
+            changes = check_resume(old, new, workdir, allow_changes)
+        saved = saved_config(os.path.join(workdir, "checkpoints"))
+        if saved is not None:
+            changes = check_resume(saved[1], new, workdir, allow_changes) or changes
+        if os.path.exists(path) and not changes:
+            return []
     if not write:
-        return
-    if os.path.exists(path) and config.checkpoint.overwrite:
+        return changes
+    if config.checkpoint.overwrite:
         import shutil
 
         for name in ("checkpoints", "metrics.jsonl", "tensorboard", "summary.json"):
@@ -237,6 +412,7 @@ def _check_workdir(config: ml_collections.ConfigDict, workdir: str, write: bool)
     with open(tmp, "w") as f:
         json.dump(new, f, indent=2, sort_keys=True, default=str)
     os.replace(tmp, path)
+    return changes
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str:

@@ -22,6 +22,7 @@ Host <-> device: prompts go up once per sampler call (step 3), completions come 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -288,90 +289,186 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
 # ----------------------------------------------------------------------------- the job
 
 
+class _Interrupted(BaseException):
+    """Raised by the signal handler inside an abortable phase (see `_Preempted.abortable`)."""
+
+
+_PENDING_EVAL = "pending_eval_row"  # meta key: a step whose evaluation a signal interrupted
+
+
 class _Preempted:
-    """SIGTERM -> finish the current step, checkpoint, exit 0."""
+    """SIGTERM / SIGINT -> stop at the next safe point, leaving a consistent checkpoint or none.
+
+    Outside an `abortable` phase the handler only sets ``flag``: the loop finishes the step
+    (generation, rewards, update), checkpoints it and exits. Inside one (the set-up, the warm
+    start and the evaluations: phases that change nothing on disk and are redone exactly on a
+    rerun) it raises `_Interrupted` at once.
+    """
+
+    _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.flag = False
-        self._old = None
+        self.signum = None
+        self._old = {}
+        self._abortable = False
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "signal"
 
     def __enter__(self):
-        try:
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread (e.g. a notebook worker): no handler
-            self._old = None
+        for s in self._SIGNALS:
+            try:
+                self._old[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+                break
         return self
 
     def _handle(self, signum, frame):
-        del signum, frame
+        del frame
         self.flag = True
+        self.signum = self.signum or signum
+        if self._abortable:
+            self._abortable = False
+            raise _Interrupted()
+
+    @contextlib.contextmanager
+    def abortable(self):
+        if self.flag:
+            raise _Interrupted()
+        self._abortable = True
+        try:
+            yield
+        finally:
+            self._abortable = False
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old = {}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def _say(message: str) -> None:
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, *, allow_changes=()
+) -> dict:
     """Runs (or resumes) the experiment described by ``config`` in ``workdir``.
 
     Writes ``metrics.jsonl``, TensorBoard events, Orbax checkpoints and ``summary.json`` into
-    ``workdir``; returns the summary dict.
+    ``workdir``; returns the summary dict. One run per workdir (``<workdir>/.lock``).
+
+    Args:
+      allow_changes: dotted config fields (or sections) a resume may change although they
+        change the trajectory (`config_utils.SAFE_TO_CHANGE` never need naming).
+
+    Returns:
+      the summary; ``{"preempted": True, "step": int | None, "signal": name}`` after SIGTERM or
+      SIGINT (a consistent checkpoint, or none before the first one: rerunning reaches the
+      same result as an uninterrupted run).
 
     Raises:
       config_utils.ConfigError: invalid or incompatible configuration (one-line message).
+      checkpointing.WorkdirError: the workdir is a file, unwritable, or used by another run.
+      checkpointing.CheckpointError: no readable checkpoint, or a save failed (the previous
+        checkpoints intact).
       FloatingPointError: ``optimizer.max_consecutive_skips`` non-finite updates in a row (the
         last good state is checkpointed first).
     """
     config_utils.validate(config)
-    os.makedirs(workdir, exist_ok=True)
+    checkpointing.probe_writable(workdir)
+    if os.path.isdir(os.path.join(workdir, "checkpoints")):  # e.g. a read-only mount
+        checkpointing.probe_writable(os.path.join(workdir, "checkpoints"), "checkpoint directory")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(checkpointing.WorkdirLock(workdir))
+        sig = stack.enter_context(_Preempted())
+        return _train(config, workdir, tuple(allow_changes), sig, stack)
+
+
+def _train(config, workdir, allow_changes, sig, stack) -> dict:
     config_path = os.path.join(workdir, "config.json")
     new_workdir = not os.path.exists(config_path)
-    config_utils.check_workdir(config, workdir)
+    changes = config_utils.check_workdir(config, workdir, allow_changes)
     wall0 = time.perf_counter()
+    step = None
     try:
-        exp = build_experiment(config)
-    except (ValueError, FileNotFoundError) as e:  # bad paths, data or values: one line
-        if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
-            os.remove(config_path)  # nothing ran: the corrected command must not be refused
-        if isinstance(e, config_utils.ConfigError):
-            raise
-        raise config_utils.ConfigError(" ".join(str(e).split())) from None
-    ckpt = checkpointing.Checkpointer(
-        os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
-    )
-    source = exp.make_source()
-    fns = steps.make_steps(exp)
-    eval_rng = jax.random.PRNGKey(config.seed + 7)
+        with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
+            try:
+                exp = build_experiment(config)
+                stack.callback(exp.close)
+                _check_runnable(config, exp)
+            except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
+                if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
+                    os.remove(config_path)  # nothing ran: the corrected command must run
+                if isinstance(e, config_utils.ConfigError):
+                    raise
+                raise config_utils.ConfigError(" ".join(str(e).split())) from None
+            ckpt = checkpointing.Checkpointer(
+                os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
+            )
+            stack.callback(ckpt.close)
+            source = exp.make_source()
+            fns = steps.make_steps(exp)
+            eval_rng = jax.random.PRNGKey(config.seed + 7)
+
+            # The initial state: shapes first, materialised directly in its sharding; then
+            # either a checkpoint's arrays or the warm start + "before" evaluation of a new run.
+            state = steps.init_train_state(exp)
+            template = RunState(
+                train=state,
+                controllers=exp.curriculum.init(),
+                ref_params=state.params if config.algorithm.kl_coef > 0 else None,
+            )
+            restored = ckpt.restore_latest(checkpointing.abstract_like(template))
+            if restored is not None:
+                step, run, meta = restored
+                if "config" in meta:  # the copy that produced this state (also: fall-back steps)
+                    where = f"checkpoint {step} in {ckpt.directory}"
+                    config_utils.check_resume(
+                        meta["config"], config.to_dict(), where, allow_changes, what="a state"
+                    )
+                source.set_state(meta["data"])
+                _say(f"Resuming from checkpoint at step {step} in {ckpt.directory}")
+            else:
+                run, sft_metrics = steps.init_run(exp, train_state=state)
+                meta = {"eval_before": evaluation.evaluate(exp, run.train.params, eval_rng)}
+                meta["sft"] = sft_metrics
+    except _Interrupted:
+        where = "resuming" if step is not None else "the set-up, warm start or first evaluation"
+        _say(
+            f"{sig.name} during {where}: nothing new was saved"
+            + (f" (checkpoint {step} is intact)" if step is not None else "")
+            + "; rerun the same command to continue; exiting."
+        )
+        return {"preempted": True, "step": step, "signal": sig.name}
+    if changes:
+        _say(f"WARNING: continuing with config changes allowed by --allow_changes: {changes}")
+        meta["config_changes"] = [
+            *meta.get("config_changes", []),
+            {"step": int(run.train.step), "changes": changes},
+        ]
 
     def save(run: RunState, meta: dict) -> None:
         extra = {"data": source.get_state(), "config": config.to_dict()}
         ckpt.save(int(run.train.step), run, {**meta, **extra})
 
-    # The initial state: shapes first, materialised directly in its sharding; then either a
-    # checkpoint's arrays or the warm start + "before" evaluation of a new run.
-    state = steps.init_train_state(exp)
-    template = RunState(
-        train=state,
-        controllers=exp.curriculum.init(),
-        ref_params=state.params if config.algorithm.kl_coef > 0 else None,
-    )
-    restored = ckpt.restore_latest(checkpointing.abstract_like(template))
-    if restored is not None:
-        step, run, meta = restored
-        source.set_state(meta["data"])
-        print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
-    else:
-        run, sft_metrics = steps.init_run(exp, train_state=state)
-        meta = {"eval_before": evaluation.evaluate(exp, run.train.params, eval_rng)}
-        meta["sft"] = sft_metrics
+    if restored is None:
         save(run, meta)
+    pending = meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
+    step = int(run.train.step)
     writer = writers.MetricsWriter(
         workdir,
         tensorboard=config.logging.tensorboard,
-        # row N precedes checkpoint N; at step 0 that row may not have been written yet
-        resume_step=int(run.train.step) + 1 if int(run.train.step) else 0,
+        # row N precedes checkpoint N; at step 0 that row may not have been written yet (nor
+        # the row of a step whose evaluation was interrupted)
+        resume_step=step if pending is not None else (step + 1 if step else 0),
     )
-    if int(run.train.step) == 0:
+    stack.callback(writer.close)
+    if step == 0:
         before = writers.flatten(meta["eval_before"])
         writer.write(
             0,
@@ -387,53 +484,74 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
         bar = tqdm(
             total=config.steps,
-            initial=int(run.train.step),
+            initial=step,
             desc=config.algorithm.name,
             dynamic_ncols=True,
         )
-    preempted = False
-    with _Preempted() as sigterm:
-        while int(run.train.step) < config.steps:
-            run, row = rl_step(exp, fns, run, source)
-            step = int(run.train.step)
-            if int(run.train.skips) >= config.optimizer.max_consecutive_skips:
-                writer.write(step, row)  # the failing step's row (loss, grad_norm) is diagnosis
-                save(run, meta)
-                raise FloatingPointError(
-                    f"step {step}: {int(run.train.skips)} consecutive updates had a non-finite "
-                    "loss, gradient or update and were skipped; the last good parameters are "
-                    f"checkpointed (step {step} in {ckpt.directory}). Likely causes: learning "
-                    "rate too high (config.optimizer.learning_rate), bfloat16 overflow "
-                    "(config.model.dtype=float32), or non-finite rewards."
-                )
-            every = config.eval.every_steps
-            if every and step % every == 0 and step < config.steps:
-                ev = evaluation.evaluate(exp, run.train.params, eval_rng)
-                row.update({f"eval/{k}": v for k, v in writers.flatten(ev).items()})
-            if step % config.logging.every_steps == 0:
-                writer.write(step, row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{row['reward_mean']:.3f}",
-                    pass_rate=f"{row['pass_rate']:.3f}",
-                    tok_s=f"{row['tokens_per_s/generate']:.0f}",
-                )
-            if sigterm.flag or step % config.checkpoint.every_steps == 0 or step == config.steps:
-                save(run, meta)
-            if sigterm.flag:
-                preempted = True
-                print(f"SIGTERM: checkpoint written at step {step}; exiting.", flush=True)
-                break
-    if bar is not None:
-        bar.close()
-    writer.close()
-    if preempted:
-        exp.close()
-        ckpt.close()
-        return {"preempted": True, "step": int(run.train.step)}
+        stack.callback(bar.close)
 
-    eval_after = evaluation.evaluate(exp, run.train.params, eval_rng)
+    def finish_step(run: RunState, row: dict, saved: bool) -> bool:
+        """The step's evaluation, metrics row and checkpoint; True: a signal stops the run."""
+        step = int(run.train.step)
+        every = config.eval.every_steps
+        if every and step % every == 0 and step < config.steps:
+            try:
+                with sig.abortable():
+                    ev = evaluation.evaluate(exp, run.train.params, eval_rng)
+            except _Interrupted:  # keep the step; its evaluation and row are redone on resume
+                if not saved:
+                    save(run, {**meta, _PENDING_EVAL: writers.to_jsonable(row)})
+                _say(
+                    f"{sig.name} during the evaluation after step {step}: checkpoint written "
+                    f"at step {step} (the evaluation is redone on resume); exiting."
+                )
+                return True
+            row.update({f"eval/{k}": v for k, v in writers.flatten(ev).items()})
+        if step % config.logging.every_steps == 0:
+            writer.write(step, row)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{row['reward_mean']:.3f}",
+                pass_rate=f"{row['pass_rate']:.3f}",
+                tok_s=f"{row['tokens_per_s/generate']:.0f}",
+            )
+        if not saved and (
+            sig.flag or step % config.checkpoint.every_steps == 0 or step == config.steps
+        ):
+            save(run, meta)
+        if sig.flag:
+            _say(f"{sig.name}: checkpoint written at step {step}; exiting.")
+            return True
+        return False
+
+    stopped = pending is not None and finish_step(run, pending, saved=True)
+    while not stopped and int(run.train.step) < config.steps:
+        run, row = rl_step(exp, fns, run, source)
+        step = int(run.train.step)
+        if int(run.train.skips) >= config.optimizer.max_consecutive_skips:
+            writer.write(step, row)  # the failing step's row (loss, grad_norm) is diagnosis
+            save(run, meta)
+            raise FloatingPointError(
+                f"step {step}: {int(run.train.skips)} consecutive updates had a non-finite "
+                "loss, gradient or update and were skipped; the last good parameters are "
+                f"checkpointed (step {step} in {ckpt.directory}). Likely causes: learning "
+                "rate too high (config.optimizer.learning_rate), bfloat16 overflow "
+                "(config.model.dtype=float32), or non-finite rewards."
+            )
+        stopped = finish_step(run, row, saved=False)
+    if stopped:
+        return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
+
+    try:
+        with sig.abortable():
+            eval_after = evaluation.evaluate(exp, run.train.params, eval_rng)
+    except _Interrupted:
+        _say(
+            f"{sig.name} during the final evaluation: checkpoint {int(run.train.step)} is "
+            "complete; rerun the same command to evaluate it and write the summary; exiting."
+        )
+        return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
     summary = {
         "algorithm": config.algorithm.name,
         "steps": int(run.train.step),
@@ -444,9 +562,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "data": exp.data_stats,
     }
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
+        tmp = os.path.join(workdir, "summary.json.tmp")
+        with open(tmp, "w") as f:
             json.dump(writers.to_jsonable(summary), f, indent=2, sort_keys=True)
+        os.replace(tmp, os.path.join(workdir, "summary.json"))
         print(evaluation.format_summary(summary), flush=True)
-    exp.close()
-    ckpt.close()
     return summary
+
+
+def _check_runnable(config, exp: Experiment) -> None:
+    """Checks that need the built experiment (the mesh), before any work is done."""
+    from grpo_jax import sharding
+
+    div = sharding.batch_divisor(exp.mesh)
+    k = config.eval.num_samples
+    rows = max(config.eval.batch_size // k, 1) * k
+    if rows % div:
+        raise config_utils.ConfigError(
+            f"config.eval: each evaluation call samples max(batch_size // num_samples, 1) * "
+            f"num_samples = {rows} rows (batch_size={config.eval.batch_size}, "
+            f"num_samples={k}), which do not divide over the mesh's data x fsdp = {div} "
+            f"shards; make it a multiple of {div}"
+        )

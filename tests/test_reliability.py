@@ -717,3 +717,367 @@ def test_nonfinite_updates_stop_the_run_with_one_line_after_checkpointing_finite
     start, last = _saved_state(workdir, 0)["train"], _saved_state(workdir, 2)["train"]
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(last["params"]))
     assert _tree_equal(last["params"], start["params"])  # the last good parameters
+
+
+# ============================================================================ one run per workdir, signals, drift, disks
+# (docs/reliability.md tabulates these; `test_reliability_table_names_existing_tests` checks it)
+
+
+def test_second_run_on_a_locked_workdir_is_refused_naming_the_holder(tmp_path):
+    first = checkpointing.WorkdirLock(str(tmp_path)).acquire()
+    try:
+        holder = json.loads((tmp_path / ".lock").read_text())
+        assert holder["pid"] == os.getpid()
+        with pytest.raises(checkpointing.WorkdirError, match="is in use by another run") as e:
+            checkpointing.WorkdirLock(str(tmp_path)).acquire()  # another open file: refused
+        assert f"pid {os.getpid()} on " in str(e.value) and "\n" not in str(e.value)
+    finally:
+        first.release()
+    checkpointing.WorkdirLock(str(tmp_path)).acquire().release()  # released: free again
+
+
+def test_stale_lock_of_a_dead_process_is_reported_and_taken_over(tmp_path, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(
+        json.dumps({"pid": dead.pid, "host": __import__("socket").gethostname(), "started": 0})
+    )
+    lock = checkpointing.WorkdirLock(str(tmp_path)).acquire()
+    lock.release()
+    (warning,) = _warnings(capsys.readouterr().out)
+    assert "taking over the stale lock" in warning and f"pid {dead.pid}" in warning
+    assert "no longer running" in warning
+
+
+def _fake_checkpoint(workdir, step, config):
+    meta = workdir / "checkpoints" / str(step) / "meta"
+    meta.mkdir(parents=True)
+    (meta / "metadata").write_text(json.dumps({"config": config.to_dict()}, default=list))
+
+
+def test_config_drift_is_refused_with_the_diff_unless_allowed(tmp_path):
+    cfg = smoke_config("grpo")
+    config_utils.check_workdir(cfg, str(tmp_path))
+    _fake_checkpoint(tmp_path, 3, cfg)
+    changed = smoke_config("grpo", **{"reward.format_reward": 0.5, "algorithm.kl_coef": 0.1})
+    with pytest.raises(config_utils.ConfigError) as e:
+        config_utils.check_workdir(changed, str(tmp_path))
+    line = str(e.value)
+    assert "algorithm.kl_coef: 0.0 -> 0.1; reward.format_reward: 0.0 -> 0.5" in line
+    assert "--allow_changes=algorithm.kl_coef,reward.format_reward" in line and "\n" not in line
+    with pytest.raises(config_utils.ConfigError, match="algorithm.kl_coef"):  # both must be named
+        config_utils.check_workdir(changed, str(tmp_path), allow_changes=["reward"])
+    # every safe field at once is not a different run
+    safe = smoke_config(
+        "grpo",
+        steps=50,
+        **{
+            "checkpoint.every_steps": 7,
+            "checkpoint.keep": 9,
+            "logging.every_steps": 2,
+            "eval.every_steps": 5,
+            "reward.timeout_s": 1.0,
+            "reward.num_workers": 3,
+            "data.source_dir": "/elsewhere",
+        },
+    )
+    assert config_utils.check_workdir(safe, str(tmp_path)) == []
+    # with config.json gone, the copy in the newest checkpoint is compared
+    os.remove(tmp_path / "config.json")
+    other = smoke_config("grpo", **{"optimizer.learning_rate": 0.5})
+    with pytest.raises(config_utils.ConfigError, match="optimizer.learning_rate: 0.0001 -> 0.5"):
+        config_utils.check_workdir(other, str(tmp_path))
+    assert not (tmp_path / "config.json").exists()
+    allowed = config_utils.check_workdir(
+        changed, str(tmp_path), allow_changes=["reward", "algorithm"]
+    )
+    assert allowed == ["algorithm.kl_coef: 0.0 -> 0.1", "reward.format_reward: 0.0 -> 0.5"]
+    assert json.loads((tmp_path / "config.json").read_text())["reward"]["format_reward"] == 0.5
+    # the length of a cosine schedule is part of the trajectory
+    cos = smoke_config("grpo", **{"optimizer.schedule": "cosine"})
+    assert config_utils.config_changes(
+        cos.to_dict(), smoke_config("grpo", steps=9, **{"optimizer.schedule": "cosine"}).to_dict()
+    ) == [("steps", 3, 9)]
+
+
+_BAD_VALUES = [  # (field, value): each is refused by validate, naming the field
+    ("seed", -3),
+    ("optimizer.learning_rate", -1e-4),
+    ("optimizer.learning_rate", float("nan")),
+    ("optimizer.b2", 1.0),
+    ("optimizer.warmup_steps", -1),
+    ("optimizer.max_consecutive_skips", 0),
+    ("sft.steps", -1),
+    ("sft.batch_size", 0),
+    ("sft.learning_rate", -1.0),
+    ("rollout.top_k", -1),
+    ("rollout.generate_batch_size", -8),
+    ("eval.top_k", -5),
+    ("eval.top_p", 1.5),
+    ("eval.max_new_tokens", -1),
+    ("eval.max_examples", -1),
+    ("eval.every_steps", -2),
+    ("algorithm.kl_coef", -0.1),
+    ("algorithm.epsilon_low", -0.2),
+    ("algorithm.dual_clip", 0.5),
+    ("algorithm.mini_batch_size", -4),
+    ("data.max_train_examples", -1),
+    ("checkpoint.keep", 0),
+    ("reward.timeout_s", 0.0),
+    ("reward.num_workers", 0),
+    ("mesh.fsdp", 0),
+    ("mesh.data", 0),
+    ("ppo.gamma", 1.5),
+    ("model.preset", "no_such_preset"),
+    ("model.overrides.hiden_size", 64),
+    ("rollout.temperature", 0.0),
+]
+
+
+@pytest.mark.parametrize("field,value", _BAD_VALUES, ids=[f"{f}={v}" for f, v in _BAD_VALUES])
+def test_values_that_cannot_run_are_refused_before_any_work(field, value):
+    cfg = smoke_config("grpo")
+    if field.startswith("model.overrides."):
+        cfg.model.overrides[field.split(".")[-1]] = value
+    else:
+        cfg = smoke_config("grpo", **{field: value})
+    with pytest.raises(config_utils.ConfigError) as e:
+        config_utils.validate(cfg)
+    assert f"config.{field}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_evaluation_batches_that_do_not_divide_over_the_mesh_are_refused_at_start(tmp_path):
+    cfg = smoke_config("grpo", **{"eval.batch_size": 3, "eval.num_samples": 3})
+    cfg.mesh.num_devices, cfg.mesh.data = 2, 2
+    with pytest.raises(config_utils.ConfigError, match="config.eval: .* = 3 rows"):
+        train.train_and_evaluate(cfg, str(tmp_path))
+    assert not (tmp_path / "config.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_workdir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    line = _the_error_line(
+        _cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE], tmp_path / "afile"), 1
+    )
+    assert f"workdir {tmp_path / 'afile'} is a file" in line
+    line = _the_error_line(
+        _cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE], tmp_path / "afile" / "x"),
+        1,
+    )
+    assert f"workdir {tmp_path / 'afile' / 'x'} is not writable: Not a directory" in line
+
+
+def _mount_tmpfs(path, options):
+    path.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
+    )
+    if out.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({out.stderr.decode().strip()[:200]})")
+    return path
+
+
+def _umount(path):
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_read_only_checkpoint_directory_is_one_line_at_start(tmp_path):
+    workdir = tmp_path / "run"
+    ro = _mount_tmpfs(workdir / "checkpoints", "size=1m,ro")
+    try:
+        line = _the_error_line(
+            _cli(["--config=configs/arithmetic.py:grpo,smoke", *_CLI_SMOKE], workdir), 1
+        )
+        assert f"checkpoint directory {ro} is not writable: Read-only file system" in line
+        assert not (workdir / "metrics.jsonl").exists()
+    finally:
+        _umount(ro)
+
+
+# A subprocess that sends itself a signal from inside a phase (the n-th call of a function the
+# loop calls), then runs the real function: the signal lands in the middle of that phase.
+_SIGNAL_IN = """
+import os, runpy, signal, sys
+target, signame, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
+del sys.argv[1:4]
+from grpo_jax import evaluation, steps
+module = {"warmstart": steps, "evaluate": evaluation}[target]
+name = {"warmstart": "supervised_warmstart", "evaluate": "evaluate"}[target]
+real, calls = getattr(module, name), [0]
+def wrapped(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == nth:
+        os.kill(os.getpid(), getattr(signal, signame))
+    return real(*args, **kwargs)
+setattr(module, name, wrapped)
+sys.argv[0] = "experiments/run.py"
+runpy.run_module("experiments.run", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run_with_signal(workdir, env, target, signame, nth, extra=()):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SIGNAL_IN,
+            target,
+            signame,
+            str(nth),
+            *_E2E,
+            *extra,
+            f"--workdir={workdir}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "target,signame,code", [("warmstart", "SIGTERM", 0), ("evaluate", "SIGINT", 130)]
+)
+def test_signal_in_the_warm_start_or_first_evaluation_saves_nothing_and_the_rerun_is_identical(
+    tmp_path, cli_env, reference, target, signame, code
+):
+    workdir = tmp_path / "run"
+    args = ["--config.checkpoint.every_steps=1"]
+    out = _run_with_signal(workdir, cli_env, target, signame, 1, args)
+    assert out.returncode == code, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    lines = [l for l in out.stdout.splitlines() if l.strip()]
+    assert lines == [
+        f"{signame} during the set-up, warm start or first evaluation: nothing new was saved; "
+        "rerun the same command to continue; exiting."
+    ], out.stdout
+    assert _complete_steps(workdir) == [] and not (workdir / "metrics.jsonl").exists()
+    rerun = _Run(workdir, cli_env, args, "rerun")
+    assert rerun.wait() == 0, rerun.err[-3000:]
+    _assert_same_run(reference, workdir)
+
+
+@pytest.mark.slow
+def test_sigterm_in_an_evaluation_inside_the_loop_and_the_final_one_resume_to_the_same_run(
+    tmp_path, cli_env, reference
+):
+    workdir = tmp_path / "run"
+    args = ["--config.checkpoint.every_steps=100", "--config.eval.every_steps=2"]
+    # evaluate call 1 = "before", 2 = after step 2
+    out = _run_with_signal(workdir, cli_env, "evaluate", "SIGTERM", 2, args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    assert (
+        "SIGTERM during the evaluation after step 2: checkpoint written at step 2 (the "
+        "evaluation is redone on resume); exiting." in out.stdout
+    )
+    assert _complete_steps(workdir) == [0, 2]
+    assert [r["step"] for r in writers.read_jsonl(str(workdir / "metrics.jsonl"))] == [0, 1]
+    # the resumed run is interrupted again, in the final evaluation (calls: step 2, 4, final)
+    out = _run_with_signal(workdir, cli_env, "evaluate", "SIGTERM", 3, args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SIGTERM during the final evaluation: checkpoint 6 is complete" in out.stdout
+    assert not (workdir / "summary.json").exists()
+    final = _Run(workdir, cli_env, args, "final")
+    assert final.wait() == 0, final.err[-3000:]
+    rows = writers.read_jsonl(str(workdir / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(7))
+    assert [r["step"] for r in rows if "eval/mean_at_1" in r] == [0, 2, 4]
+    # apart from the extra evaluations, the same run as the uninterrupted one
+    strip = lambda rs: [
+        {k: v for k, v in r.items() if r["step"] == 0 or not k.startswith("eval/")} for r in rs
+    ]
+    assert strip(deterministic_rows(str(workdir))) == strip(deterministic_rows(str(reference)))
+    sa = json.load(open(reference / "summary.json"))
+    sb = json.load(open(workdir / "summary.json"))
+    assert sa["eval_after"] == sb["eval_after"]
+    assert _tree_equal(_saved_state(reference, 6), _saved_state(workdir, 6))
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_workdir_the_second_is_refused_and_the_first_is_unharmed(
+    tmp_path, cli_env, reference
+):
+    workdir = tmp_path / "run"
+    first = _Run(workdir, cli_env, ["--config.checkpoint.every_steps=1"], "first")
+    t0 = time.monotonic()
+    while not (workdir / ".lock").exists() or not (workdir / ".lock").read_text().strip():
+        assert first.proc.poll() is None and time.monotonic() - t0 < 300, first.err[-3000:]
+        time.sleep(0.05)
+    second = _cli([*_E2E, "--config.checkpoint.every_steps=1"], workdir, env=cli_env)
+    line = _the_error_line(second, 1)
+    assert f"{workdir} is in use by another run (pid {first.proc.pid} on " in line
+    assert first.wait() == 0, first.err[-3000:]
+    _assert_same_run(reference, workdir)  # nothing mixed: the first run's results, alone
+
+
+@pytest.mark.slow
+def test_changed_reward_on_resume_is_refused_also_without_config_json(tmp_path, cli_env, reference):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    args = [*_E2E, "--config.checkpoint.every_steps=1"]
+    line = _the_error_line(_cli([*args, "--config.reward.format_reward=0.5"], workdir, env=cli_env))
+    assert "holds a run with another config (reward.format_reward: 0.0 -> 0.5)" in line
+    os.remove(workdir / "config.json")  # the copy in the checkpoint is compared instead
+    line = _the_error_line(
+        _cli([*args, "--config.optimizer.learning_rate=0.5"], workdir, env=cli_env)
+    )
+    assert "optimizer.learning_rate: 0.0001 -> 0.5" in line
+    assert _complete_steps(workdir) == _complete_steps(reference)
+    out = _cli(
+        [
+            *args,
+            "--config.reward.format_reward=0.5",
+            "--config.steps=7",
+            "--allow_changes=reward.format_reward",
+        ],
+        workdir,
+        env=cli_env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "continuing with config changes allowed by --allow_changes" in out.stdout
+    meta = json.load(open(workdir / "checkpoints" / "7" / "meta" / "metadata"))
+    assert meta["config"]["reward"]["format_reward"] == 0.5
+    assert meta["config_changes"] == [{"step": 6, "changes": ["reward.format_reward: 0.0 -> 0.5"]}]
+
+
+@pytest.mark.slow
+def test_save_on_a_full_disk_is_one_line_and_the_workdir_resumes(tmp_path, cli_env, reference):
+    disk = _mount_tmpfs(tmp_path / "disk", "size=3m")  # two of the run's checkpoints fit
+    try:
+        workdir = disk / "run"
+        args = ["--config.checkpoint.every_steps=1"]
+        run = _Run(workdir, cli_env, args, "full")
+        assert run.wait() == 1, run.err[-3000:]
+        err = [l for l in run.err.splitlines() if l.strip() and not _LOG_LINE.match(l)]
+        assert len(err) == 1 and "Traceback" not in run.err, run.err[-3000:]
+        (line,) = err
+        assert re.match(
+            rf"error: cannot save checkpoint (\d+) in {workdir}/checkpoints: No space left on "
+            r"device \(errno 28\); the last complete checkpoint \((\d+)\) is intact",
+            line,
+        ), line
+        last = _complete_steps(workdir)[-1]
+        assert f"({last}) is intact" in line
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        resumed = _Run(workdir, cli_env, args, "resumed")
+        assert resumed.wait() == 0, resumed.err[-3000:]
+        assert f"Resuming from checkpoint at step {last} in" in resumed.out
+        _assert_same_run(reference, workdir)
+    finally:
+        _umount(disk)
+
+
+def test_reliability_table_names_existing_tests():
+    """Every row of docs/reliability.md names a test that exists; every test here has a row."""
+    table = open(os.path.join(REPO, "docs", "reliability.md")).read()
+    rows = [l for l in table.splitlines() if l.startswith("| ") and "`test_" in l]
+    named = {n for l in rows for n in re.findall(r"`(test_\w+)`", l)}
+    sources = "".join(
+        open(p).read() for p in glob.glob(os.path.join(REPO, "tests", "test_reliability*.py"))
+    )
+    defined = set(re.findall(r"^def (test_\w+)", sources, re.M))
+    assert named and named <= defined, named - defined
+    assert defined - {"test_reliability_table_names_existing_tests"} <= named, defined - named
