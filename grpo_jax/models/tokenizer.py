@@ -138,6 +138,29 @@ class Tokenizer:
         )  # BOS, if any, comes from tokenizer.json
 
     @classmethod
+    def from_char_vocab(
+        cls,
+        tokens: Sequence[str],
+        *,
+        num_special: int,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        bos_id: int | None = None,
+        unk_id: int | None = None,
+    ) -> Tokenizer:
+        """A character-level tokenizer (one id per character, the first ``num_special`` tokens
+        special), e.g. the arithmetic `CharTokenizer` as a tokenizer.json: encodes and decodes
+        like it (no BOS/EOS added; special tokens kept by `decode`)."""
+        vocab = {t: i for i, t in enumerate(tokens)}
+        unk = tokens[unk_id] if unk_id is not None else None
+        tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token=unk))
+        tk.decoder = decoders.Fuse()
+        tk.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in tokens[:num_special]]
+        )
+        return cls(tk, eos_ids=eos_ids, pad_id=pad_id, bos_id=bos_id, add_bos=False)
+
+    @classmethod
     def from_gguf(cls, path: str, reader=None) -> Tokenizer:
         """Byte-level BPE from a GGUF file's embedded vocabulary (tokenizer.ggml.model == "gpt2").
 
