@@ -423,3 +423,32 @@ def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     with torch.no_grad():
         ref = model(input_ids=torch.tensor(toks, dtype=torch.long)).logits.float().numpy()
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------------ prepare_data
+SHARED = datasets.default_source_dir()
+needs_shared = pytest.mark.skipif(
+    SHARED is None or not (SHARED / "dapo_math_17k" / "dapo_math_17k.parquet").is_file(),
+    reason="shared data not available",
+)
+
+
+@needs_shared
+def test_prepare_data_from_a_local_copy_rebuilds_the_files(tmp_path):
+    from experiments import prepare_data
+
+    out = tmp_path / "data"
+    done = prepare_data.prepare(str(out), ["gsm8k", "aime24", "dapo_math"], from_dir=str(SHARED))
+    assert set(done) == {"gsm8k", "aime24", "dapo_math"}
+    for rel in (
+        "gsm8k/train.jsonl",
+        "aime24/test.jsonl",
+        "dapo_math_17k/dapo_math_17k.derived.part1.jsonl",  # derived from the parquet
+        "dapo_math_17k/dapo_math_17k.derived.part2.jsonl",
+    ):
+        assert (out / rel).read_bytes() == (SHARED / rel).read_bytes(), rel
+        assert stat.S_IMODE(os.stat(out / rel).st_mode) == 0o644
+    ex = datasets.load("dapo_math", "train", source_dir=str(out))
+    assert len(ex) == 13987  # the en_dedup filter, applied at load time
+    with pytest.raises(ValueError, match="unknown dataset"):
+        prepare_data.prepare(str(out), ["nope"], from_dir=str(SHARED))
