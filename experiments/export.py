@@ -13,9 +13,6 @@ equivalent tokenizer.json); the checkpoint is a `state.RunState`, restored as
 
 from absl import app, flags
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (its latest checkpoint).")
-_OUT = flags.DEFINE_string("out", None, "Output directory (created; files are overwritten).")
-
 
 def hf_tokenizer(tokenizer):
     """A `grpo_jax.models.tokenizer.Tokenizer` (tokenizer.json-backed) for the run's tokenizer."""
@@ -53,10 +50,18 @@ def export(workdir: str, out: str) -> str:
 
 def main(argv):
     del argv
-    if not _WORKDIR.value or not _OUT.value:
+    if not flags.FLAGS["workdir"].value or not flags.FLAGS["out"].value:
         raise app.UsageError("pass --workdir and --out")
-    export(_WORKDIR.value, _OUT.value)
+    export(flags.FLAGS["workdir"].value, flags.FLAGS["out"].value)
+
+
+def define_flags():
+    """The command-line flags (defined only when run as a script: importing this module, e.g.
+    from a test beside other experiments modules, must not clash with their flags)."""
+    flags.DEFINE_string("workdir", None, "Training workdir (its latest checkpoint).")
+    flags.DEFINE_string("out", None, "Output directory (created; files are overwritten).")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -117,10 +117,6 @@ DAPO_PARTS = (
 )
 DAPO_PART1_ROWS = 8959
 
-_OUT = flags.DEFINE_string("out", None, "Directory to write (created).")
-_FROM = flags.DEFINE_string("from", "", "A local copy to build from (default: download).")
-_DATASETS = flags.DEFINE_list("dataset", list(SOURCES), "Presets to build (default: all).")
-
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
@@ -220,11 +216,22 @@ def prepare(out: str, names=None, from_dir: str = "") -> dict:
 
 def main(argv):
     del argv
-    if not _OUT.value:
+    if not flags.FLAGS["out"].value:
         raise app.UsageError("pass --out=DIR")
-    prepare(_OUT.value, _DATASETS.value, _FROM.value)
-    print(f"done: --config.data.source_dir={_OUT.value} (or GRPO_JAX_DATA_DIR={_OUT.value})")
+    prepare(flags.FLAGS["out"].value, flags.FLAGS["dataset"].value, flags.FLAGS["from"].value)
+    print(
+        f"done: --config.data.source_dir={flags.FLAGS['out'].value} (or GRPO_JAX_DATA_DIR={flags.FLAGS['out'].value})"
+    )
+
+
+def define_flags():
+    """The command-line flags (defined only when run as a script: importing this module, e.g.
+    from a test beside other experiments modules, must not clash with their flags)."""
+    flags.DEFINE_string("out", None, "Directory to write (created).")
+    flags.DEFINE_string("from", "", "A local copy to build from (default: download).")
+    flags.DEFINE_list("dataset", list(SOURCES), "Presets to build (default: all).")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
