@@ -17,14 +17,41 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.preset = "tiny"  # name in grpo_jax.models.PRESETS (ignored if a checkpoint is given)
     # ModelConfig fields overriding the preset (e.g. hidden_size)
     c.model.overrides = ml_collections.ConfigDict()
-    c.model.hf_checkpoint = ""  # Hugging Face checkpoint dir (config.json + safetensors); "" = none
+    # Hugging Face checkpoint: a local dir (config.json + safetensors) or a hub id ("org/name",
+    # "org/name@revision"; the local cache first, downloaded when online); "" = none
+    c.model.hf_checkpoint = ""
+    # tokenizer dir (tokenizer.json [+ tokenizer_config.json]) or hub id; "" = the checkpoint's
+    c.model.tokenizer = ""
     c.model.gguf_path = ""  # GGUF file to load (dequantised); "" = none
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
     c.model.param_dtype = "float32"  # parameter dtype: float32 | bfloat16
     c.model.remat = False  # rematerialise activations per layer in the update
 
     c.data = ml_collections.ConfigDict()
-    c.data.name = "arithmetic"  # training set: arithmetic | gsm8k | dapo_math | math500
+    # training set: a preset (arithmetic | gsm8k | dapo_math | math500 | ...) or "custom" (your
+    # own table: data.path with the columns below; docs/byo.md)
+    c.data.name = "arithmetic"
+    # a table: JSONL/JSON/Parquet file, a directory or glob of them, or a Hugging Face dataset id
+    # ("hf:org/name"; needs the `datasets` package). With a preset name: that preset's layout
+    # read from this file instead of the data directory. "" = the preset's files
+    c.data.path = ""
+    c.data.eval_path = ""  # held-out table of a "custom" run ("" = data.path's eval_split)
+    c.data.eval_split = "test"  # held-out split of a "custom" hub dataset or directory
+    c.data.prompt_column = "problem"  # "custom": the column holding the problem text
+    c.data.answer_column = (
+        "answer"  # "custom": the gold answer column ("" = none; rewards read row fields)
+    )
+    c.data.level_column = ""  # "custom": optional integer difficulty column ("" = none, level -1)
+    c.data.id_column = ""  # "custom": optional unique row id column (kept as "source_id")
+    c.data.system_prompt = ""  # chat template: a system message ("" = none)
+    # instruction appended to each problem (plain/chat); None = the DAPO boxed-answer suffix
+    c.data.prompt_suffix = config_dict.placeholder(str)
+    c.data.use_tfds = (
+        False  # read presets through their TFDS builders (array_record, prepared once)
+    )
+    c.data.tfds_data_dir = (
+        ""  # where the array_record files go ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets)
+    )
     c.data.config = ""  # dataset config (dapo_math: full | en_dedup)
     c.data.split = "train"  # training split
     c.data.source_dir = ""  # raw data dir; "" = $GRPO_JAX_DATA_DIR or ../shared/data
@@ -172,7 +199,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every_steps = 0  # evaluate every N RL steps (0 = only before and after)
-    c.eval.datasets = ("arithmetic",)  # held-out sets
+    c.eval.datasets = ("arithmetic",)  # held-out sets (presets, or "custom": data.eval_path)
     c.eval.max_examples = 200  # problems per held-out set (0 = all)
     c.eval.num_samples = 8  # samples per problem (k of pass@k, mean@k)
     c.eval.temperature = 0.6  # paper protocol
@@ -186,6 +213,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging.tensorboard = True  # also write TensorBoard event files
     c.logging.progress_bar = True  # tqdm bar on stderr
     c.reward = ml_collections.ConfigDict()
+    # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
+    # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier
+    c.reward.fn = ""
+    c.reward.task = ""  # built-in verifier: math | gsm8k | arithmetic ("" = by dataset)
+    c.reward.correct_above = 0.0  # reward.fn without correctness: correct = reward > this
+    c.reward.format_pattern = (
+        ""  # regex: format_reward is paid when a completion matches ("" = the task's)
+    )
+    c.reward.extract = ""  # "module:function" completion -> answer for maj@k ("" = the task's)
     c.reward.timeout_s = 5.0  # per-completion verifier timeout (seconds)
     c.reward.num_workers = 2  # verifier worker processes
     c.reward.format_reward = 0.0  # bonus for a well-formed final answer

@@ -271,7 +271,10 @@ SAFE_TO_CHANGE = (
     "logging",
     "eval.every_steps",
     "data.source_dir",
+    "data.tfds_data_dir",
+    "data.use_tfds",  # the TFDS path reads the same examples (tests/test_byo.py)
     "model.hf_checkpoint",
+    "model.tokenizer",
     "model.gguf_path",
     "reward.num_workers",
     "reward.timeout_s",

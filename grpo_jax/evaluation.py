@@ -37,6 +37,15 @@ def _summarise(correct: np.ndarray, answers: list[list[str]] | None, k: int) -> 
     return out
 
 
+def _answer(extract, completion: str):
+    """A hashable normalised answer (None: no answer; it does not vote in maj@k)."""
+    a = extract(completion)
+    if a is None:
+        return None
+    a = " ".join(str(a).split())
+    return a or None
+
+
 def evaluate_policy(
     graphdef,
     params,
@@ -61,12 +70,16 @@ def evaluate_policy(
       examples: dicts with ``problem``, ``answer`` (or ``answers``) and optional ``level``.
       batch_size: rollouts per generation call; rounded down to a multiple of ``k``; the last
         call is padded, so every call has the same shape (one compilation).
-      extract: maps a completion to a normalised final answer for maj@k (None: no maj@k).
+      extract: maps a completion to a normalised final answer for maj@k (None: the reward
+        function's own ``extract`` if it has one, else no maj@k; answers that come back None
+        do not vote).
       mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
 
     Returns:
       ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
     """
+    if extract is None:
+        extract = getattr(reward_fn, "extract", None)
     texts = [render(ex["problem"]) for ex in examples]
     # overlong prompts are cut from the left (the question's end and the template stay) and counted
     tokens, mask, _, overlong = encode_prompts(
@@ -96,12 +109,15 @@ def evaluate_policy(
             tokenizer, *xfer.to_host((out.completion_tokens, out.lengths))
         )
         golds = [examples[r].get("answers", examples[r]["answer"]) for r in rows]
-        _, ok, _ = reward_fn(completions, golds)
+        if getattr(reward_fn, "takes_examples", False):  # your reward reads row fields
+            _, ok, _ = reward_fn(completions, golds, examples=[examples[r] for r in rows])
+        else:
+            _, ok, _ = reward_fn(completions, golds)
         ok = np.asarray(ok, bool).reshape(per_call, k)
         for j, r in enumerate(idx[: min(per_call, num - start)]):
             correct[r] = ok[j]
             if extract is not None:
-                answers[r] = [extract(completions[j * k + s]) for s in range(k)]
+                answers[r] = [_answer(extract, completions[j * k + s]) for s in range(k)]
     result = _summarise(correct, answers if extract is not None else None, k)
     result["num_overlong_prompts"] = int(overlong.sum())
     by_level = collections.defaultdict(list)
@@ -138,11 +154,57 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
         )
         pooled_correct.append(per_dataset[name])
     total = sum(r["num_problems"] for r in pooled_correct) or 1
-    pooled = {
-        key: sum(r[key] * r["num_problems"] for r in pooled_correct) / total
-        for key in ("mean_at_1", f"pass_at_{k}", "pass_at_1")
-    }
+    keys = ["mean_at_1", f"pass_at_{k}", "pass_at_1"]
+    if pooled_correct and all(f"maj_at_{k}" in r for r in pooled_correct):
+        keys.append(f"maj_at_{k}")
+    pooled = {key: sum(r[key] * r["num_problems"] for r in pooled_correct) / total for key in keys}
     return {**pooled, "per_dataset": per_dataset}
+
+
+def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
+    """(experiment, restored RunState, step) of a workdir's latest checkpoint.
+
+    ``configure(config)``, if given, edits the run's config before the build (evaluation
+    settings; nothing that changes the checkpoint's shapes).
+
+    ``need_reward=False`` builds the experiment with the built-in verifier in place of
+    ``config.reward.fn`` (exporting needs no reward, nor your reward module on the path).
+    The caller closes the experiment (``exp.close()``).
+    """
+    import json
+    import os
+
+    import ml_collections
+
+    from grpo_jax import checkpointing, steps
+    from grpo_jax.experiment import build_experiment
+    from grpo_jax.state import RunState
+
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no run in {workdir}: {path} not found")
+    with open(path) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    if not need_reward and config.reward.get("fn", ""):
+        config.reward.fn = ""
+    if configure is not None:
+        configure(config)
+    exp = build_experiment(config)
+    state = steps.init_train_state(exp)
+    template = RunState(  # the checkpoint tree the trainer saves (train.train_and_evaluate)
+        train=state,
+        controllers=exp.curriculum.init(),
+        ref_params=state.params if config.algorithm.kl_coef > 0 else None,
+    )
+    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        restored = ckpt.restore_latest(checkpointing.abstract_like(template))
+    finally:
+        ckpt.close()
+    if restored is None:
+        exp.close()
+        raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
+    return exp, restored[1], restored[0]
 
 
 def format_summary(summary: dict) -> str:

@@ -123,6 +123,15 @@ class Experiment:
     def mesh_context(self):
         return jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh
 
+    def score(self, completions, rows):
+        """The training reward of ``completions`` for the prompts ``rows`` (ids into the pool):
+        ``reward_fn(completions, golds)``, plus the rows' example dicts for a reward function
+        that reads row fields (``takes_examples``, e.g. `grpo_jax.rewards.UserRewardFn`)."""
+        golds = [self.golds[r] for r in rows]
+        if getattr(self.reward_fn, "takes_examples", False):
+            return self.reward_fn(completions, golds, examples=[self.examples[r] for r in rows])
+        return self.reward_fn(completions, golds)
+
     def render(self, problem: str) -> str:
         """A problem's prompt text (``config.data.template``)."""
         return render(self.config, self.tokenizer, problem)
@@ -213,48 +222,124 @@ def _abstract_model(model_cfg, cls=None):
         return nnx.eval_shape(lambda: cls(model_cfg, rngs=nnx.Rngs(0)))
 
 
+def _opt(section, name: str, default):
+    """A config field that older configs (a workdir's config.json) may lack."""
+    return section.get(name, default) if hasattr(section, "get") else default
+
+
 def _load_tokenizer(config):
-    if config.data.name == "arithmetic":
+    own = _opt(config.model, "tokenizer", "")
+    if config.data.name == "arithmetic" and not own:
         from grpo_jax.data import arithmetic
 
         return arithmetic.CharTokenizer()
+    from grpo_jax.models import loading
     from grpo_jax.models import tokenizer as tokenizer_lib
 
+    field = "tokenizer" if own else "hf_checkpoint" if config.model.hf_checkpoint else "gguf_path"
     try:
-        if config.model.hf_checkpoint:
-            return tokenizer_lib.Tokenizer.from_dir(config.model.hf_checkpoint)
+        if own or config.model.hf_checkpoint:
+            src = own or config.model.hf_checkpoint
+            return tokenizer_lib.Tokenizer.from_dir(loading.resolve_checkpoint(src, what=field))
         if config.model.gguf_path:
             return tokenizer_lib.Tokenizer.from_gguf(config.model.gguf_path)
     except FileNotFoundError as e:
-        field = "hf_checkpoint" if config.model.hf_checkpoint else "gguf_path"
         raise ConfigError(
             f"config.model.{field}: {e}; point it at an existing "
-            f"{'checkpoint directory' if field == 'hf_checkpoint' else 'GGUF file'}"
+            f"{'GGUF file' if field == 'gguf_path' else 'directory (tokenizer.json) or hub id'}"
         ) from None
     raise ConfigError(
         "config.model: a non-arithmetic dataset needs a tokenizer: set "
-        "config.model.hf_checkpoint or config.model.gguf_path"
+        "config.model.hf_checkpoint, config.model.gguf_path or config.model.tokenizer"
     )
 
 
-def _load_examples(config, name: str, split: str, stats: dict | None = None) -> list[dict]:
-    """The examples of a split; ``stats`` (if given) gets `datasets.load_with_stats`' counts."""
+def _columns(config):
+    from grpo_jax.data import datasets
+
+    d = config.data
+    return datasets.Columns(
+        prompt=_opt(d, "prompt_column", "problem"),
+        answer=_opt(d, "answer_column", "answer"),
+        level=_opt(d, "level_column", ""),
+        id=_opt(d, "id_column", ""),
+    )
+
+
+def _is_table_dir(path: str) -> bool:
+    import os
+
+    return os.path.isdir(os.path.expanduser(path)) or path.startswith("hf:") or "*" in path
+
+
+def _load_examples(
+    config, name: str, split: str, stats: dict | None = None, *, train: bool | None = None
+) -> list[dict]:
+    """The examples of a split; ``stats`` (if given) gets `datasets.load_with_stats`' counts.
+
+    ``name``: a preset, or ``"custom"`` (``config.data.path`` with ``config.data.*_column``;
+    held-out rows from ``config.data.eval_path``, else ``data.path``'s ``data.eval_split``).
+    A preset equal to ``config.data.name`` with ``config.data.path`` set reads its layout from
+    that table. ``train``: the training split (default: ``split == config.data.split``).
+    """
+    d = config.data
+    if train is None:
+        train = split == d.split
     if name == "arithmetic":
         from grpo_jax.data import arithmetic
 
-        acfg = arithmetic.ArithmeticConfig(**config.data.arithmetic.to_dict())
+        acfg = arithmetic.ArithmeticConfig(**d.arithmetic.to_dict())
         splits = arithmetic.make_splits(acfg)
         return splits[split if split in ("train", "sft") else "eval"]
+    from grpo_jax import data as data_lib
     from grpo_jax.data import datasets
 
+    path, eval_path = _opt(d, "path", ""), _opt(d, "eval_path", "")
+    table = None
+    if name == datasets.CUSTOM:
+        if train:
+            table = path
+        elif eval_path:
+            table, split = eval_path, d.split
+        elif path and _is_table_dir(path):
+            table, split = path, _opt(d, "eval_split", "test")
+        else:
+            raise ConfigError(
+                "config.eval.datasets has 'custom': set config.data.eval_path to your held-out "
+                "table (or make config.data.path a directory / hub id with an eval_split)"
+            )
+        if not table:
+            raise ConfigError(
+                "config.data.name='custom' needs config.data.path (a JSONL/Parquet file, a "
+                "directory, or a hub id 'hf:org/name')"
+            )
+    elif name == d.name and (path or eval_path):
+        if train:
+            table = path or None
+        elif eval_path:
+            table = eval_path
+        elif path and _is_table_dir(path):
+            table = path
     try:
-        examples, counts = datasets.load_with_stats(
-            name,
-            split,
-            source_dir=config.data.source_dir or None,
-            config=(config.data.config or None) if name == config.data.name else None,
-            bad_rows=config.data.bad_rows,
-        )
+        if table is not None:
+            examples, counts = datasets.load_table_with_stats(
+                table,
+                split,
+                columns=_columns(config),
+                name=name,
+                config=(d.config or None) if name == d.name else None,
+                bad_rows=d.bad_rows,
+            )
+        else:
+            examples, counts = data_lib.load_with_stats(
+                name,
+                split,
+                use_tfds=bool(_opt(d, "use_tfds", False)),
+                tfds_data_dir=_opt(d, "tfds_data_dir", "") or None,
+                source_dir=d.source_dir or None,
+                config=(d.config or None) if name == d.name else None,
+                bad_rows=d.bad_rows,
+            )
     except ValueError as e:
         if "bad row" not in str(e):
             raise
@@ -267,29 +352,81 @@ def _load_examples(config, name: str, split: str, stats: dict | None = None) -> 
 
 
 def render(config, tokenizer, problem: str) -> str:
-    """A problem's prompt text under ``config.data.template``."""
-    return templates.render_prompt(problem, template=config.data.template, tokenizer=tokenizer)
+    """A problem's prompt text under ``config.data.template`` (with ``data.prompt_suffix``,
+    None = the DAPO boxed-answer suffix, and ``data.system_prompt`` for the chat template)."""
+    d = config.data
+    kw = {}
+    if d.template != "arithmetic":
+        kw["suffix"] = _opt(d, "prompt_suffix", None)
+        if _opt(d, "system_prompt", ""):
+            kw["system"] = d.system_prompt
+    return templates.render_prompt(problem, template=d.template, tokenizer=tokenizer, **kw)
 
 
-def reward_task(dataset: str) -> str:
-    """The verifier for a dataset: exact integers (arithmetic), GSM8K numbers, or LaTeX math."""
+def reward_task(dataset: str, config=None) -> str:
+    """The verifier for a dataset: exact integers (arithmetic), GSM8K numbers, or LaTeX math.
+    With ``config``, ``config.reward.task`` (if set) overrides it for the training data and
+    ``"custom"`` held-out rows."""
+    if config is not None and dataset in (config.data.name, "custom"):
+        task = _opt(config.reward, "task", "")
+        if task:
+            return task
     return {"arithmetic": "arithmetic", "gsm8k": "gsm8k"}.get(dataset, "math")
 
 
+def _reward_key(config, dataset: str | None = None) -> tuple:
+    """What scores a dataset: ("fn", "module:function") or ("task", task); equal keys share
+    one reward function (and its worker pool)."""
+    dataset = dataset or config.data.name
+    fn = _opt(config.reward, "fn", "")
+    if fn and dataset in (config.data.name, "custom"):
+        return ("fn", fn)
+    return ("task", reward_task(dataset, config))
+
+
 def make_reward_fn(config, dataset: str | None = None):
+    """The reward of a dataset (default: the training data): ``config.reward.fn`` (your own
+    function, `grpo_jax.rewards.UserRewardFn`) or the built-in verifier of its task."""
     from grpo_jax import rewards
 
-    return rewards.RewardFn(
+    r = config.reward
+    kind, value = _reward_key(config, dataset)
+    if kind == "fn":
+        try:
+            return rewards.UserRewardFn(
+                value,
+                timeout_s=r.timeout_s,
+                num_workers=r.num_workers,
+                scale=config.algorithm.reward_scale,
+                correct_above=_opt(r, "correct_above", 0.0),
+                format_reward=r.format_reward,
+                format_pattern=_opt(r, "format_pattern", ""),
+                extract=_opt(r, "extract", ""),
+                task=_opt(r, "task", "") or "math",
+            )
+        except ValueError as e:
+            raise ConfigError(f"config.reward.fn: {e}") from None
+    fn = rewards.RewardFn(
         rewards.RewardConfig(
-            task=reward_task(dataset or config.data.name),
+            task=value,
             scale=config.algorithm.reward_scale,
-            format_reward=config.reward.format_reward,
-            timeout_s=config.reward.timeout_s,
-            num_workers=config.reward.num_workers,
-            numeric_precision=config.reward.numeric_precision,
-            float_rounding=config.reward.float_rounding,
+            format_reward=r.format_reward,
+            timeout_s=r.timeout_s,
+            num_workers=r.num_workers,
+            numeric_precision=r.numeric_precision,
+            float_rounding=r.float_rounding,
+            format_pattern=_opt(r, "format_pattern", ""),
         )
     )
+    extract = _opt(r, "extract", "")
+    if extract:
+        from grpo_jax.rewards import custom
+
+        try:
+            fn.extract = custom.resolve_callable(extract, "answer extractor")
+        except ValueError as e:
+            raise ConfigError(f"config.reward.extract: {e}") from None
+    return fn
 
 
 def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = True) -> Experiment:
@@ -393,7 +530,9 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         golds = [ex.get("answers", ex["answer"]) for ex in examples]
         levels = [int(ex.get("level", -1)) for ex in examples]
         for name in config.eval.datasets:
-            evs = _load_examples(config, name, "eval" if name == "arithmetic" else "test")
+            evs = _load_examples(
+                config, name, "eval" if name == "arithmetic" else "test", train=False
+            )
             if config.eval.max_examples:
                 evs = evs[: config.eval.max_examples]
             eval_sets[name] = evs
@@ -446,9 +585,12 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
     curriculum, learner = build_strategies(config, algo, num_ids, model_cfg, steps_updates, lp)
     reward_fn = make_reward_fn(config) if with_data else None
     eval_reward_fns = {}
+    shared = {_reward_key(config): reward_fn}
     for name in eval_sets:
-        same = reward_task(name) == reward_task(config.data.name)
-        eval_reward_fns[name] = reward_fn if same else make_reward_fn(config, name)
+        key = _reward_key(config, name)
+        if key not in shared:
+            shared[key] = make_reward_fn(config, name)
+        eval_reward_fns[name] = shared[key]
     exp = Experiment(
         config=config,
         mesh=mesh,

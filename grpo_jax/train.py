@@ -110,7 +110,7 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
 
     t = _timer()
     texts = xfer.decode_completions(exp.tokenizer, completions, lengths)
-    rewards, correct, reward_stats = exp.reward_fn(texts, [exp.golds[r] for r in rows])
+    rewards, correct, reward_stats = exp.score(texts, rows)
     rewards, correct = np.asarray(rewards, np.float32), np.asarray(correct, bool)
     seg, P = placement.segment_ids, len(ids)
     hi, lo = np.full(P, -np.inf, np.float32), np.full(P, np.inf, np.float32)
@@ -552,6 +552,10 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
             "complete; rerun the same command to evaluate it and write the summary; exiting."
         )
         return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
+    # the final evaluation is a metrics row too (curves and TensorBoard end where the run ends)
+    writer.write(
+        int(run.train.step), {f"eval/{k}": v for k, v in writers.flatten(eval_after).items()}
+    )
     summary = {
         "algorithm": config.algorithm.name,
         "steps": int(run.train.step),

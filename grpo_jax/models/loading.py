@@ -12,6 +12,9 @@
 - `save_hf_checkpoint(config, params, path, tokenizer=None)`: config.json + model.safetensors
   with HF key names (transformers' AutoModelForCausalLM loads it).
 - `gguf_to_hf(gguf_path, out_dir)`: load_gguf + save_hf_checkpoint + tokenizer files.
+- `resolve_checkpoint(path_or_id)`: a local directory, or a Hugging Face hub id ("org/name",
+  "org/name@revision") resolved with huggingface_hub: the local cache first, downloaded when
+  online; FileNotFoundError (one line, naming the id) when neither works.
 
 HF tensors are torch Linear layouts [out, in]; see transformer.py for our Param layouts.
 """
@@ -214,7 +217,79 @@ def _dtype_overrides(dtype) -> dict:
     return {"dtype": name, "param_dtype": name}
 
 
+# ---------------------------------------------------------------------- hub ids
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model"]
+
+
+def _looks_like_hub_id(s: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?", s)) and not s.startswith(
+        "."
+    )
+
+
+def resolve_checkpoint(path_or_id: str, *, what: str = "checkpoint") -> str:
+    """The local directory of a checkpoint given as a directory or a Hugging Face hub id.
+
+    A hub id (``"org/name"`` or ``"org/name@revision"``) is looked up in the local Hugging Face
+    cache first (``local_files_only``), then downloaded (config, safetensors, tokenizer files;
+    skipped when ``HF_HUB_OFFLINE`` is set). Raises FileNotFoundError with one line naming the
+    id when it is neither a directory nor resolvable.
+    """
+    path = os.path.expanduser(str(path_or_id))
+    if os.path.isdir(path):
+        return path
+    if not _looks_like_hub_id(str(path_or_id)):
+        raise FileNotFoundError(f"{what} directory not found: {path}")
+    repo_id, _, revision = str(path_or_id).partition("@")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise FileNotFoundError(
+            f"{what} {path_or_id!r}: not a local directory, and resolving a hub id needs "
+            "huggingface_hub (pip install huggingface_hub)"
+        ) from None
+    kw = dict(repo_id=repo_id, revision=revision or None, allow_patterns=_HUB_FILES)
+    try:
+        return huggingface_hub.snapshot_download(local_files_only=True, **kw)
+    except Exception as cached_error:
+        reason = f"not in the local Hugging Face cache ({type(cached_error).__name__})"
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if not offline:
+        try:
+            return huggingface_hub.snapshot_download(**kw)
+        except Exception as e:
+            msg = " ".join(str(e).split())[:200]
+            reason += f", and the download failed: {type(e).__name__}: {msg}"
+    else:
+        reason += " and HF_HUB_OFFLINE is set"
+    raise FileNotFoundError(
+        f"{what} {path_or_id!r} is not a local directory and cannot be resolved as a "
+        f"Hugging Face hub id: {reason}"
+    )
+
+
 # ---------------------------------------------------------------------- safetensors
+def _read_json(path: str):
+    """A JSON file's content; ValueError naming the file when it is not valid JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _open_safetensors(path: str):
+    """``safe_open`` of a weights file; ValueError naming the file when it cannot be read."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(path, framework="np")
+    except Exception as e:  # safetensors raises its own SafetensorError for corrupt headers
+        raise ValueError(f"{path}: unreadable safetensors file ({e})") from None
+
+
 def load_hf_checkpoint(
     path: str,
     *,
@@ -238,30 +313,30 @@ def load_hf_checkpoint(
     Raises FileNotFoundError (missing config/weights file) or ValueError (missing tensor key or
     wrong shape), naming the file and the key / expected shape.
     """
-    from safetensors import safe_open
 
+    path = resolve_checkpoint(path)
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"checkpoint config not found: {cfg_path}")
-    with open(cfg_path, encoding="utf-8") as f:
-        hf_cfg = json.load(f)
+    hf_cfg = _read_json(cfg_path)
     config = ModelConfig.from_hf_config(hf_cfg, **{**_dtype_overrides(dtype), **config_overrides})
 
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
-        handle = safe_open(single, framework="np")
+        handle = _open_safetensors(single)
         key_file = dict.fromkeys(handle.keys(), single)
         handles = {single: handle}
     elif os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object in the index")
         key_file = {k: os.path.join(path, v) for k, v in weight_map.items()}
         handles = {}
         for fname in sorted(set(key_file.values())):
             if not os.path.isfile(fname):
                 raise FileNotFoundError(f"checkpoint shard not found: {fname} (listed in {index})")
-            handles[fname] = safe_open(fname, framework="np")
+            handles[fname] = _open_safetensors(fname)
     else:
         raise FileNotFoundError(
             f"no weights in {path}: expected model.safetensors or model.safetensors.index.json"
@@ -286,12 +361,15 @@ def save_hf_checkpoint(config: ModelConfig, params, path: str, tokenizer=None) -
     """Write config.json + model.safetensors (HF key names, param dtype) to directory `path`
     (+ tokenizer files via `tokenizer.save(path)` when given). Tied embeddings: no
     lm_head.weight, as HF writes them. Gathers one Param at a time to the host (single-process
-    use; call from process 0 after gathering on multi-host). Returns `path`."""
+    use; call from process 0 after gathering on multi-host). Returns `path`.
+
+    ``params``: an ``nnx.State`` or the plain nested dict of arrays a checkpoint restores
+    (``state.to_pure_dict()``). Files are written with mode 0644 (directory 0755)."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
     tensors: dict[str, np.ndarray] = {}
-    for p, var in nnx.to_flat_state(params):
+    for p, var in _flat_params(params):
         p = tuple(str(x) for x in p)
         if p not in _KEYS:
             raise ValueError(f"no checkpoint mapping for parameter {'.'.join(p)}")
@@ -325,7 +403,28 @@ def save_hf_checkpoint(config: ModelConfig, params, path: str, tokenizer=None) -
             )
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf, f, indent=2)
+    os.chmod(path, 0o755)
+    for name in os.listdir(path):
+        if os.path.isfile(os.path.join(path, name)):
+            os.chmod(os.path.join(path, name), 0o644)
     return path
+
+
+def _flat_params(params):
+    """(path, leaf) pairs of an nnx.State or a plain nested dict of arrays."""
+    if isinstance(params, nnx.State):
+        return list(nnx.to_flat_state(params))
+    out = []
+
+    def walk(prefix, node):
+        if isinstance(node, dict) or (hasattr(node, "items") and not hasattr(node, "shape")):
+            for k, v in node.items():
+                walk((*prefix, k), v)
+        else:
+            out.append((prefix, node))
+
+    walk((), params)
+    return out
 
 
 # ---------------------------------------------------------------------- GGUF

@@ -53,8 +53,12 @@ def _token_str(tok: Any) -> str | None:
 
 
 def _read_json(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """A JSON file's content; ValueError naming the file when it is not valid JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 class Tokenizer:
@@ -136,6 +140,29 @@ class Tokenizer:
             chat_template=template,
             add_bos=False,
         )  # BOS, if any, comes from tokenizer.json
+
+    @classmethod
+    def from_char_vocab(
+        cls,
+        tokens: Sequence[str],
+        *,
+        num_special: int,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        bos_id: int | None = None,
+        unk_id: int | None = None,
+    ) -> Tokenizer:
+        """A character-level tokenizer (one id per character, the first ``num_special`` tokens
+        special), e.g. the arithmetic `CharTokenizer` as a tokenizer.json: encodes and decodes
+        like it (no BOS/EOS added; special tokens kept by `decode`)."""
+        vocab = {t: i for i, t in enumerate(tokens)}
+        unk = tokens[unk_id] if unk_id is not None else None
+        tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[], unk_token=unk))
+        tk.decoder = decoders.Fuse()
+        tk.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in tokens[:num_special]]
+        )
+        return cls(tk, eos_ids=eos_ids, pad_id=pad_id, bos_id=bos_id, add_bos=False)
 
     @classmethod
     def from_gguf(cls, path: str, reader=None) -> Tokenizer:

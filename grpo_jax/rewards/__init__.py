@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grpo_jax.rewards.custom import UserRewardFn
 from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer, integer_answer_is_correct
 from grpo_jax.rewards.verify import (
     CRASH,
@@ -51,7 +52,7 @@ from grpo_jax.rewards.verify import (
     VerifierPool,
 )
 
-__all__ = ["RewardConfig", "RewardFn", "GoldParseError", "compute_rewards"]
+__all__ = ["RewardConfig", "RewardFn", "GoldParseError", "UserRewardFn", "compute_rewards"]
 
 _TASKS = ("math", "gsm8k", "arithmetic")
 _SCALES = {"pm1": (1.0, -1.0), "01": (1.0, 0.0)}
@@ -80,6 +81,8 @@ class RewardConfig:
         ``1/2^98`` wrong; math-verify's own default, 15, would score them equal.
       float_rounding: decimal places when one side is a decimal literal (default checker only;
         math-verify's default 6: ``0.333333`` == ``1/3``).
+      format_pattern: a regex; when set, ``format_ok`` = the completion matches it (searched)
+        instead of the task's answer marker.
     """
 
     task: str = "math"
@@ -93,6 +96,7 @@ class RewardConfig:
     integer_fast_path: bool = True
     numeric_precision: int = DEFAULT_NUMERIC_PRECISION
     float_rounding: int = DEFAULT_FLOAT_ROUNDING
+    format_pattern: str = ""
 
     def __post_init__(self):
         if self.task not in _TASKS:
@@ -152,8 +156,15 @@ class RewardFn:
                 ),
             )
 
+    def extract(self, completion: str) -> str | None:
+        """The completion's final answer as the task extracts it (None: none), for maj@k."""
+        if self.config.task == "arithmetic":
+            text = completion.strip()
+            return text if _INT_RE.fullmatch(text) else (text or None)
+        return extract_answer(completion, self.config.task)[0]
+
     def __call__(
-        self, completions: Sequence[str], golds: Sequence
+        self, completions: Sequence[str], golds: Sequence, examples=None
     ) -> tuple[np.ndarray, np.ndarray, dict]:
         """Score a batch.
 
@@ -161,6 +172,7 @@ class RewardFn:
           completions: ``R`` decoded completion texts (cut at EOS, no prompt).
           golds: ``R`` gold answers (str, or list[str] for a multi-part answer; ints are
             accepted for the arithmetic task).
+          examples: the rows' example dicts (unused here; `UserRewardFn` reads them).
 
         Returns:
           ``(rewards, correct, stats)``: float32 [R], bool [R] and a dict with int counts
@@ -180,6 +192,10 @@ class RewardFn:
                 correct, fmt, stats = self._arithmetic(completions, golds)
             else:
                 correct, fmt, stats = self._verified(completions, golds)
+        del examples
+        if self.config.format_pattern:
+            pattern = re.compile(self.config.format_pattern)
+            fmt = np.asarray([bool(pattern.search(c)) for c in completions], bool)
         rewards = np.where(correct, self._hi, self._lo).astype(np.float32)
         if self.config.format_reward:
             rewards = rewards + np.float32(self.config.format_reward) * fmt.astype(np.float32)

@@ -186,9 +186,10 @@ def resolve_checker(spec: str):
 # Worker process.
 # ------------------------------------------------------------------------------------------------
 def _worker_main(
-    conn, checker: str, sys_path: list[str], checker_kwargs: dict | None = None
+    conn, checker: str, sys_path: list[str], checker_kwargs: dict | None = None, raw: bool = False
 ) -> None:  # pragma: no cover (subprocess)
-    """Worker loop: receive ``(idx, pred, gold)``, send ``(idx, status, value)``."""
+    """Worker loop: receive ``(idx, pred, gold)``, send ``(idx, status, value)`` (``value`` is
+    ``bool(result)``, or the checker's result as it is with ``raw``)."""
     checker_kwargs = dict(checker_kwargs or {})
     sys.path[:] = list(sys_path)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -209,7 +210,8 @@ def _worker_main(
             return
         idx, pred, gold = msg
         try:
-            conn.send((idx, OK, bool(fn(pred, gold, **checker_kwargs))))
+            value = fn(pred, gold, **checker_kwargs)
+            conn.send((idx, OK, value if raw else bool(value)))
         except GoldParseError as e:
             conn.send((idx, GOLD_ERROR, str(e)))
         except Exception as e:
@@ -219,11 +221,11 @@ def _worker_main(
 class _Worker:
     __slots__ = ("proc", "conn", "ready", "item", "deadline", "started")
 
-    def __init__(self, ctx, checker: str, checker_kwargs: dict | None = None):
+    def __init__(self, ctx, checker: str, checker_kwargs: dict | None = None, raw: bool = False):
         parent, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_worker_main,
-            args=(child, checker, list(sys.path), dict(checker_kwargs or {})),
+            args=(child, checker, list(sys.path), dict(checker_kwargs or {}), raw),
             daemon=True,
             name="grpo_jax-verifier",
         )
@@ -257,6 +259,8 @@ class VerifierPool:
       startup_timeout_s: seconds a new worker may take to import the checker.
       checker_kwargs: keyword arguments passed to every checker call (picklable values), e.g.
         ``{"numeric_precision": 100}`` for `math_verify_check`; default none.
+      raw: return the checker's (picklable) result as it is instead of ``bool(result)`` (your
+        own reward functions: `grpo_jax.rewards.custom`).
 
     `run` is thread-safe (calls are serialised) and may be called from any thread. Workers start
     on the first `run` and persist until `close` (also on garbage collection / interpreter exit:
@@ -271,6 +275,7 @@ class VerifierPool:
         start_method: str | None = None,
         startup_timeout_s: float = 120.0,
         checker_kwargs: dict | None = None,
+        raw: bool = False,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -286,13 +291,14 @@ class VerifierPool:
         self.checker = checker
         self.startup_timeout_s = float(startup_timeout_s)
         self.checker_kwargs = dict(checker_kwargs or {})
+        self.raw = bool(raw)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         self.num_restarts = 0
 
     def _spawn(self) -> _Worker:
-        return _Worker(self._ctx, self.checker, self.checker_kwargs)
+        return _Worker(self._ctx, self.checker, self.checker_kwargs, self.raw)
 
     def _replace(self, k: int, count: bool = True) -> None:
         self._workers[k].kill()

@@ -1,0 +1,67 @@
+"""Exports a training run's latest checkpoint as a Hugging Face model directory.
+
+  python -m experiments.export --workdir=workdirs/run --out=exported/run
+
+Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+generation_config.json (files mode 0644): `transformers.AutoModelForCausalLM.from_pretrained(out)`
+and `AutoTokenizer.from_pretrained(out)` load it, and so do `config.model.hf_checkpoint=out` and
+`python -m experiments.evaluate --hf_checkpoint=out`. The run's config (`<workdir>/config.json`)
+rebuilds the model and its tokenizer (the arithmetic character tokenizer is written as an
+equivalent tokenizer.json); the checkpoint is a `state.RunState`, restored as
+`experiments/evaluate.py` does.
+"""
+
+from absl import app, flags
+
+
+def hf_tokenizer(tokenizer):
+    """A `grpo_jax.models.tokenizer.Tokenizer` (tokenizer.json-backed) for the run's tokenizer."""
+    from grpo_jax.data.arithmetic import CharTokenizer
+    from grpo_jax.models.tokenizer import Tokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        return Tokenizer.from_char_vocab(
+            [tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.vocab_size)],
+            num_special=4,
+            eos_ids=tokenizer.eos_ids,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            unk_id=tokenizer.unk_id,
+        )
+    return tokenizer
+
+
+def export(workdir: str, out: str) -> str:
+    """Writes the Hugging Face directory ``out`` from a workdir's checkpoint; returns ``out``."""
+    import jax
+
+    from grpo_jax.evaluation import restore_run
+    from grpo_jax.models.loading import save_hf_checkpoint
+
+    exp, run, step = restore_run(workdir)
+    try:
+        params = jax.device_get(run.train.params)  # the plain dict a checkpoint restores
+        save_hf_checkpoint(exp.model_config, params, out, tokenizer=hf_tokenizer(exp.tokenizer))
+    finally:
+        exp.close()
+    print(f"exported step {step} of {workdir} to {out}", flush=True)
+    return out
+
+
+def main(argv):
+    del argv
+    if not flags.FLAGS["workdir"].value or not flags.FLAGS["out"].value:
+        raise app.UsageError("pass --workdir and --out")
+    export(flags.FLAGS["workdir"].value, flags.FLAGS["out"].value)
+
+
+def define_flags():
+    """The command-line flags (defined only when run as a script: importing this module, e.g.
+    from a test beside other experiments modules, must not clash with their flags)."""
+    flags.DEFINE_string("workdir", None, "Training workdir (its latest checkpoint).")
+    flags.DEFINE_string("out", None, "Output directory (created; files are overwritten).")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
