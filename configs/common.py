@@ -211,7 +211,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging = ml_collections.ConfigDict()
     c.logging.every_steps = 1  # write a metrics row every N steps
     c.logging.tensorboard = True  # also write TensorBoard event files
-    c.logging.progress_bar = True  # tqdm bar on stderr
+    c.logging.progress_bar = True  # tqdm bars on stderr (warm start, evaluations, RL steps)
+    c.logging.num_samples = (
+        4  # completions per step written to samples.jsonl + TensorBoard text (0 = none)
+    )
     c.reward = ml_collections.ConfigDict()
     # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
     # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier

@@ -73,7 +73,26 @@ def _config_key_errors(argv):
     return None
 
 
+def _resolve_config_path(argv):
+    """``--config=configs/x.py:arg`` from any directory: a relative path that does not exist
+    here is looked up beside the installed ``configs`` package (the repository's configs/)."""
+    import os
+
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            path, sep, arg = a.split("=", 1)[1].partition(":")
+            if path and not os.path.exists(path) and not os.path.isabs(path):
+                import configs
+
+                root = os.path.dirname(os.path.dirname(os.path.abspath(configs.__file__)))
+                candidate = os.path.join(root, path)
+                if os.path.exists(candidate):
+                    argv[i] = f"--config={candidate}{sep}{arg}"
+    return argv
+
+
 if __name__ == "__main__":  # before DEFINE_config_file, which applies --config.* overrides at once
+    sys.argv = _resolve_config_path(sys.argv)
     _ERROR = _config_key_errors(sys.argv)
     if _ERROR:
         print(f"error: {_ERROR}", file=sys.stderr)
@@ -111,6 +130,9 @@ _ALLOW_CHANGES = flags.DEFINE_list(
     "Config fields (or sections), comma-separated, that a resume may change although they change "
     "the trajectory, e.g. --allow_changes=reward.format_reward,optimizer.learning_rate "
     "(grpo_jax.config_utils.SAFE_TO_CHANGE lists the fields that never need it).",
+)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the resolved config (file + overrides) and exit."
 )
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "distributed_timeout_s",
@@ -191,6 +213,9 @@ def main(argv):
             file=sys.stderr,
         )
         sys.exit(2)
+    if _PRINT_CONFIG.value:
+        print(config)
+        return
     from grpo_jax import checkpointing, config_utils, train
 
     try:

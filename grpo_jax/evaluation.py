@@ -151,6 +151,7 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
             batch_size=cfg.batch_size,
             rng=key,
             mesh=exp.mesh,
+            progress=exp.config.logging.progress_bar and jax.process_index() == 0,
         )
         pooled_correct.append(per_dataset[name])
     total = sum(r["num_problems"] for r in pooled_correct) or 1

@@ -470,7 +470,12 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
     gen = np.random.default_rng(exp.config.seed + 1)
     t0 = time.perf_counter()
     loss = float("nan")
-    for _ in range(cfg.steps):
+    iterator = range(cfg.steps)
+    if exp.config.logging.progress_bar and jax.process_index() == 0:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, desc="warm start", dynamic_ncols=True, leave=False)
+    for _ in iterator:
         idx = gen.choice(n, size=cfg.batch_size, replace=n < cfg.batch_size)
         params, opt_state, loss = step(
             params,

@@ -71,6 +71,7 @@ class Round:
     informative: np.ndarray
     reward_stats: dict
     times: dict
+    texts: tuple = ()
 
     @property
     def visit(self) -> algorithms.Visit:
@@ -129,6 +130,7 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         informative=hi > lo,
         reward_stats=dict(reward_stats),
         times=times,
+        texts=tuple(texts),
     )
 
 
@@ -282,6 +284,17 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     row.update(diagnostics)
     row.update({f"time/{k}": v for k, v in times.items()})
     row["time/step"] = sum(times.values())
+    first = rounds[0]  # a few completions to read (one per prompt): written to samples.jsonl
+    picks = np.unique(first.placement.segment_ids, return_index=True)[1][: cfg.logging.num_samples]
+    row["samples"] = [
+        {
+            "prompt": exp.examples[first.rows[i]]["problem"],
+            "completion": first.texts[i],
+            "answer": exp.golds[first.rows[i]],
+            "reward": float(first.rewards[i]),
+        }
+        for i in picks
+    ]
     row["tokens_per_s/generate"] = generated / max(times["generate"], 1e-9)
     return RunState(train=state, controllers=controllers, ref_params=run.ref_params), row
 
@@ -529,6 +542,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
     while not stopped and int(run.train.step) < config.steps:
         run, row = rl_step(exp, fns, run, source)
         step = int(run.train.step)
+        writer.write_samples(step, row.pop("samples"))
         if int(run.train.skips) >= config.optimizer.max_consecutive_skips:
             writer.write(step, row)  # the failing step's row (loss, grad_norm) is diagnosis
             save(run, meta)

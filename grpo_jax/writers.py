@@ -39,17 +39,19 @@ class MetricsWriter:
     def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None):
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.samples_path = os.path.join(workdir, "samples.jsonl")
         self._tb = None
         if not self.enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        if resume_step is not None and os.path.exists(self.path):
-            with open(self.path) as f:
-                rows = [line.rstrip("\n") + "\n" for line in f if _step_of(line) < resume_step]
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                f.writelines(rows)
-            os.replace(tmp, self.path)
+        for path in (self.path, self.samples_path):
+            if resume_step is not None and os.path.exists(path):
+                with open(path) as f:
+                    rows = [line.rstrip("\n") + "\n" for line in f if _step_of(line) < resume_step]
+                tmp = path + ".tmp"
+                with open(tmp, "w") as f:
+                    f.writelines(rows)
+                os.replace(tmp, path)
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -68,6 +70,23 @@ class MetricsWriter:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def write_samples(self, step: int, samples: list[dict]) -> None:
+        """Appends sample completions (dicts of prompt, completion, answer, reward) to
+        ``samples.jsonl``, one line per sample, and to TensorBoard as text."""
+        if not self.enabled or not samples:
+            return
+        with open(self.samples_path, "a") as f:
+            for x in samples:
+                f.write(json.dumps({"step": int(step), **to_jsonable(x)}, sort_keys=True) + "\n")
+        if self._tb is not None:
+            text = "\n\n".join(
+                f"**{x.get('reward')}** `{x.get('prompt', '')}` → `{x.get('completion', '')}` "
+                f"(gold `{x.get('answer', '')}`)"
+                for x in samples
+            )
+            self._tb.add_text("samples", text, step)
             self._tb.flush()
 
     def close(self) -> None:
