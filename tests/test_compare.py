@@ -1,4 +1,6 @@
-"""experiments/compare.py: the bootstrap against closed forms, and a toy end-to-end run."""
+"""experiments/compare.py: the validation/test split, lr selection (never from test results), the
+paired bootstrap on hand-made inputs, the true-WSE diagnostic, the oracle file, the report from
+hand-made job files, and a toy end-to-end run (sweep -> selection -> final seeds -> report)."""
 
 import json
 
@@ -8,7 +10,7 @@ import pytest
 from experiments import compare
 
 
-def _correct(pass_rates, n=40, k=8, seeds=3, seed=0):
+def _correct(pass_rates, n=40, k=8, seeds=3):
     """[S, N, k] where problem i has all k samples correct iff i < pass_rate * N."""
     out = np.zeros((seeds, n, k), bool)
     for s, p in enumerate(pass_rates):
@@ -16,12 +18,110 @@ def _correct(pass_rates, n=40, k=8, seeds=3, seed=0):
     return out
 
 
+# ----------------------------------------------------------------------------- split
+
+
+def test_split_heldout_is_disjoint_deterministic_and_covers():
+    for n in (0, 1, 16, 199, 200):
+        val, test = compare.split_heldout(n)
+        again = compare.split_heldout(n)
+        assert np.array_equal(val, again[0]) and np.array_equal(test, again[1])
+        assert not set(val) & set(test)
+        assert sorted(set(val) | set(test)) == list(range(n))
+        assert all(i % 2 == 0 for i in val) and all(i % 2 == 1 for i in test)
+        assert abs(len(val) - len(test)) <= 1
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def _sweep_with(val_best, test_best, lrs=(3e-5, 1e-4, 3e-4), s=3, t=2, n=20, k=8):
+    """lr -> [S, T, N, k]: ``val_best`` solves every validation problem, the others half;
+    ``test_best`` solves every test problem, the others none."""
+    val, test = compare.split_heldout(n)
+    out = {}
+    for lr in lrs:
+        c = np.zeros((s, t, n, k), bool)
+        c[:, :, val[: len(val) // 2]] = True
+        if lr == val_best:
+            c[:, :, val] = True
+        if lr == test_best:
+            c[:, :, test] = True
+        out[lr] = c
+    return out
+
+
+def test_select_lr_picks_the_validation_best():
+    val, _ = compare.split_heldout(20)
+    lr, scores = compare.select_lr(_sweep_with(1e-4, 1e-4), val)
+    assert lr == 1e-4 and scores[1e-4] == 1.0 and scores[3e-5] == 0.5
+
+
+def test_select_lr_never_reads_the_test_half():
+    val, _ = compare.split_heldout(20)
+    for metric in compare.METRICS:
+        clean, _ = compare.select_lr(_sweep_with(3e-4, None), val, metric=metric)
+        # poison: another lr is perfect on the test half (and would win on the whole set)
+        poisoned = _sweep_with(3e-4, 3e-5)
+        whole = {lr: c.mean() for lr, c in poisoned.items()}
+        assert max(whole, key=whole.get) == 3e-5
+        lr, scores = compare.select_lr(poisoned, val, metric=metric)
+        assert lr == clean == 3e-4
+        # and arbitrary garbage in the test columns changes nothing
+        rng = np.random.default_rng(0)
+        _, test = compare.split_heldout(20)
+        for c in poisoned.values():
+            c[:, :, test] = rng.random(c[:, :, test].shape) < 0.5
+        assert compare.select_lr(poisoned, val, metric=metric) == (lr, scores)
+
+
+def test_select_lr_uses_the_last_evaluations_and_breaks_ties_by_order():
+    val, _ = compare.split_heldout(10)
+    a = np.zeros((1, 3, 10, 8), bool)
+    b = np.zeros((1, 3, 10, 8), bool)
+    a[:, 0] = True  # best early, then nothing
+    b[:, 1:, val[:2]] = True  # modest in the last two evaluations
+    assert compare.select_lr({1.0: a, 2.0: b}, val, last=2)[0] == 2.0
+    assert compare.select_lr({1.0: a, 2.0: b}, val, last=3)[0] == 1.0
+    assert compare.select_lr({1.0: b, 2.0: b.copy()}, val)[0] == 1.0
+    with pytest.raises(ValueError, match="empty"):
+        compare.select_lr({}, val)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
 def test_bootstrap_point_estimate_is_the_ratio_of_means():
     base = _correct([0.5, 0.5, 0.25])  # mean pass@8 = 1.25 / 3
     meth = _correct([0.75, 0.5, 0.5])  # mean pass@8 = 1.75 / 3
     g = compare.bootstrap_relative_gain(meth, base, n_boot=300)
     assert g["gain"] == pytest.approx(1.75 / 1.25 - 1)
+    assert g["diff"] == pytest.approx((1.75 - 1.25) / 3)
     assert g["lo"] <= g["gain"] <= g["hi"]
+    assert g["diff_lo"] <= g["diff"] <= g["diff_hi"]
+    # per-seed differences 0.25, 0, 0.25: d_z = mean / std
+    d = np.array([0.25, 0.0, 0.25])
+    assert g["d_z"] == pytest.approx(d.mean() / d.std(ddof=1))
+
+
+def test_bootstrap_mean_at_k_and_evaluation_averaging():
+    rng = np.random.default_rng(3)
+    base = rng.random((4, 30, 8)) < 0.3
+    meth = base.copy()
+    meth[:, :, 0] = True  # one more correct sample on every problem
+    g = compare.bootstrap_relative_gain(meth, base, metric="mean_at_k", n_boot=200)
+    assert g["gain"] == pytest.approx(meth.mean() / base.mean() - 1)
+    assert g["lo"] > 0 and g["p_le_0"] == 0
+    # [S, T, N, k]: the score is the mean over the last `last` evaluations
+    four = np.stack([np.zeros_like(base), base, base], 1)  # T = 3, the first all wrong
+    assert compare.per_problem_scores(four, "mean_at_k", last=2) == pytest.approx(
+        compare.per_problem_scores(base, "mean_at_k")
+    )
+    assert compare.per_problem_scores(four, "pass_at_k").mean() == pytest.approx(
+        base.any(-1).mean() * 2 / 3
+    )
+    with pytest.raises(ValueError, match="metric"):
+        compare.per_problem_scores(base, "maj_at_k")
 
 
 def test_bootstrap_identical_methods_have_a_degenerate_interval_at_zero():
@@ -29,6 +129,7 @@ def test_bootstrap_identical_methods_have_a_degenerate_interval_at_zero():
     c = rng.random((3, 30, 8)) < 0.3
     g = compare.bootstrap_relative_gain(c, c.copy(), n_boot=200)
     assert g["gain"] == 0 and g["lo"] == 0 and g["hi"] == 0
+    assert g["diff"] == 0 and g["d_z"] == 0
 
 
 def test_bootstrap_is_paired_over_problems():
@@ -38,7 +139,13 @@ def test_bootstrap_is_paired_over_problems():
     meth = base.copy()
     meth[:, 20] = True
     g = compare.bootstrap_relative_gain(meth, base, n_boot=300)
-    assert g["lo"] >= 0 and g["p_le_0"] < 0.5
+    assert g["lo"] >= 0 and g["p_le_0"] < 0.5 and g["diff_lo"] >= 0
+
+
+def test_bootstrap_one_seed_has_no_effect_size():
+    g = compare.paired_bootstrap(np.array([[1.0, 0.0, 1.0]]), np.array([[1.0, 0.0, 0.0]]))
+    assert g["gain"] == pytest.approx(1.0) and np.isnan(g["d_z"])
+    assert g["n_seeds"] == 1 and g["n_problems"] == 3
 
 
 def test_bootstrap_rejects_bad_input():
@@ -46,15 +153,79 @@ def test_bootstrap_rejects_bad_input():
         compare.bootstrap_relative_gain(np.ones((2, 3, 8), bool), np.zeros((2, 3, 8), bool))
     with pytest.raises(ValueError, match="shape|S, N, k"):
         compare.bootstrap_relative_gain(np.ones((2, 3, 8), bool), np.ones((2, 4, 8), bool))
+    with pytest.raises(ValueError, match="S, N"):
+        compare.paired_bootstrap(np.ones(3), np.ones(3))
 
 
-def test_method_config_sets_the_variant_and_keeps_the_budget():
+# ----------------------------------------------------------------------------- true WSE, oracle
+
+
+def test_true_wse_uniform_allocation_has_ratio_one_and_sqrt_rule_lowers_it():
+    p = np.array([0.5, 0.5, 0.02, 0.02, np.nan])
+    ids, bins = np.array([0, 1, 2, 3]), np.array([0, 0, 1, 1])
+    u = compare.true_wse(ids, bins, [4, 4, 4, 4], p, 4)
+    assert u["wse"] == pytest.approx(u["wse_uniform"])
+    sig = np.sqrt([0.25, 0.25, 0.0196, 0.0196])
+    assert u["wse"] == pytest.approx(np.mean(sig / 2))
+    assert u["informative"] == pytest.approx(2 * (1 - 2 * 0.5**4) + 2 * (1 - 0.02**4 - 0.98**4))
+    # more rollouts to the high-variance bin (same total): lower true WSE
+    a = compare.true_wse(ids, bins, [6, 6, 2, 2], p, 4)
+    assert a["wse"] < a["wse_uniform"] == pytest.approx(u["wse"])
+    # unknown p: left out; none known: NaN
+    b = compare.true_wse(np.array([0, 4]), np.array([0, 1]), [4, 4], p, 4)
+    assert b["known"] == 1 and b["wse"] == pytest.approx(0.5 / 2)
+    assert np.isnan(compare.true_wse(np.array([4]), np.array([0]), [4], p, 4)["wse"])
+
+
+def test_load_oracle_format_and_checks(tmp_path):
+    path = tmp_path / "oracle.json"
+    path.write_text(json.dumps({"p": {"0": 0.25, "2": 1.0}, "problems": {"0": "1+2"}, "k": 64}))
+    p = compare.load_oracle(str(path), 4, ["1+2", "3+4", "5+6", "7+8"])
+    assert p[0] == 0.25 and p[2] == 1.0 and np.isnan(p[1]) and np.isnan(p[3])
+    with pytest.raises(ValueError, match="RL pool"):
+        compare.load_oracle(str(path), 4, ["9+9", "3+4", "5+6", "7+8"])
+    with pytest.raises(ValueError, match="outside"):
+        compare.load_oracle(str(path), 2)
+    path.write_text(json.dumps({"p": {"0": 1.5}}))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        compare.load_oracle(str(path), 4)
+    path.write_text(json.dumps({"0": 0.5}))
+    with pytest.raises(ValueError, match="'p'"):
+        compare.load_oracle(str(path), 4)
+
+
+# ----------------------------------------------------------------------------- planning, config
+
+
+def test_eval_steps_plan_and_estimate():
+    assert compare.eval_steps(80, 20) == [20, 40, 60, 80]
+    assert compare.eval_steps(50, 20) == [20, 40, 50]
+    assert compare.eval_steps(5, 0) == [5]
+    plan = compare.plan_jobs(range(10), 3, list(compare.METHODS), compare.DEFAULT_LRS)
+    assert plan["sweep_seeds"] == [0, 1, 2] and plan["final_only_seeds"] == list(range(3, 10))
+    assert (plan["n_sweep"], plan["n_final"], plan["n_warm"]) == (45, 35, 10)
+    disjoint = compare.plan_jobs([0, 1], [7, 8], ["grpo"], [1e-4, 3e-4])
+    assert disjoint["n_final"] == 2 and disjoint["n_warm"] == 4 and "disjoint" in disjoint["mode"]
+    with pytest.raises(ValueError, match="sweep_seeds"):
+        compare.plan_jobs([0, 1], 3, ["grpo"], [1e-4])
+    assert compare.estimate_wall(60, 100, 10, 80, 2) == 5 * 60 + 40 * 100
+    assert compare._parse_seeds("10") == list(range(10))
+    assert compare._parse_seeds("5,") == [5] and compare._parse_seeds("3,4") == [3, 4]
+
+
+def test_method_config_corrected_by_default_paper_on_request_and_budget():
     a = compare.method_config("prompt_gdro_rs", 3, config_arg="heavy_tailed,smoke", rl_prompts=100)
     b = compare.method_config(
-        "rollout_gdro_sqrt", 3, config_arg="heavy_tailed,smoke", rl_prompts=100
+        "rollout_gdro_sqrt", 3, config_arg="heavy_tailed,smoke", rl_prompts=100, lr=3e-4
     )
     assert (a.algorithm.name, a.gdro.prompt.apply, a.seed) == ("prompt_gdro", "resample", 3)
     assert (b.algorithm.name, b.gdro.rollout.allocator) == ("rollout_gdro", "sqrt")
+    assert b.optimizer.learning_rate == 3e-4
+    for section in ("classifier", "prompt", "rollout"):
+        assert a.gdro[section].mode == "corrected"
+    p = compare.method_config("prompt_gdro_aw", 0, config_arg="heavy_tailed,smoke", paper_gdro=True)
+    assert p.gdro.prompt.mode == p.gdro.classifier.mode == "paper"
+    assert p.gdro.prompt.signal == "failure_rate"
     for key in (
         "steps",
         "rollout.prompts_per_step",
@@ -65,42 +236,221 @@ def test_method_config_sets_the_variant_and_keeps_the_budget():
         get = lambda c: eval("c." + key)
         assert get(a) == get(b)
     assert a.data.arithmetic.heavy_tailed
+    assert (
+        compare.method_config("grpo", 0, config_arg="smoke", prompts_per_step=4).rollout[
+            "prompts_per_step"
+        ]
+        == 4
+    )
     with pytest.raises(ValueError, match="method"):
         compare.method_config("dpo", 0)
 
 
-@pytest.mark.slow
-def test_toy_comparison_writes_report_json_and_figures(tmp_path):
-    methods = ("grpo", "prompt_gdro_aw", "rollout_gdro_sqrt")
-    res = compare.run_comparison(
-        str(tmp_path),
-        seeds=(0,),
+# ----------------------------------------------------------------------------- report from files
+
+
+def _fake_runs(runs_dir, *, methods, lrs, seeds, val_best, test_best, n=16, k=8, steps=2):
+    """Hand-made job files: method m at lr solves validation problems iff lr == val_best[m] and
+    test problems iff lr == test_best[m] (the poison), plus half of each half otherwise."""
+    from grpo_jax import writers
+
+    rng = np.random.default_rng(0)
+    val, test = compare.split_heldout(n)
+    levels = np.arange(n) % 5 + 1
+    P, nbar = 8, 4
+    for s in seeds:
+        warm = np.zeros((n, k), bool)
+        warm[: n // 4] = True
+        compare._save_job(
+            runs_dir,
+            {
+                "seed": s,
+                "eval": {"pass_at_8": 0.25},
+                "sft": {},
+                "seconds": 1.0,
+                "correct": warm,
+                "levels": levels,
+                "oracle_p": np.zeros(0),
+            },
+        )
+        for m in methods:
+            for lr in lrs:
+                c = np.zeros((2, n, k), bool)
+                c[:, val[: len(val) // 2]] = True
+                c[:, test[: len(test) // 2], :4] = True
+                if lr == val_best[m]:
+                    c[:, val] = True
+                if lr == test_best[m]:
+                    c[:, test] = True
+                if m != "grpo":  # the method solves one more test problem's samples
+                    c[:, test[-1], :2] = True
+                ids = np.stack([rng.choice(32, P, replace=False) for _ in range(steps)])
+                bins = np.stack([np.arange(P) % 3 for _ in range(steps)])
+                alloc = [6, 2, 4] if m.startswith("rollout") else [4, 4, 4]
+                nn = np.asarray(alloc)[bins]
+                rows = [
+                    {
+                        "step": t + 1,
+                        "generated_tokens": 100,
+                        "pass_rate": 0.5,
+                        "skipped_updates": 0,
+                        "advantages/num_groups": P,
+                        "advantages/num_zero_std_groups": 3,
+                        "gdro/bin_share": [0.5, 0.5] + [0.0] * 8,
+                        "gdro/q": [0.6, 0.4] + [0.0] * 8,
+                        "gdro/weight_ess": 0.8,
+                        "gdro/weight_cap_bound": t % 2,
+                        "rollout_gdro/n_b": [6.0, 2.0] + [0.0] * 8,
+                        "rollout_gdro/wse": 0.9,
+                        "rollout_gdro/wse_uniform": 1.0,
+                    }
+                    for t in range(steps)
+                ]
+                name = compare.job_name(m, lr, s)
+                with open(runs_dir / f"{name}.jsonl", "w") as f:
+                    for r in rows:
+                        f.write(json.dumps(writers.to_jsonable(r)) + "\n")
+                compare._save_job(
+                    runs_dir,
+                    {
+                        "method": m,
+                        "seed": s,
+                        "lr": lr,
+                        "rows": rows,
+                        "eval": {"pass_at_8": float(c[-1].any(-1).mean())},
+                        "eval_summaries": [],
+                        "correct": c,
+                        "levels": levels,
+                        "eval_steps": np.array([1, 2]),
+                        "ids": ids,
+                        "bins": bins,
+                        "n": nn,
+                        "seconds": 2.0,
+                        "num_prompt_ids": 32,
+                        "n_bar": nbar,
+                        "rollouts": P * nbar * steps,
+                        "generated_tokens": 100 * steps,
+                        "updates": steps,
+                        "pool_problems": [],
+                    },
+                )
+    with open(runs_dir / "wall.json", "w") as f:
+        json.dump({"wall_seconds": 12.0, "workers": 1, "estimate_seconds": 10.0}, f)
+
+
+def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_path):
+    methods, lrs, seeds = ("grpo", "rollout_gdro_sqrt"), (1e-4, 1e-3), (0, 1, 2)
+    runs_dir = tmp_path / "gdro_vs_grpo" / "runs"
+    runs_dir.mkdir(parents=True)
+    # poison: the test-best lr is the other one for both methods
+    val_best = {"grpo": 1e-3, "rollout_gdro_sqrt": 1e-4}
+    test_best = {"grpo": 1e-4, "rollout_gdro_sqrt": 1e-3}
+    _fake_runs(
+        runs_dir, methods=methods, lrs=lrs, seeds=seeds, val_best=val_best, test_best=test_best
+    )
+    oracle = tmp_path / "oracle.json"
+    oracle.write_text(json.dumps({"p": {str(i): 0.5 if i % 3 == 0 else 0.1 for i in range(32)}}))
+    kw = dict(
+        seeds=list(seeds),
+        sweep_seeds=2,
+        lrs=lrs,
         methods=methods,
         config_arg="heavy_tailed,smoke",
         steps=2,
+        eval_every=1,
+        last_evals=2,
+        oracle_json=str(oracle),
+        n_boot=200,
+        command="FAKE",
+        report_only=True,
+    )
+    res = compare.run_comparison(str(tmp_path), **kw)
+    assert {m: res["sweep"][m]["chosen"] for m in methods} == val_best
+    assert res["setup"]["sweep_seeds"] == [0, 1] and res["setup"]["reuse"]
+    # the headline is the chosen lr's test half: GRPO at 1e-3 (not test-best) solves half of
+    # the test problems (pass) with 4 of 8 samples
+    _, test = compare.split_heldout(16)
+    assert res["tables"]["grpo"]["overall"]["pass_at_k"][0] == pytest.approx(4 / len(test))
+    g = res["gains"]["rollout_gdro_sqrt"]["pass_at_k"]  # one more test problem solved
+    assert g["gain"] == pytest.approx(1 / 4) and g["n_problems"] == len(test)
+    d = res["diagnostics"]
+    assert d["grpo"]["wse_true_ratio"] == pytest.approx(1.0)
+    assert d["rollout_gdro_sqrt"]["wse_true_ratio"] != pytest.approx(1.0)
+    assert d["rollout_gdro_sqrt"]["wse_proxy_ratio"] == pytest.approx(0.9)
+    assert d["grpo"]["informative_groups"] == 5
+    assert res["compute"]["grpo"] == res["compute"]["rollout_gdro_sqrt"]
+    report = (tmp_path / "gdro_vs_grpo.md").read_text()
+    for section in (
+        "Regenerate: `FAKE`",
+        "## Learning-rate sweep",
+        "## Headline: test",
+        "## Equal compute",
+        "## Variance diagnostics",
+        "## Does this support the paper?",
+        "Total wall time: 12 s",
+        "estimated before the run: 0.2 min",
+    ):
+        assert section in report, section
+    data = json.loads((tmp_path / "gdro_vs_grpo.json").read_text())
+    assert data["sweep"]["grpo"]["chosen"] == 1e-3
+    assert set(data["gains"]) == {"rollout_gdro_sqrt"}
+    # more poison in the test half of every sweep run changes neither the choice nor, for the
+    # seeds outside the sweep, anything else
+    for m in methods:
+        for lr in lrs:
+            for s in (0, 1):
+                path = runs_dir / f"{compare.job_name(m, lr, s)}.npz"
+                z = dict(np.load(path))
+                z["correct"][:, test] = lr != val_best[m]
+                np.savez_compressed(path, **z)
+    again = compare.run_comparison(str(tmp_path), **kw)
+    assert {m: again["sweep"][m]["chosen"] for m in methods} == val_best
+    assert again["sweep"]["grpo"]["scores"] == res["sweep"]["grpo"]["scores"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_toy_comparison_sweep_selection_final_report(tmp_path):
+    methods = ("grpo", "prompt_gdro_aw", "rollout_gdro_sqrt")
+    kw = dict(
+        seeds=2,
+        sweep_seeds=1,
+        lrs=(1e-4, 1e-3),
+        methods=methods,
+        config_arg="heavy_tailed,smoke",
+        steps=2,
+        eval_every=1,
+        last_evals=2,
         rl_prompts=64,
-        workers=1,
+        oracle_samples=2,
         n_boot=100,
-        jax_cache=str(tmp_path / "jax_cache"),
         command="TOY",
+    )
+    res = compare.run_comparison(
+        str(tmp_path), workers=1, jax_cache=str(tmp_path / "jax_cache"), **kw
     )
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
         "Regenerate: `TOY`",
+        "## Learning-rate sweep",
         "## Headline",
+        "## Equal compute",
         "## Per difficulty level",
         "## Curriculum and allocation",
-        "Weighted standard-error proxy",
+        "## Variance diagnostics",
         "## Does this support the paper?",
         "Total wall time",
-        "bootstrap",
     ):
         assert section in report, section
     for name in (
         "heatmap_data_share",
         "heatmap_prompt_gdro_q",
         "heatmap_rollouts_per_prompt",
-        "wse_proxy",
+        "wse_true",
+        "eval_curves",
+        "lr_sweep",
         "pass_at_8",
         "train_curves",
     ):
@@ -109,42 +459,41 @@ def test_toy_comparison_writes_report_json_and_figures(tmp_path):
         assert f"gdro_vs_grpo/{name}.png" in report
     data = json.loads((tmp_path / "gdro_vs_grpo.json").read_text())
     assert set(data["gains"]) == {"prompt_gdro_aw", "rollout_gdro_sqrt"}
-    assert data["k"] == 8
-    # equal compute: same rollouts and steps for every method
-    rollouts = {m: data["compute"][m]["rollouts"] for m in methods}
-    assert len(set(rollouts.values())) == 1 and rollouts["grpo"] == 2 * 8 * 4
+    assert data["k"] == 8 and data["setup"]["num_test"] == 8 and data["setup"]["num_val"] == 8
+    for m in methods:
+        assert data["sweep"][m]["chosen"] in (1e-4, 1e-3)
+        assert set(data["sweep"][m]["scores"]) == {"0.0001", "0.001"}
+        assert data["timing"]["n_jobs"][m] == 3  # 2 sweep + 1 final
+        for s in ("0", "1"):
+            assert data["per_run"][m][s]["lr"] == data["sweep"][m]["chosen"]
+            assert [e["step"] for e in data["per_run"][m][s]["eval_summaries"]] == [1, 2]
+    # equal compute: the same rollouts, tokens budget and updates for every method
+    comp = data["compute"]
+    assert {comp[m]["rollouts"] for m in methods} == {2 * 8 * 4}
+    assert {comp[m]["updates"] for m in methods} == {2}
     for m in ("before",) + methods:
         for group, t in data["tables"][m].items():
             p, m8 = t["pass_at_k"][0], t["mean_at_k"][0]
-            assert 0 <= m8 <= p <= 1, (m, group)  # mean@8 <= pass@8
-    assert set(data["tables"]["grpo"]) == {"overall", "1", "2", "3", "4", "5"}
-    for m in methods:
-        assert data["per_run"][m]["0"]["eval"]["num_problems"] == 16
+            assert 0 <= m8 <= p <= 1, (m, group)
+    # the diagnostics the controllers log, and the true WSE from the warm-start estimate
+    assert "weight_ess" in data["diagnostics"]["prompt_gdro_aw"]
+    assert "weight_cap_bound" in data["diagnostics"]["prompt_gdro_aw"]
+    assert "wse_true" in data["diagnostics"]["grpo"]
     rows = [
         json.loads(l)
-        for l in (tmp_path / "gdro_vs_grpo" / "runs" / "rollout_gdro_sqrt_s0.jsonl")
+        for l in (tmp_path / "gdro_vs_grpo" / "runs" / "rollout_gdro_sqrt_lr0.0001_s1.jsonl")
         .read_text()
         .splitlines()
     ]
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:  # Rollout-GDRO keeps the budget R = P * n_bar
-        *counts, unseen = r["bin_counts"]  # last: never-seen prompts (in bin 0 in paper mode)
-        assert unseen == 0
-        assert float(np.dot(counts, r["rollout_gdro/n_b"])) == pytest.approx(8 * 4)
+    if data["sweep"]["rollout_gdro_sqrt"]["chosen"] == 1e-4:
+        assert [r["step"] for r in rows] == [1, 2]
+    z = np.load(tmp_path / "gdro_vs_grpo" / "runs" / "rollout_gdro_sqrt_lr0.001_s0.npz")
+    assert z["correct"].shape == (2, 16, 8) and z["n"].shape == (2, 8)
+    assert (z["n"].sum(1) == 8 * 4).all()  # Rollout-GDRO keeps the budget R = P * n_bar
     assert res["wall_seconds"] > 0
     # the report is rebuilt from the saved per-job files without running anything
     (tmp_path / "gdro_vs_grpo.md").unlink()
-    again = compare.run_comparison(
-        str(tmp_path),
-        seeds=(0,),
-        methods=methods,
-        config_arg="heavy_tailed,smoke",
-        steps=2,
-        rl_prompts=64,
-        n_boot=100,
-        command="TOY",
-        report_only=True,
-    )
-    assert 0 < again["wall_seconds"] <= res["wall_seconds"]  # the original run's, from wall.json
-    assert again["gains"]["rollout_gdro_sqrt"]["gain"] == res["gains"]["rollout_gdro_sqrt"]["gain"]
+    again = compare.run_comparison(str(tmp_path), report_only=True, **kw)
+    assert again["wall_seconds"] == pytest.approx(res["wall_seconds"], rel=0.05)
+    assert again["sweep"] == res["sweep"]
     assert "## Headline" in (tmp_path / "gdro_vs_grpo.md").read_text()
