@@ -263,7 +263,6 @@ def compile_steps(
             sampling._generate,
             exp.graphdef,
             state.params,
-            None,
             batched((G, Lp), "int32"),
             batched((G, Lp), "bool"),
             rng,

@@ -208,8 +208,6 @@ def _validate_ranges(config) -> None:
         ("eval.top_k", 0, True),
         ("eval.max_new_tokens", 0, True),
         ("mesh.num_devices", 0, True),
-        ("mesh.fsdp", 1, True),
-        ("mesh.tensor", 1, True),
         ("ppo.value_clip", 0, False),
         ("ppo.vf_coef", 0, False),
         ("ppo.critic_lr", 0, False),
@@ -233,8 +231,9 @@ def _validate_ranges(config) -> None:
         _num(config, "algorithm.cispo_epsilon_low", 0)
     if config.sft.steps > 0:
         _num(config, "sft.batch_size", 1, integer=True)
-    if config.mesh.data != -1:
-        _num(config, "mesh.data", 1, integer=True)
+    for axis in ("data", "fsdp", "tensor"):  # -1: all remaining devices (at most one axis)
+        if config.mesh[axis] != -1:
+            _num(config, f"mesh.{axis}", 1, integer=True)
     d = config.algorithm.dual_clip
     if d and not d > 1:
         raise ConfigError(f"config.algorithm.dual_clip={d} must be 0 (off) or > 1")

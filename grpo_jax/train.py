@@ -503,11 +503,15 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         )
         stack.callback(bar.close)
 
+    final_eval: dict = {}
+
     def finish_step(run: RunState, row: dict, saved: bool) -> bool:
         """The step's evaluation, metrics row and checkpoint; True: a signal stops the run."""
         step = int(run.train.step)
         every = config.eval.every_steps
-        if every and step % every == 0 and step < config.steps:
+        # the periodic evaluations, and the final one: it is the last step's row (curves and
+        # TensorBoard end where the run ends) and the summary's eval_after
+        if (every and step % every == 0) or step == config.steps:
             try:
                 with sig.abortable():
                     ev = evaluation.evaluate(exp, run.train.params, eval_rng)
@@ -520,7 +524,9 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
                 )
                 return True
             row.update({f"eval/{k}": v for k, v in writers.flatten(ev).items()})
-        if step % config.logging.every_steps == 0:
+            if step == config.steps:
+                final_eval["eval_after"] = ev
+        if step % config.logging.every_steps == 0 or step == config.steps:
             writer.write(step, row)
         if bar is not None:
             bar.update(1)
@@ -558,18 +564,16 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
 
     try:
-        with sig.abortable():
-            eval_after = evaluation.evaluate(exp, run.train.params, eval_rng)
+        with sig.abortable():  # (already done when the last step ran in this process)
+            eval_after = final_eval.get("eval_after") or evaluation.evaluate(
+                exp, run.train.params, eval_rng
+            )
     except _Interrupted:
         _say(
             f"{sig.name} during the final evaluation: checkpoint {int(run.train.step)} is "
             "complete; rerun the same command to evaluate it and write the summary; exiting."
         )
         return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
-    # the final evaluation is a metrics row too (curves and TensorBoard end where the run ends)
-    writer.write(
-        int(run.train.step), {f"eval/{k}": v for k, v in writers.flatten(eval_after).items()}
-    )
     summary = {
         "algorithm": config.algorithm.name,
         "steps": int(run.train.step),
