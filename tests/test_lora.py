@@ -149,7 +149,8 @@ def test_lora_run_checkpoints_adapters_and_exports_merged_weights(tmp_path):
     from experiments import export
     from grpo_jax.models.loading import load_hf_checkpoint
 
-    cfg = lora_config(steps=2, **{"optimizer.learning_rate": 1e-2})
+    # a format bonus: rewards vary within groups even before the smoke model is ever right
+    cfg = lora_config(steps=2, **{"optimizer.learning_rate": 1e-2, "reward.format_reward": 0.5})
     workdir = str(tmp_path / "run")
     summary = train.train_and_evaluate(cfg, workdir)
     assert summary["steps"] == 2
