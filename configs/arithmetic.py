@@ -22,7 +22,7 @@ from configs import common
 
 def get_config(arg: str = "grpo"):
     algorithm, parts = common.parse_arg(
-        arg, flags=("heavy_tailed", "frontier", "smoke", "paper_gdro")
+        arg, flags=("heavy_tailed", "frontier", "smoke", "paper_gdro", "lora")
     )
     c = common.base_config()
     c.steps = 100  # RL steps
@@ -68,6 +68,10 @@ def get_config(arg: str = "grpo"):
     common.apply_algorithm(c, algorithm)
     if "paper_gdro" in parts:  # the paper's controllers (docs/gdro.md)
         common.paper_gdro(c)
+    if "lora" in parts:  # RL trains rank-2 adapters only (optimizer state ~3% of full)
+        c.model.lora.rank = 2
+        c.model.lora.alpha = 4.0  # scale alpha / rank = 2
+        c.optimizer.learning_rate = 1e-3  # adapters take larger steps than full weights
     if "heavy_tailed" in parts:
         c.data.arithmetic.levels = (1, 2, 3, 4, 5)
         c.data.arithmetic.heavy_tailed = True  # most problems easy, a long tail of hard levels

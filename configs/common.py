@@ -26,6 +26,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
     c.model.param_dtype = "float32"  # parameter dtype: float32 | bfloat16
     c.model.remat = False  # rematerialise activations per layer in the update
+    # LoRA (Hu et al. 2021): train only low-rank adapters W + (alpha / rank) B A on the targeted
+    # projections; the base weights are frozen and the optimizer state covers the adapters only
+    c.model.lora = ml_collections.ConfigDict()
+    c.model.lora.rank = 0  # adapter rank r (0 = off: full fine-tuning)
+    c.model.lora.alpha = 16.0  # output scale alpha / r
+    # projections with an adapter: any of q, k, v, o (attention), gate, up, down (MLP)
+    c.model.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")
 
     c.data = ml_collections.ConfigDict()
     # training set: a preset (arithmetic | gsm8k | dapo_math | math500 | ...) or "custom" (your

@@ -8,7 +8,9 @@ and `AutoTokenizer.from_pretrained(out)` load it, and so do `config.model.hf_che
 `python -m experiments.evaluate --hf_checkpoint=out`. The run's config (`<workdir>/config.json`)
 rebuilds the model and its tokenizer (the arithmetic character tokenizer is written as an
 equivalent tokenizer.json); the checkpoint is a `state.RunState`, restored as
-`experiments/evaluate.py` does.
+`experiments/evaluate.py` does. A LoRA run (``config.model.lora.rank > 0``) is exported merged:
+each adapted projection becomes ``W + (alpha / rank) A B`` (`grpo_jax.models.lora.merge`), a
+plain model without adapters.
 """
 
 from absl import app, flags
@@ -36,12 +38,15 @@ def export(workdir: str, out: str) -> str:
     import jax
 
     from grpo_jax.evaluation import restore_run
+    from grpo_jax.models import lora
     from grpo_jax.models.loading import save_hf_checkpoint
 
     exp, run, step = restore_run(workdir)
     try:
         params = jax.device_get(run.train.params)  # the plain dict a checkpoint restores
-        save_hf_checkpoint(exp.model_config, params, out, tokenizer=hf_tokenizer(exp.tokenizer))
+        params = jax.device_get(lora.merge(params, exp.model_config))  # LoRA: W + s A B
+        cfg = exp.model_config.replace(lora_rank=0)
+        save_hf_checkpoint(cfg, params, out, tokenizer=hf_tokenizer(exp.tokenizer))
     finally:
         exp.close()
     print(f"exported step {step} of {workdir} to {out}", flush=True)

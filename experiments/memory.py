@@ -501,6 +501,49 @@ def compiled_memory(
     return out
 
 
+def lora_memory(model_config: ModelConfig, rank: int, **sizes) -> dict:
+    """Compiled GRPO step memory of full fine-tuning against LoRA of ``rank`` on every
+    projection (``ModelConfig.lora_*``; only the adapters trained, AdamW state over them only).
+
+    ``sizes``: as `compiled_memory` (batch_rollouts, prompt_len, completion_len, kl_coef).
+    Returns ``{"full": ..., "lora": ...}`` (each `compiled_memory`'s "grpo" entry plus
+    ``opt_state`` bytes and ``trained_params``).
+    """
+    from grpo_jax import experiment as experiment_lib
+    from grpo_jax.models import lora as lora_lib
+
+    out = {}
+    for name, mc in (("full", model_config), ("lora", model_config.replace(lora_rank=rank))):
+        res = compiled_memory(mc, algorithms=("grpo",), **sizes)["grpo"]
+        cfg = _experiment_config(
+            mc, "grpo", sizes["batch_rollouts"], sizes["prompt_len"], sizes["completion_len"], 0.0
+        )
+        state = experiment_lib.build_experiment(cfg, with_data=False).abstract_state
+        trained = lora_lib.adapters(state.params) if rank and name == "lora" else state.params
+        res["opt_state"] = _nbytes(state.opt_state)
+        res["trained_params"] = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trained)))
+        out[name] = res
+    return out
+
+
+def lora_rows(model: str, rank: int, res: Mapping[str, Any]) -> list[str]:
+    """Markdown rows: full fine-tuning vs LoRA (trained params, optimizer state, resident
+    state, update temp, peak)."""
+    rows = [
+        "| GRPO step | trained params | optimizer state | train state | update temp | peak |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in ("full", "lora"):
+        r = res[name]
+        label = f"{model} full fine-tuning" if name == "full" else f"{model} LoRA r={rank}"
+        rows.append(
+            f"| {label} | {_fmt_count(r['trained_params'])} | {_fmt(r['opt_state'])} | "
+            f"{_fmt(r['resident']['state'])} | {_fmt(r['phases']['update']['temp'])} | "
+            f"{_fmt(r['peak'])} |"
+        )
+    return rows
+
+
 # ----------------------------------------------------------------------------- plots and tables
 
 
@@ -935,6 +978,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     p.add_argument("--sweep_model", default="qwen3-8b", help="model of the --sweep settings")
     p.add_argument(
+        "--lora_rank",
+        type=int,
+        default=0,
+        help="> 0: compile GRPO full fine-tuning vs LoRA of this rank for each --model and "
+        "print the markdown rows (writes <out_dir>/memory_lora.md; not the PPO report)",
+    )
+    p.add_argument(
         "--out_dir",
         default="reports",
         help="writes memory.md + memory.png ('all'), or memory_<model>.md/.png",
@@ -954,6 +1004,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
         kl_coef=args.kl_coef,
     )
     t0 = time.perf_counter()
+    if args.lora_rank > 0:
+        lines = []
+        for m in models:
+            mc = model_config_from_arg(
+                m, dtype=args.dtype, param_dtype=args.param_dtype, remat=args.remat
+            )
+            sizes = {k: settings[k] for k in ("batch_rollouts", "prompt_len", "completion_len")}
+            res = lora_memory(mc, args.lora_rank, kl_coef=args.kl_coef, **sizes)
+            lines += lora_rows(m, args.lora_rank, res)[(2 if lines else 0) :]
+        print("\n".join(lines))
+        if args.out_dir:
+            path = os.path.join(args.out_dir, "memory_lora.md")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+            print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+        return {}
     results = run(models, **settings)
     sweep = {}
     if args.model == "all" and args.sweep:

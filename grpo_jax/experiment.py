@@ -26,6 +26,7 @@ from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import pipeline as pipeline_lib
 from grpo_jax.data import templates
 from grpo_jax.models import config as model_config_lib
+from grpo_jax.models import lora as lora_lib
 from grpo_jax.models import transformer
 from grpo_jax.state import make_optimizer
 
@@ -108,13 +109,31 @@ class Experiment:
             process_count=1,
         )
 
+    @property
+    def lora(self) -> bool:
+        """Whether the policy trains LoRA adapters only (``config.model.lora.rank > 0``)."""
+        return self.model_config.lora_rank > 0
+
+    def trainable(self, params):
+        """The parameters the optimizer updates: the adapters with LoRA, else all of them
+        (works on any tree shaped like the parameters: shardings, shapes)."""
+        return lora_lib.adapters(params) if self.lora else params
+
+    def with_trainable(self, params, trained):
+        """``params`` with its trained part replaced by ``trained`` (inverse of `trainable`)."""
+        return lora_lib.combine(lora_lib.split(params)[0], trained) if self.lora else trained
+
+    def opt_init(self, params):
+        """A fresh optimizer state for ``params`` (over ``trainable(params)`` only)."""
+        return self.tx.init(self.trainable(params))
+
     def state_init_fn(self):
         """The train state's pure initialiser (parameters constrained to their shardings)."""
         params = jax.lax.with_sharding_constraint(self.init_params_fn(), self.param_shardings)
         return self.learner.state_cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=self.tx.init(params),
+            opt_state=self.opt_init(params),
             rng=jax.random.PRNGKey(self.config.seed),
             skips=jnp.zeros((), jnp.int32),
             **self.learner.init_extra(),
@@ -171,13 +190,16 @@ class Experiment:
                 close()
 
 
-def state_shardings(exp_mesh, tx, param_shardings, learner, shapes):
+def state_shardings(exp_mesh, tx, param_shardings, learner, shapes, trained_shardings=None):
     """Shardings of a train state shaped like ``shapes``: parameters by the mesh rules, every
-    parameter-shaped optimizer leaf (Adam mu/nu) like its parameter, the rest replicated."""
+    parameter-shaped optimizer leaf (Adam mu/nu, a master copy) like its parameter, the rest
+    replicated. ``trained_shardings``: those of the optimised parameters when the optimizer
+    covers only part of them (LoRA adapters; default all of ``param_shardings``)."""
     repl = sharding.replicated(exp_mesh)
     out = jax.tree.map(lambda _: repl, shapes)
+    trained = param_shardings if trained_shardings is None else trained_shardings
     opt = optax.tree_map_params(
-        tx, lambda _, s: s, shapes.opt_state, param_shardings, transform_non_params=lambda _: repl
+        tx, lambda _, s: s, shapes.opt_state, trained, transform_non_params=lambda _: repl
     )
     return out.replace(
         params=param_shardings, opt_state=opt, **learner.extra_shardings(shapes, exp_mesh)
@@ -190,6 +212,11 @@ def _load_model(config, tokenizer):
     if tokenizer is not None:  # None: compile-only build (vocab from the preset)
         overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
     overrides.update(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
+    lc = _opt(mc, "lora", None)
+    if lc is not None and int(lc.rank) > 0:
+        overrides.update(
+            lora_rank=int(lc.rank), lora_alpha=float(lc.alpha), lora_targets=tuple(lc.targets)
+        )
     if mc.hf_checkpoint or mc.gguf_path:
         from grpo_jax.models import loading
 
@@ -197,13 +224,18 @@ def _load_model(config, tokenizer):
             model_cfg, graphdef, params = loading.load_hf_checkpoint(mc.hf_checkpoint)
         else:
             model_cfg, graphdef, params = loading.load_gguf(mc.gguf_path)
+        keep = ("dtype", "remat", "lora_rank", "lora_alpha", "lora_targets")
         model_cfg = dataclasses.replace(
-            model_cfg, **{k: v for k, v in overrides.items() if k in ("dtype", "remat")}
+            model_cfg, **{k: v for k, v in overrides.items() if k in keep}
         )
         graphdef, _ = nnx.split(_abstract_model(model_cfg), nnx.Param)
         pure = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
         if mc.param_dtype:
             pure = jax.tree.map(lambda x: x.astype(mc.param_dtype), pure)
+        if model_cfg.lora_rank:  # fresh adapters on the loaded base, in its storage dtype
+            dt = mc.param_dtype or model_cfg.param_dtype
+            ada = lora_lib.init_adapters(model_cfg.replace(param_dtype=dt), config.seed)
+            pure = lora_lib.combine(pure, ada)
         return model_cfg, graphdef, lambda: pure
     model_cfg = model_config_lib.get_preset(mc.preset, **overrides)
 
@@ -551,7 +583,10 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         num_ids = 1
 
     steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)
-    tx = make_optimizer(config.optimizer, steps_updates)
+    # bfloat16 parameters train through a float32 master copy (state.master_weights)
+    tx = make_optimizer(
+        config.optimizer, steps_updates, master=(config.model.param_dtype or "float32") != "float32"
+    )
     sc = config.rollout
     eos = tuple(tokenizer.eos_ids) if tokenizer is not None else (0,)
     pad_id = tokenizer.pad_id if tokenizer is not None else 0
@@ -625,7 +660,8 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
     )
     with exp.mesh_context():
         shapes = jax.eval_shape(exp.state_init_fn)
-    shards = state_shardings(mesh, tx, shardings, learner, shapes)
+    trained = lora_lib.adapters(shardings) if model_cfg.lora_rank else None
+    shards = state_shardings(mesh, tx, shardings, learner, shapes, trained)
     abstract = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shards
     )

@@ -8,10 +8,11 @@ in their own module (`grpo_jax.algorithms.ppo`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -21,8 +22,11 @@ class TrainState:
 
     Attributes:
       step: RL steps completed, int32 [].
-      params: policy parameters (the model's ``nnx.State`` as a pure dict of arrays).
-      opt_state: the optax state of ``Experiment.tx``.
+      params: policy parameters (the model's ``nnx.State`` as a pure dict of arrays); with LoRA
+        the frozen base and the adapters together (`grpo_jax.models.lora`).
+      opt_state: the optax state of ``Experiment.tx``, over the trained parameters only
+        (``Experiment.trainable(params)``: the adapters with LoRA, else all of them); with
+        non-float32 parameters a `MasterWeightsState` (float32 master copy + the AdamW state).
       rng: PRNG key, uint32 [2]; split once per step for sampling.
       skips: consecutive non-finite updates that were skipped, int32 [].
     """
@@ -77,7 +81,9 @@ class RunState:
     ref_params: Any = None
 
 
-def make_optimizer(opt_cfg, total_updates: int, learning_rate: float | None = None):
+def make_optimizer(
+    opt_cfg, total_updates: int, learning_rate: float | None = None, master: bool = False
+):
     """AdamW with global-norm clipping and a (linear warm-up +) constant or cosine schedule.
 
     Args:
@@ -85,6 +91,7 @@ def make_optimizer(opt_cfg, total_updates: int, learning_rate: float | None = No
         weight_decay, grad_clip; 0 = no clipping).
       total_updates: optimizer updates in the run (the cosine schedule's length).
       learning_rate: overrides ``opt_cfg.learning_rate`` (e.g. PPO's critic).
+      master: wrap in `master_weights` (float32 master copy; for bfloat16 parameters).
     Returns:
       an ``optax.GradientTransformation``.
     """
@@ -106,4 +113,43 @@ def make_optimizer(opt_cfg, total_updates: int, learning_rate: float | None = No
     parts.append(
         optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, weight_decay=opt_cfg.weight_decay)
     )
-    return optax.chain(*parts)
+    tx = optax.chain(*parts)
+    return master_weights(tx) if master else tx
+
+
+class MasterWeightsState(NamedTuple):
+    """`master_weights` state: ``master`` the float32 copy of the trained parameters (what the
+    optimizer updates), ``inner`` the wrapped optimizer's state (float32 Adam moments)."""
+
+    master: Any
+    inner: Any
+
+
+def master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Mixed-precision training of low-precision (bfloat16) parameters: ``inner`` updates a
+    float32 master copy with float32 gradients, and the parameters become the master rounded to
+    their dtype (`apply_optimizer`). Without it a bfloat16 AdamW step of ~1e-4 relative size
+    rounds away (bfloat16 keeps 8 significant bits)."""
+
+    def init(params):
+        master = jax.tree.map(lambda p: jnp.asarray(p).astype(jnp.float32), params)
+        return MasterWeightsState(master=master, inner=inner.init(master))
+
+    def update(grads, state, params=None):
+        del params
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        updates, inner_state = inner.update(grads, state.inner, state.master)
+        master = optax.apply_updates(state.master, updates)
+        return updates, MasterWeightsState(master=master, inner=inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
+def apply_optimizer(tx, grads, opt_state, params):
+    """One optimizer step: ``(new params, new opt_state)``. Plain optimizers: ``tx.update`` and
+    ``optax.apply_updates``; a `master_weights` one: the new float32 master in ``params``'
+    dtypes (rounded once, never accumulated in low precision)."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    if isinstance(opt_state, MasterWeightsState):
+        return jax.tree.map(lambda m, p: m.astype(p.dtype), opt_state.master, params), opt_state
+    return optax.apply_updates(params, updates), opt_state

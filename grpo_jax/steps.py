@@ -25,8 +25,9 @@ from flax import nnx
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import losses, sampling, sharding
 from grpo_jax.experiment import Experiment
+from grpo_jax.models import lora as lora_lib
 from grpo_jax.models.transformer import positions_from_mask
-from grpo_jax.state import Batch, RunState, TrainState
+from grpo_jax.state import Batch, RunState, TrainState, apply_optimizer, master_weights
 
 # ----------------------------------------------------------------------------- log-probs
 
@@ -203,7 +204,10 @@ def _update_fn(exp: Experiment):
 
         grads, (loss, aux) = jax.lax.scan(
             body,
-            jax.tree.map(jnp.zeros_like, params),
+            # low-precision (bfloat16) parameters: gradients summed in float32
+            jax.tree.map(
+                lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params
+            ),
             jax.tree.map(lambda x: split_rows(x, n, group), batch),
         )
         # per-rollout losses back in row order; clip fraction, KL, ratio: mean of micro-batches
@@ -215,15 +219,25 @@ def _update_fn(exp: Experiment):
 
     def update(state: TrainState, batch: Batch):
         """One AdamW step; a non-finite loss, gradient norm or new parameter skips it (state
-        kept, ``skips`` + 1; a good step resets ``skips``)."""
+        kept, ``skips`` + 1; a good step resets ``skips``).
+
+        With LoRA only the adapters are differentiated and updated: the frozen base is a
+        constant of the loss (no base gradient is computed) and passes through unchanged."""
         den = losses.loss_denominator(
             batch.completion_mask, cfg.loss_agg_mode, max_len=exp.max_new_tokens
         )
-        loss, aux, grads = accumulate(loss_fn, state.params, batch, den)
-        gnorm = optax.global_norm(grads)
-        updates, opt_state = exp.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _all_finite(params)
+        fn, trained = loss_fn, state.params
+        if exp.lora:
+            base, trained = lora_lib.split(state.params)
+
+            def fn(adapters, batch, denominator=None):
+                return loss_fn(lora_lib.combine(base, adapters), batch, denominator)
+
+        loss, aux, grads = accumulate(fn, trained, batch, den)
+        gnorm = optax.global_norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
+        new_trained, opt_state = apply_optimizer(exp.tx, grads, state.opt_state, trained)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _all_finite(new_trained)
+        params = exp.with_trainable(state.params, _select(ok, new_trained, trained))
         metrics = {
             "loss": loss,
             "grad_norm": gnorm,
@@ -236,7 +250,7 @@ def _update_fn(exp: Experiment):
         if "kl" in aux:
             metrics["kl"] = aux["kl"]
         new = state.replace(
-            params=_select(ok, params, state.params),
+            params=params,
             opt_state=_select(ok, opt_state, state.opt_state),
             skips=jnp.where(ok, 0, state.skips + 1),
         )
@@ -435,7 +449,7 @@ def init_run(
         params, sft_metrics = supervised_warmstart(exp, state.params)
     if params is not None:
         state = jax.device_put(
-            state.replace(params=params, opt_state=exp.tx.init(params)), exp.state_shardings
+            state.replace(params=params, opt_state=exp.opt_init(params)), exp.state_shardings
         )
     ref = jax.tree.map(jnp.copy, state.params) if exp.config.algorithm.kl_coef > 0 else None
     return RunState(train=state, controllers=exp.curriculum.init(), ref_params=ref), sft_metrics
@@ -446,17 +460,27 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
 
     Used by the embedded default so RL starts from a policy that knows the answer format (a
     model at 0% reward gets no GRPO signal). Returns (params, metrics).
+
+    With LoRA the warm start trains the base (the "pretrained" weights the adapters then sit
+    on; the fresh adapters, B = 0, are the identity and stay as initialised).
     """
     cfg = exp.config.sft
     tokens, mask, target_mask = exp.sft_data()
     n = tokens.shape[0]
     tx = optax.adamw(cfg.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
+    if (exp.config.model.param_dtype or "float32") != "float32":
+        tx = master_weights(tx)
+    adapters = None
+    if exp.lora:
+        params, adapters = lora_lib.split(params)
     opt_state = tx.init(params)
     graphdef = exp.graphdef
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step(params, opt_state, tok, msk, tmask):
         def loss_fn(p):
+            if adapters is not None:
+                p = lora_lib.combine(p, adapters)
             model = nnx.merge(graphdef, p)
             logits, _ = model(tok[:, :-1], positions_from_mask(msk)[:, :-1], msk[:, :-1])
             lp = losses.logprobs_from_logits(logits, tok[:, 1:])
@@ -464,8 +488,8 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
             return -(lp * m).sum() / jnp.maximum(m.sum(), 1.0)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        params, opt_state = apply_optimizer(tx, grads, opt_state, params)
+        return params, opt_state, loss
 
     gen = np.random.default_rng(exp.config.seed + 1)
     t0 = time.perf_counter()
@@ -484,6 +508,8 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
             jnp.asarray(mask[idx]),
             jnp.asarray(target_mask[idx]),
         )
+    if adapters is not None:
+        params = lora_lib.combine(params, adapters)
     return params, {
         "sft_loss": float(loss),
         "sft_seconds": time.perf_counter() - t0,

@@ -14,6 +14,9 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _FAMILIES = ("llama", "qwen2", "qwen3")
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture of a decoder-only transformer (pre-RMSNorm, RoPE, GQA, SwiGLU).
@@ -32,6 +35,9 @@ class ModelConfig:
       param_dtype: storage dtype of the parameters.
       remat: rematerialise each layer's activations in the backward pass (jax.checkpoint).
       family: "llama" | "qwen2" | "qwen3" (informational; used for HF config export).
+      lora_rank, lora_alpha, lora_targets: low-rank adapters (Hu et al. 2021, "LoRA") on the
+        named projections ("q", "k", "v", "o", "gate", "up", "down"): W x + (alpha / rank) B A x,
+        A [in, rank], B [rank, out] (zero-initialised); rank 0 = no adapters (the plain model).
     """
 
     vocab_size: int
@@ -51,6 +57,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: bool = False
     family: str = "llama"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
 
     def __post_init__(self):
         for name in (
@@ -79,6 +88,23 @@ class ModelConfig:
                 )
         if self.family not in _FAMILIES:
             raise ValueError(f"ModelConfig.family must be one of {_FAMILIES}, got {self.family!r}")
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"ModelConfig.lora_rank must be an int >= 0, got {self.lora_rank!r}")
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        bad = set(self.lora_targets) - set(LORA_TARGETS)
+        if bad:
+            raise ValueError(
+                f"ModelConfig.lora_targets: unknown {sorted(bad)}; valid: {LORA_TARGETS}"
+            )
+
+    @property
+    def lora_scale(self) -> float:
+        """alpha / rank, the adapters' output scale (0 without adapters)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+    def lora_on(self, target: str) -> bool:
+        """Whether projection ``target`` ("q", ..., "down") carries an adapter."""
+        return self.lora_rank > 0 and target in self.lora_targets
 
     def replace(self, **overrides) -> ModelConfig:
         """Copy with some fields changed."""

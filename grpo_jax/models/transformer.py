@@ -29,6 +29,10 @@ Logical axis names on Params: "vocab", "embed", "mlp", "heads", "kv_heads", "hea
   model.layers.mlp.{gate,up}_proj [L, E, F] (None, "embed", "mlp"); down_proj [L, F, E]
   model.final_norm [E]                  ("norm",)                 (model.norm)
   lm_head [E, V]                        ("embed", "vocab")        (untied only)
+With LoRA (config.lora_rank = r > 0), each targeted projection X_proj gets a sibling
+`X_lora` (`LoRAAdapter`: `lora_a` [L, *in, r], `lora_b` [L, r, *out], Flax `nnx.LoRAParam`s,
+a subclass of `nnx.Param`) and computes W x + (alpha / r) B A x; `grpo_jax.models.lora` splits
+the adapters from the frozen base and merges them back into W.
 """
 
 from __future__ import annotations
@@ -173,6 +177,65 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -
     )
 
 
+class LoRAAdapter(nnx.Module):
+    """A stacked low-rank adapter: ``x -> scale * (x A) B`` (Hu et al. 2021, "LoRA").
+
+    The `nnx.LoRA` layer of Flax, with the parameters stacked over layers and any number of
+    input/output dims (the projections here are einsums over [E] -> [H, D] etc.): ``lora_a``
+    [L, *in_shape, r] (He-uniform over the fan-in, as ``nnx.LoRA``), ``lora_b`` [L, r,
+    *out_shape] (zeros, so a fresh adapter leaves the model unchanged). Both are
+    ``nnx.LoRAParam`` with logical axes (None, *in_axes, None) / (None, None, *out_axes).
+    """
+
+    def __init__(self, in_shape, in_axes, out_shape, out_axes, *, config, rngs, num_layers):
+        r = config.lora_rank
+        self.scale = float(config.lora_scale)
+        self.n_in = len(in_shape)
+        n = len(in_shape)
+        a_shape, a_axes = _stack(num_layers, (*in_shape, r), (*in_axes, None))
+        b_shape, b_axes = _stack(num_layers, (r, *out_shape), (None, *out_axes))
+        off = 0 if num_layers is None else 1
+        a_init = jax.nn.initializers.variance_scaling(
+            2.0,
+            "fan_in",
+            "uniform",
+            in_axis=tuple(range(off, off + n)),
+            out_axis=-1,
+            batch_axis=tuple(range(off)),
+        )
+        b_init = nnx.initializers.zeros_init()
+        dt = jnp.dtype(config.param_dtype)
+        self.lora_a = nnx.LoRAParam(
+            nnx.with_partitioning(a_init, a_axes, eager_sharding=False)(rngs.params(), a_shape, dt)
+        )
+        self.lora_b = nnx.LoRAParam(
+            nnx.with_partitioning(b_init, b_axes, eager_sharding=False)(rngs.params(), b_shape, dt)
+        )
+
+    def __call__(self, x):
+        """x [..., *in_shape] -> [..., *out_shape] in x.dtype."""
+        dt = x.dtype
+        n = self.n_in
+        h = jnp.tensordot(
+            x, self.lora_a[...].astype(dt), axes=(tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+        )
+        return jnp.tensordot(h, self.lora_b[...].astype(dt), axes=1) * jnp.asarray(self.scale, dt)
+
+
+def _lora(config, target, in_shape, in_axes, out_shape, out_axes, rngs, num_layers):
+    """The adapter of projection ``target`` (None when it has none: the plain model)."""
+    if not config.lora_on(target):
+        return None
+    return LoRAAdapter(
+        in_shape, in_axes, out_shape, out_axes, config=config, rngs=rngs, num_layers=num_layers
+    )
+
+
+def _plus_lora(y, adapter, x):
+    """y + adapter(x), or y itself without an adapter (the plain model's program)."""
+    return y if adapter is None else y + adapter(x)
+
+
 class Attention(nnx.Module):
     """GQA self-attention; Params stacked over `num_layers` when given (see module doc)."""
 
@@ -203,6 +266,18 @@ class Attention(nnx.Module):
             o = nnx.initializers.ones_init()
             self.q_norm = _param(rngs, o, *_stack(num_layers, (D,), ("norm",)), pd)
             self.k_norm = _param(rngs, o, *_stack(num_layers, (D,), ("norm",)), pd)
+
+    def add_lora(self, rngs: nnx.Rngs, num_layers: int | None = None):
+        """Attaches the adapters of ``config.lora_targets`` among q/k/v/o (`Transformer`
+        calls it after every base Param is drawn, so the base's initialisation is unchanged)."""
+        c = self.config
+        E, H, K, D = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        ed, hd = ((E,), ("embed",)), ((H, D), ("heads", "head_dim"))
+        kd = ((K, D), ("kv_heads", "head_dim"))
+        for name, io in (("q", (ed, hd)), ("k", (ed, kd)), ("v", (ed, kd)), ("o", (hd, ed))):
+            adapter = _lora(c, name, *io[0], *io[1], rngs, num_layers)
+            if adapter is not None:
+                setattr(self, f"{name}_lora", adapter)
 
     def shared_prefix(self, xp, pos_p, mask_pp, xc, pos_c, mask_cp, mask_cc):
         """Attention of a shared-prompt batch (see `Decoder.shared_prefix`).
@@ -248,16 +323,32 @@ class Attention(nnx.Module):
             "pnkgts,pnskd->pntkgd", probs[..., Lp:], vc.reshape(P, G, Lc, K, D)
         )
         out = jnp.concatenate([out_p.reshape(P * Lp, H, D), out_c.reshape(R * Lc, H, D)])
-        out = jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt))
+        out = _plus_lora(
+            jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt)),
+            getattr(self, "o_lora", None),
+            out,
+        )
         return out[: P * Lp].reshape(P, Lp, E), out[P * Lp :].reshape(R, Lc, E)
 
     def _qkv(self, x, positions):
         """x [B, T, E] -> rotated q [B, T, H, D], k, v [B, T, KVH, D]."""
         c = self.config
         dt = x.dtype
-        q = jnp.einsum("bte,ehd->bthd", x, self.q_proj[...].astype(dt))
-        k = jnp.einsum("bte,ehd->bthd", x, self.k_proj[...].astype(dt))
-        v = jnp.einsum("bte,ehd->bthd", x, self.v_proj[...].astype(dt))
+        q = _plus_lora(
+            jnp.einsum("bte,ehd->bthd", x, self.q_proj[...].astype(dt)),
+            getattr(self, "q_lora", None),
+            x,
+        )
+        k = _plus_lora(
+            jnp.einsum("bte,ehd->bthd", x, self.k_proj[...].astype(dt)),
+            getattr(self, "k_lora", None),
+            x,
+        )
+        v = _plus_lora(
+            jnp.einsum("bte,ehd->bthd", x, self.v_proj[...].astype(dt)),
+            getattr(self, "v_lora", None),
+            x,
+        )
         if c.qkv_bias:
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
@@ -291,7 +382,8 @@ class Attention(nnx.Module):
         kv_write(k, v)
         keys, values = kv_read()
         out = self._attend(q, keys, values, mask, kv_layout)
-        return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(x.dtype))
+        y = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(x.dtype))
+        return _plus_lora(y, getattr(self, "o_lora", None), out)
 
 
 class MLP(nnx.Module):
@@ -304,12 +396,23 @@ class MLP(nnx.Module):
         self.gate_proj = _param(rngs, w, *_stack(num_layers, (E, F), ("embed", "mlp")), pd)
         self.up_proj = _param(rngs, w, *_stack(num_layers, (E, F), ("embed", "mlp")), pd)
         self.down_proj = _param(rngs, w, *_stack(num_layers, (F, E), ("mlp", "embed")), pd)
+        self.config = config
+
+    def add_lora(self, rngs: nnx.Rngs, num_layers: int | None = None):
+        """Attaches the adapters of ``config.lora_targets`` among gate/up/down."""
+        c = self.config
+        ed, fd = ((c.hidden_size,), ("embed",)), ((c.intermediate_size,), ("mlp",))
+        for name, io in (("gate", (ed, fd)), ("up", (ed, fd)), ("down", (fd, ed))):
+            adapter = _lora(c, name, *io[0], *io[1], rngs, num_layers)
+            if adapter is not None:
+                setattr(self, f"{name}_lora", adapter)
 
     def __call__(self, x):
         dt = x.dtype
-        g = x @ self.gate_proj[...].astype(dt)
-        u = x @ self.up_proj[...].astype(dt)
-        return swiglu(g, u) @ self.down_proj[...].astype(dt)
+        g = _plus_lora(x @ self.gate_proj[...].astype(dt), getattr(self, "gate_lora", None), x)
+        u = _plus_lora(x @ self.up_proj[...].astype(dt), getattr(self, "up_lora", None), x)
+        h = swiglu(g, u)
+        return _plus_lora(h @ self.down_proj[...].astype(dt), getattr(self, "down_lora", None), h)
 
 
 class Block(nnx.Module):
@@ -544,6 +647,9 @@ class Transformer(nnx.Module):
                 ("embed", "vocab"),
                 config.param_dtype,
             )
+        if config.lora_rank:  # after every base Param: the base draws as without adapters
+            self.model.layers.attn.add_lora(rngs, config.num_layers)
+            self.model.layers.mlp.add_lora(rngs, config.num_layers)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., E] (output of the final norm) -> logits [..., V] in hidden.dtype."""
@@ -597,7 +703,7 @@ def random_params(config: ModelConfig, seed: int = 0, *, stddev: float = 0.02, c
         name = str(path[-1])
         if name.endswith("norm"):
             x = np.ones(var.shape)
-        elif name.endswith("bias"):
+        elif name.endswith("bias") or name == "lora_b":
             x = np.zeros(var.shape)
         else:
             x = rng.normal(0.0, stddev, var.shape)
