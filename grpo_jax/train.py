@@ -445,7 +445,8 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
                         meta["config"], config.to_dict(), where, allow_changes, what="a state"
                     )
                 source.set_state(meta["data"])
-                _say(f"Resuming from checkpoint at step {step} in {ckpt.directory}")
+                # every process says it (multi-host launch logs are read per process)
+                print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
             else:
                 run, sft_metrics = steps.init_run(exp, train_state=state)
                 meta = {"eval_before": evaluation.evaluate(exp, run.train.params, eval_rng)}

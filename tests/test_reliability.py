@@ -978,7 +978,8 @@ def test_sigterm_in_an_evaluation_inside_the_loop_and_the_final_one_resume_to_th
     # the resumed run is interrupted again, in the final evaluation (calls: step 2, 4, final)
     out = _run_with_signal(workdir, cli_env, "evaluate", "SIGTERM", 3, args)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "SIGTERM during the final evaluation: checkpoint 6 is complete" in out.stdout
+    # the final evaluation is the last step's evaluation: its checkpoint is kept, it is redone
+    assert "SIGTERM during the evaluation after step 6: checkpoint written at step 6" in out.stdout
     assert not (workdir / "summary.json").exists()
     final = _Run(workdir, cli_env, args, "final")
     assert final.wait() == 0, final.err[-3000:]
