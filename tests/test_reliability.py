@@ -602,10 +602,15 @@ def test_sigterm_checkpoints_exits_0_and_the_resumed_run_is_identical(tmp_path, 
     _wait_for_row(workdir, 3, run.proc)
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait() == 0, run.err[-3000:]
-    stopped = int(
-        re.search(r"SIGTERM: checkpoint written at step (\d+); exiting", run.out).group(1)
+    # on a fast machine the signal can land in the last step's (final) evaluation: then that
+    # step's checkpoint is written with the evaluation pending, and the resume redoes it
+    m = re.search(
+        r"SIGTERM(?:: checkpoint written at step (\d+); exiting| during the evaluation after "
+        r"step \d+: checkpoint written at step (\d+))",
+        run.out,
     )
-    assert 3 <= stopped < 6
+    stopped = int(m.group(1) or m.group(2))
+    assert 3 <= stopped <= 6
     assert _complete_steps(workdir)[-1] == stopped
     assert not (workdir / "summary.json").exists()
 
