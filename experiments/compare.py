@@ -107,6 +107,7 @@ PAPER = "+10.6% (Prompt-GDRO) / +10.1% (Rollout-GDRO) relative pass@8 over GRPO 
 REPORT_NAME = "gdro_vs_grpo"
 DEFAULT_LRS = (3e-5, 1e-4, 3e-4)
 METRICS = ("pass_at_k", "mean_at_k")
+PASS_K = 8  # the paper's pass@8, estimated from all evaluation samples (Chen et al. 2021)
 
 
 def label(method: str) -> str:
@@ -548,16 +549,39 @@ def _call(fn_args):
 # ----------------------------------------------------------------------------- statistics
 
 
-def per_problem_scores(correct, metric: str = "pass_at_k", last: int = 0) -> np.ndarray:
+def pass_at_k_unbiased(num_correct, n: int, k: int) -> np.ndarray:
+    """Unbiased pass@k from ``n`` samples with ``num_correct`` correct (Chen et al. 2021, Eq. 1):
+    ``1 - C(n - c, k) / C(n, k)``, exact via integer binomials.
+
+    Args:
+      num_correct: int array, values in ``0..n``.
+      n, k: samples per problem and the k of pass@k (``1 <= k <= n``).
+
+    Returns: float64 array shaped like ``num_correct``.
+
+    Raises:
+      ValueError: ``k`` outside ``1..n``.
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n = {n} samples")
+    table = np.array([1.0 - math.comb(n - c, k) / math.comb(n, k) for c in range(n + 1)])
+    return table[np.asarray(num_correct, np.int64)]
+
+
+def per_problem_scores(
+    correct, metric: str = "pass_at_k", last: int = 0, pass_k: int = PASS_K
+) -> np.ndarray:
     """Per-problem scores from sample correctness.
 
     Args:
-      correct: ``[S, N, k]`` or ``[S, T, N, k]`` (T evaluations) bool / 0-1.
-      metric: ``pass_at_k`` (1[any of the k samples is correct], the unbiased estimator of
-        Chen et al. 2021 at n = k) or ``mean_at_k`` (share of correct samples).
-      last: with ``[S, T, N, k]``, average the last ``last`` evaluations (0 = all).
+      correct: ``[S, N, n]`` or ``[S, T, N, n]`` (T evaluations) bool / 0-1, n samples each.
+      metric: ``pass_at_k`` (unbiased pass@``min(pass_k, n)`` of Chen et al. 2021 from the n
+        samples; with n = k it is 1[any sample correct]) or ``mean_at_k`` (share of correct
+        samples: the unbiased mean@k for every k).
+      last: with ``[S, T, N, n]``, average the last ``last`` evaluations (0 = all).
+      pass_k: the k of pass@k.
 
-    Returns: ``[S, N]`` float.
+    Returns: ``[S, N]`` float64.
 
     Raises:
       ValueError: another shape or metric.
@@ -567,8 +591,9 @@ def per_problem_scores(correct, metric: str = "pass_at_k", last: int = 0) -> np.
         c = c[:, -last:] if last else c
     elif c.ndim != 3:
         raise ValueError(f"correct must be [S, N, k] or [S, T, N, k]; got shape {c.shape}")
+    n = c.shape[-1]
     if metric == "pass_at_k":
-        s = c.astype(bool).any(-1).astype(np.float64)
+        s = pass_at_k_unbiased(c.astype(bool).sum(-1), n, min(int(pass_k), n))
     elif metric == "mean_at_k":
         s = c.astype(np.float64).mean(-1)
     else:
@@ -864,7 +889,8 @@ def make_figures(results: dict, fig_dir: str) -> dict[str, str]:
             st = [0] + list(curves[m]["steps"])
             y = [curves["before"][metric]] + list(curves[m][metric])
             ax.plot(st, 100 * np.asarray(y), marker="o", ms=3, label=label(m))
-        ax.set_title(f"test {metric.replace('_at_k', '@')}{results['k']} (mean over seeds)")
+        pk = results.get("pass_k", results["k"])
+        ax.set_title(f"test {metric.replace('_at_k', '@')}{pk} (mean over seeds)")
         ax.set_xlabel("step")
         ax.set_ylabel("%")
     axes[0].legend(fontsize=7)
@@ -899,7 +925,7 @@ def make_figures(results: dict, fig_dir: str) -> dict[str, str]:
         )
     ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2)
     ax.set_xticklabels([g if g == "overall" else f"level {g}" for g in groups])
-    ax.set_ylabel(f"test pass@{results['k']}")
+    ax.set_ylabel(f"test pass@{results.get('pass_k', results['k'])}")
     ax.legend(fontsize=7, ncol=3)
     save(fig, "pass_at_8.png")
     return paths
@@ -1150,7 +1176,8 @@ def _pm(x):
 
 
 def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
-    k = results["k"]
+    n_samples = results["k"]
+    k = results.get("pass_k", n_samples)
     tab, gains, s = results["tables"], results["gains"], results["setup"]
     methods = list(results["runs"])
     rel = lambda p: os.path.relpath(p, out_dir)
@@ -1195,10 +1222,11 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
         "average; the online classifier bins a prompt by its past visits, so it needs repeats)."
     )
     L.append(
-        f"- Evaluation: after steps {s['eval_steps']}, {k} samples per held-out problem "
+        f"- Evaluation: after steps {s['eval_steps']}, {n_samples} samples per held-out problem "
         "(temperature 0.6, top-p 0.8, top-k 20); a run's score is the mean of its last "
-        f"{s['last_evals']} evaluations (steps {s['eval_steps'][-s['last_evals'] :]}). pass@8 = "
-        "share of problems with a correct sample; mean@8 = mean accuracy of the 8 samples.\n"
+        f"{s['last_evals']} evaluations (steps {s['eval_steps'][-s['last_evals'] :]}). "
+        f"pass@{k} = the unbiased estimate (Chen et al. 2021) from the {n_samples} samples of the "
+        f"chance that one of {k} samples is correct; mean@{k} = mean accuracy of the samples.\n"
     )
     L.append("## Learning-rate sweep (validation half, sweep seeds)\n")
     lrs = s["lrs"]
@@ -1715,6 +1743,7 @@ def run_comparison(
         "cpus": os.cpu_count(),
         "workers": workers,
         "k": k,
+        "pass_k": min(PASS_K, k),
         "n_boot": n_boot,
         "setup": {
             "config_arg": config_arg,

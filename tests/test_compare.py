@@ -124,6 +124,25 @@ def test_bootstrap_mean_at_k_and_evaluation_averaging():
         compare.per_problem_scores(base, "maj_at_k")
 
 
+def test_pass_at_8_is_the_unbiased_estimator_from_more_samples():
+    # Chen et al. 2021: 1 - C(n - c, k) / C(n, k); by hand for n = 10, k = 8
+    got = compare.pass_at_k_unbiased(np.array([0, 1, 2, 3, 10]), 10, 8)
+    assert got == pytest.approx([0.0, 1 - 9 / 45, 1 - 1 / 45, 1.0, 1.0])  # C(9,8)=9, C(10,8)=45
+    # from 32 samples: the mean over the C(32, 8) subsets of 1[any correct], by simulation
+    rng = np.random.default_rng(0)
+    row = rng.random(32) < 0.1
+    sub = np.array([row[rng.choice(32, 8, replace=False)].any() for _ in range(20000)])
+    est = compare.per_problem_scores(row[None, None, :], "pass_at_k")[0, 0]
+    assert est == pytest.approx(sub.mean(), abs=0.015)
+    # with n = k it is 1[any correct]; with fewer samples than k it is pass@n
+    eight = rng.random((2, 5, 8)) < 0.3
+    assert compare.per_problem_scores(eight, "pass_at_k") == pytest.approx(eight.any(-1).astype(float))
+    four = eight[..., :4]
+    assert compare.per_problem_scores(four, "pass_at_k") == pytest.approx(four.any(-1).astype(float))
+    with pytest.raises(ValueError, match="pass@9"):
+        compare.pass_at_k_unbiased(np.array([1]), 8, 9)
+
+
 def test_bootstrap_identical_methods_have_a_degenerate_interval_at_zero():
     rng = np.random.default_rng(1)
     c = rng.random((3, 30, 8)) < 0.3
