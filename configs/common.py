@@ -222,6 +222,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging.num_samples = (
         4  # completions per step written to samples.jsonl + TensorBoard text (0 = none)
     )
+    c.logging.wandb_project = ""  # Weights & Biases project ("" = off; needs `pip install wandb`)
+    c.logging.wandb_entity = ""  # W&B entity (team or user; "" = your default)
+    c.logging.wandb_mode = ""  # online | offline | disabled ("" = wandb's default / WANDB_MODE)
+    c.logging.wandb_name = ""  # run name ("" = the workdir's name)
     c.reward = ml_collections.ConfigDict()
     # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
     # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier

@@ -106,6 +106,7 @@ LABELS = {
 PAPER = "+10.6% (Prompt-GDRO) / +10.1% (Rollout-GDRO) relative pass@8 over GRPO on Qwen3-Base"
 REPORT_NAME = "gdro_vs_grpo"
 DEFAULT_LRS = (3e-5, 1e-4, 3e-4)
+DEFAULT_CONFIG = "configs/arithmetic.py"
 METRICS = ("pass_at_k", "mean_at_k")
 PASS_K = 8  # the paper's pass@8, estimated from all evaluation samples (Chen et al. 2021)
 
@@ -128,12 +129,15 @@ def method_config(
     paper_gdro: bool = False,
     prompts_per_step: int = 0,
 ):
-    """The ``configs/arithmetic.py:<algo>,<config_arg>`` config of ``method`` for one seed.
+    """The ``configs/arithmetic.py:<algo>,<config_arg>`` config of ``method`` for one seed
+    (another config file with ``config_arg = "<file.py>:<argument>"``).
 
     Args:
       method: a key of ``METHODS``.
       seed: ``config.seed`` (init, data order, sampling).
-      config_arg: the config argument after the algorithm (``heavy_tailed``, ``frontier``, ...).
+      config_arg: the config argument after the algorithm (``heavy_tailed``, ``frontier``, ...)
+        of ``configs/arithmetic.py``, or ``"<file.py>:<argument>"`` for another config file
+        whose ``get_config`` takes ``"<algorithm>[,<argument>]"`` (``--config``).
       steps: RL steps (0 = the config's).
       rl_prompts: ``config.data.max_train_examples`` (0 = all training problems).
       lr: ``config.optimizer.learning_rate`` (None = the config's).
@@ -144,12 +148,13 @@ def method_config(
     Raises:
       ValueError: unknown method.
     """
-    from configs import arithmetic, common
+    from configs import common
 
     if method not in METHODS:
         raise ValueError(f"method {method!r}: choose from {list(METHODS)}")
     algo, gdro = METHODS[method]
-    c = arithmetic.get_config(f"{algo},{config_arg}" if config_arg else algo)
+    path, arg = split_config_arg(config_arg)
+    c = load_config_module(path).get_config(f"{algo},{arg}" if arg else algo)
     c.seed = int(seed)
     if steps:
         c.steps = int(steps)
@@ -170,6 +175,35 @@ def method_config(
     c.logging.progress_bar = False
     c.logging.tensorboard = False
     return c
+
+
+def split_config_arg(config_arg: str) -> tuple[str, str]:
+    """``"<file.py>:<argument>"`` -> (file, argument); a bare argument -> (`DEFAULT_CONFIG`, it)."""
+    head, sep, tail = (config_arg or "").partition(":")
+    if head.endswith(".py"):
+        return head, tail
+    if sep:
+        raise ValueError(f"config_arg {config_arg!r}: expected '<file.py>:<argument>'")
+    return DEFAULT_CONFIG, config_arg or ""
+
+
+def load_config_module(path: str):
+    """The config module at ``path`` (relative to the working directory or to the repository)."""
+    import importlib.util
+
+    full = path
+    if not os.path.isabs(full) and not os.path.exists(full):
+        full = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
+    if not os.path.exists(full):
+        raise FileNotFoundError(f"--config {path}: no such file")
+    name = "grpo_jax_compare_config_" + os.path.splitext(os.path.basename(full))[0]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, full)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
 
 
 def eval_steps(steps: int, every: int) -> list[int]:
@@ -1156,9 +1190,14 @@ def _verdict(results) -> str:
     if neg:
         head += " Significantly worse than GRPO: " + ", ".join(label(m) for m in neg) + "."
     s = results["setup"]
+    cpath, carg = split_config_arg(s["config_arg"])
+    where = (
+        f"tiny character-level transformer, arithmetic `{carg}`"
+        if cpath == DEFAULT_CONFIG
+        else f"`{cpath}` `{carg}`"
+    )
     return (
-        f"**{head}**\n\nPaper: {PAPER}. Here (tiny character-level transformer, arithmetic "
-        f"`{s['config_arg']}`, {s['steps']} RL steps, {len(s['seeds'])} paired seeds, lr chosen "
+        f"**{head}**\n\nPaper: {PAPER}. Here ({where}, {s['steps']} RL steps, {len(s['seeds'])} paired seeds, lr chosen "
         "per method on the validation half, test half reported): "
         + "; ".join(parts)
         + ". This is a small CPU-scale proxy of the paper's setting (model scale, task and "
@@ -1181,7 +1220,9 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     tab, gains, s = results["tables"], results["gains"], results["setup"]
     methods = list(results["runs"])
     rel = lambda p: os.path.relpath(p, out_dir)
-    L = [f"# GDRO vs GRPO at equal compute (arithmetic `{s['config_arg']}`)\n"]
+    cpath, carg = split_config_arg(s["config_arg"])
+    task = f"{cpath}:<algo>" + (f",{carg}" if carg else "")
+    L = [f"# GDRO vs GRPO at equal compute (`{task}`)\n"]
     L.append(f"Regenerate: `{command}`\n")
     L.append(
         f"Generated {results['date']} by `experiments/compare.py`; total wall time "
@@ -1190,7 +1231,7 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     )
     L.append("## Setup\n")
     L.append(
-        f"- Task: `configs/arithmetic.py:<algo>,{s['config_arg']}`; GDRO controllers: "
+        f"- Task: `{task}`; GDRO controllers: "
         + (
             "the **paper's** setting (`--paper_gdro`, failure-rate signal)."
             if s["paper_gdro"]
@@ -1913,7 +1954,10 @@ def main(argv=None):
     )
     ap.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS), help="lr sweep")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--config_arg", default="heavy_tailed", help="arithmetic.py arg after algo")
+    ap.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="config file; get_config('<algo>,<config_arg>')"
+    )
+    ap.add_argument("--config_arg", default="heavy_tailed", help="config argument after algo")
     ap.add_argument("--paper_gdro", action="store_true", help="the paper's GDRO controllers")
     ap.add_argument("--steps", type=int, default=80, help="RL steps (0 = the config's)")
     ap.add_argument("--prompts_per_step", type=int, default=0, help="P (0 = the config's)")
@@ -1950,8 +1994,11 @@ def main(argv=None):
     given = sys.argv[1:] if argv is None else list(argv)
     skip = ("--report_only", "--estimate_only")
     command = "python -m experiments.compare " + " ".join(a for a in given if a not in skip)
+    config_arg = args.config_arg
+    if args.config != DEFAULT_CONFIG:
+        config_arg = f"{args.config}:{config_arg}"
     job_kw = dict(
-        config_arg=args.config_arg,
+        config_arg=config_arg,
         steps=args.steps,
         rl_prompts=args.rl_prompts,
         paper_gdro=args.paper_gdro,

@@ -261,7 +261,8 @@ def _opt(section, name: str, default):
 
 def _load_tokenizer(config):
     own = _opt(config.model, "tokenizer", "")
-    if config.data.name == "arithmetic" and not own:
+    pretrained = own or config.model.hf_checkpoint or config.model.gguf_path
+    if config.data.name == "arithmetic" and not pretrained:  # the built-in character vocabulary
         from grpo_jax.data import arithmetic
 
         return arithmetic.CharTokenizer()

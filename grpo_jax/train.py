@@ -480,6 +480,11 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         # row N precedes checkpoint N; at step 0 that row may not have been written yet (nor
         # the row of a step whose evaluation was interrupted)
         resume_step=step if pending is not None else (step + 1 if step else 0),
+        wandb={
+            k: config.logging.get(f"wandb_{k}", "") or ""
+            for k in ("project", "entity", "mode", "name")
+        },
+        run_config=config.to_dict(),
     )
     stack.callback(writer.close)
     if step == 0:
