@@ -80,6 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature for training rollouts
     c.rollout.top_k = 0  # top-k for training rollouts (0 = off)
     c.rollout.top_p = 1.0  # top-p for training rollouts (1 = off)
+    # continuous batching: decode this many rows, each refilled with the next pending rollout
+    # when its completion ends (0 = one static batch; training and evaluation; sampling.py)
+    c.rollout.decode_slots = 0
 
     c.algorithm = ml_collections.ConfigDict()
     c.algorithm.name = (

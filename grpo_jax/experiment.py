@@ -599,6 +599,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         eos_ids=eos,
         pad_id=pad_id,
         prompt_group_size=group,
+        decode_slots=int(_opt(sc, "decode_slots", 0)),
     )
     ec = config.eval
     eval_sampling = sampling.SamplingConfig(
@@ -608,6 +609,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         top_p=ec.top_p,
         eos_ids=eos,
         pad_id=pad_id,
+        decode_slots=int(_opt(sc, "decode_slots", 0)),
     )
     if (sc.top_k or sc.top_p < 1) and not config.algorithm.tis_cap:
         logging.warning(
