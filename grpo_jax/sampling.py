@@ -1,6 +1,8 @@
 """Jitted autoregressive sampler: one prefill pass + KV-cache decode in lax.while_loops.
 
 `generate(graphdef, params, prompt_tokens, prompt_mask, rng, config)` -> `Rollouts`.
+`generate_continuous(..., num_slots=S)` (also `generate` with ``config.decode_slots = S``):
+continuous batching, S decode rows refilled with pending requests as completions end.
 
 Shapes are static (R rows, Lp prompt slots, Lc = max_new_tokens), so a training loop with a
 fixed batch compiles once. The KV cache (`DecodeCache`, [L, R, kv_heads, Lp + Lc, head_dim])
