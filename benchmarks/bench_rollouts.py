@@ -164,7 +164,45 @@ def main(argv=None) -> dict:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(markdown(res, argv))
     return res
+
+
+def markdown(res: dict, argv=None) -> str:
+    """The report of one run (``--out`` with ``.md``)."""
+    import sys
+
+    a = res["settings"]
+    cmd = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        "# Static vs continuous batching on long-tailed completion lengths\n",
+        f"Command: `python -m benchmarks.bench_rollouts {cmd}`\n",
+        f"Machine: {res['cpus']} CPU core(s) ({res['machine']}), backend {res['backend']} "
+        f"({res['device']}), jax {res['jax']}. Model: `{a['preset']}` preset, random weights, "
+        f"{a['dtype']}; {a['requests']} requests x prompt {a['prompt_len']} tokens, at most "
+        f"{a['max_new_tokens']} new tokens, EOS disabled (each request ends at its drawn budget); "
+        f"both samplers decode {a['slots']} rows at a time (the same KV-cache memory); wall = "
+        f"median of {a['repeats']} runs after a compile run.\n",
+        "| lengths | mean | p99 | max | static s | continuous s | ratio | static utilisation "
+        "| continuous utilisation |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d, r in res["results"].items():
+        lines.append(
+            f"| {d} | {r['mean_length']:.1f} | {r['p99_length']:.0f} | {r['max_length']} | "
+            f"{r['static_seconds']:.2f} | {r['continuous_seconds']:.2f} | "
+            f"{r['wall_ratio_continuous_over_static']:.2f} | {r['static_utilisation']:.1%} | "
+            f"{r['continuous_utilisation']:.1%} |"
+        )
+    lines.append(
+        "\nUtilisation = decode slot-steps that produced a token of a live request / slot-steps "
+        "run. Static: batches of S requests, each running until its longest request ends. "
+        "Continuous: a finished request's slot takes the next pending request (its prompt's "
+        "keys/values copied from a prompt cache filled by one batched prefill); once nothing is "
+        "pending the live slots move to batches half as wide.\n"
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
