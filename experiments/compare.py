@@ -346,8 +346,10 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
 
     Returns: ``wse`` = ``sum_b qhat_b sigma_b / sqrt(n_b)`` (as
       ``gdro.rollout_gdro.weighted_standard_error``: ``mean_i sigma_{b(i)} / sqrt(n_i)``) with
-      ``sigma_b^2`` = the bin's mean of ``p_i (1 - p_i)``; ``wse_uniform`` (same prompts and bins,
-      every ``n_i = n_bar``); ``informative`` = expected informative groups
+      ``sigma_b^2`` = the bin's mean of ``p_i (1 - p_i)`` over the controller's bins;
+      ``wse_uniform`` (same prompts and bins, every ``n_i = n_bar``); ``wse_p_strata`` /
+      ``wse_p_strata_uniform``: the same with strata = bins of the *true* p
+      (`experiments.oracle.true_wse`, the oracle pre-check's definition); ``informative`` = expected informative groups
       ``sum_i 1 - p_i^n_i - (1 - p_i)^n_i``; ``informative_uniform``; ``known`` = prompts with a
       known ``p``. NaN values when no prompt has a known ``p``.
     """
@@ -357,7 +359,15 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
     ok = np.isfinite(pi)
     nan = float("nan")
     if not ok.any():
-        return dict(wse=nan, wse_uniform=nan, informative=nan, informative_uniform=nan, known=0)
+        return dict(
+            wse=nan,
+            wse_uniform=nan,
+            wse_p_strata=nan,
+            wse_p_strata_uniform=nan,
+            informative=nan,
+            informative_uniform=nan,
+            known=0,
+        )
     ids, bins, n, pi = ids[ok], bins[ok], n[ok], pi[ok]
     var = pi * (1 - pi)
     groups = bins.max() + 1
@@ -365,9 +375,13 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
     sig = np.sqrt(np.bincount(bins, weights=var, minlength=groups) / np.maximum(cnt, 1))
     s = sig[bins]
     inf = lambda m: float(np.sum(1 - pi**m - (1 - pi) ** m))
+    from experiments.oracle import true_wse as strata_wse  # strata = true-p bins
+
     return {
         "wse": float(np.mean(s / np.sqrt(n))),
         "wse_uniform": float(np.mean(s / np.sqrt(n_bar))),
+        "wse_p_strata": float(strata_wse(pi, n)),
+        "wse_p_strata_uniform": float(strata_wse(pi, np.full(n.shape, float(n_bar)))),
         "informative": inf(n),
         "informative_uniform": inf(np.full(n.shape, float(n_bar))),
         "known": int(ok.sum()),
@@ -993,7 +1007,17 @@ def _diagnostics(runs: dict, p_for_seed) -> dict:
             "sample_weight_max": float(np.nanmean(_rows_values(rows, "sample_weight_max"))),
         }
         series = {"informative": [], "wse_true": [], "wse_true_ratio": []}
-        tot = {"wse": 0.0, "wse_uniform": 0.0, "informative": 0.0, "informative_uniform": 0.0}
+        tot = dict.fromkeys(
+            (
+                "wse",
+                "wse_uniform",
+                "wse_p_strata",
+                "wse_p_strata_uniform",
+                "informative",
+                "informative_uniform",
+            ),
+            0.0,
+        )
         known, counted = [], 0
         for s in sorted(by_seed):
             job = by_seed[s]
@@ -1022,6 +1046,11 @@ def _diagnostics(runs: dict, p_for_seed) -> dict:
             d["wse_true"] = tot["wse"] / counted
             d["wse_true_uniform"] = tot["wse_uniform"] / counted
             d["wse_true_ratio"] = tot["wse"] / tot["wse_uniform"] if tot["wse_uniform"] else np.nan
+            d["wse_p_strata_ratio"] = (
+                tot["wse_p_strata"] / tot["wse_p_strata_uniform"]
+                if tot["wse_p_strata_uniform"]
+                else np.nan
+            )
             d["expected_informative"] = tot["informative"] / counted
             d["expected_informative_uniform"] = tot["informative_uniform"] / counted
             d["oracle_coverage"] = float(np.mean(known))
@@ -1116,9 +1145,10 @@ def _diagnostics_table(results) -> str:
     diag, runs = results["diagnostics"], results["runs"]
     L = [
         "| method | train pass rate | informative groups / step (measured) | expected informative "
-        "groups (true p; uniform) | true WSE | true WSE / uniform | proxy WSE / uniform | "
-        "weight ESS (informative) | steps with the weight cap binding |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "groups (true p; uniform) | true WSE | true WSE / uniform | true WSE / uniform, "
+        "true-p strata | proxy WSE / uniform | weight ESS (informative) | steps with the weight "
+        "cap binding |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in runs:
         d = diag[m]
@@ -1128,6 +1158,7 @@ def _diagnostics_table(results) -> str:
             f"{_fmt(d['informative_groups'], '.1f')} of {P} | "
             f"{_fmt(d.get('expected_informative'), '.1f')} ({_fmt(d.get('expected_informative_uniform'), '.1f')}) | "
             f"{_fmt(d.get('wse_true'), '.4f')} | {_fmt(d.get('wse_true_ratio'), '.3f')} | "
+            f"{_fmt(d.get('wse_p_strata_ratio'), '.3f')} | "
             f"{_fmt(d.get('wse_proxy_ratio'), '.3f')} | {_fmt(d.get('weight_ess'), '.2f')} | "
             + (
                 f"{_fmt(d.get('weight_cap_bound'), '.0f', True)}% |"
@@ -1240,8 +1271,16 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     )
     L.append(
         f"- Paired seeds: {s['seeds']}. Every method of a seed starts RL from the same supervised "
-        f"warm start ({s['sft_steps']} SFT steps on the config's {s['num_train']} training "
-        "problems) and is evaluated with the same sampling keys."
+        + (
+            f"warm start ({s['sft_steps']} SFT steps on the separate warm-start pool of "
+            f"{s['num_sft']} problems, disjoint from the RL pool and the held-out set)"
+            if s.get("num_sft")
+            else f"warm start ({s['sft_steps']} SFT steps on the config's {s['num_train']} "
+            "training problems)"
+            if s["sft_steps"]
+            else "starting point (no warm start: sft.steps = 0)"
+        )
+        + " and is evaluated with the same sampling keys."
     )
     L.append(
         f"- Held-out split ({s['num_eval']} problems): even index in the held-out list -> "
@@ -1375,7 +1414,11 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
         "share of bin b, unseen prompts a group of their own, sigma_b^2 = mean of p_i (1 - p_i) "
         "over the bin's prompts, n_b = rollouts per prompt), mean over steps and seeds; '/ "
         "uniform' = the same batches with n_bar rollouts per prompt (1 for methods that do not "
-        "reallocate). Expected informative groups = sum_i 1 - p_i^n_i - (1 - p_i)^n_i. The proxy "
+        "reallocate). 'true-p strata': the oracle pre-check's definition (`experiments.oracle."
+        "true_wse`): the bins are those of the true p_i (the classifier's edges), sigma_b = mean "
+        "of sqrt(p_i (1 - p_i)), n_b = the bin's mean rollouts per prompt; it does not depend on "
+        "the controller's own (noisy, few-visit) bins. Expected informative groups = "
+        "sum_i 1 - p_i^n_i - (1 - p_i)^n_i. The proxy "
         "is the allocator's own `rollout_gdro/wse` (circular, spec s.7). Weight ESS = Kish "
         "effective sample size fraction of the advantage weights over informative rollouts.\n"
     )
@@ -1439,7 +1482,14 @@ def _load_job(runs_dir: str, method: str | None, lr: float | None, seed: int) ->
     with np.load(os.path.join(runs_dir, f"{name}.npz")) as z:
         r.update({k: z[k] for k in z.files})
     if method:
-        r["rows"] = writers.read_jsonl(os.path.join(runs_dir, f"{name}.jsonl"))
+        path = os.path.join(runs_dir, f"{name}.jsonl")
+        if os.path.exists(path):
+            r["rows"] = writers.read_jsonl(path)
+        else:  # a committed run: the rows gzipped (`gzip runs/*.jsonl`)
+            import gzip
+
+            with gzip.open(path + ".gz", "rt") as f:
+                r["rows"] = [json.loads(line) for line in f if line.strip()]
     return r
 
 
@@ -1803,6 +1853,7 @@ def run_comparison(
             "rollouts_per_step": cfg0.rollout.prompts_per_step * cfg0.rollout.rollouts_per_prompt,
             "rl_prompts": num_prompts,
             "num_train": cfg0.data.arithmetic.num_train,
+            "num_sft": int(cfg0.data.arithmetic.get("num_sft", 0) or 0),
             "num_eval": int(len(levels_all)),
             "num_val": int(len(val_idx)),
             "num_test": int(len(test_idx)),
