@@ -43,13 +43,17 @@ EXTRAS_REQUIRE = {
         "torch==2.13.0",  # exact pin: a CPU build of 2.13.0 lies on these machines' disk; any looser pin lets pip take a multi-GB CUDA build from PyPI
         "transformers>=4.56",
     ],
+    "wandb": ["wandb>=0.17"],  # optional: config.logging.wandb_project
 }
 
 setuptools.setup(
     name="grpo_jax",
     version="0.1.0",
     description="Critic-free RL for language models (GRPO, Prompt-GDRO, Rollout-GDRO) in JAX/Flax",
-    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*", "experiments", "configs"]),
+    # only grpo_jax: experiments/ and configs/ stay in the checkout (top-level names that other
+    # projects use too); `grpo-jax <command>` runs experiments/<command>.py from any directory
+    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*"]),
+    entry_points={"console_scripts": ["grpo-jax=grpo_jax.cli:main"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

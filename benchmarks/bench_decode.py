@@ -3,21 +3,23 @@
   python benchmarks/bench_decode.py                          # rows 1, 16, 128; prompt 159
   python benchmarks/bench_decode.py --rows=1,8 --new_tokens=16
   python benchmarks/bench_decode.py --random=smollm2-135m     # random weights, no checkpoint
+  python benchmarks/bench_decode.py --random=smollm2-135m --dtype=bfloat16   # a GPU / TPU
 
-For each batch size B the sampler (`grpo_jax.sampling.generate`, float32, EOS disabled so every
-row decodes every step) runs twice, with N and with 2 new tokens; the difference is N - 2 decode
-steps, so prefill and compilation drop out:  decode step s = (t_N - t_2) / (N - 2),
-decode tok/s = B / decode step s.
+For each batch size B the sampler (`grpo_jax.sampling.generate`, ``--dtype`` weights and KV
+cache, EOS disabled so every row decodes every step) runs twice, with N and with 2 new tokens;
+the difference is N - 2 decode steps, so prefill and compilation drop out:
+decode step s = (t_N - t_2) / (N - 2), decode tok/s = B / decode step s.
 
-Bound: one decode step must read every weight once (4 bytes x all parameters, the tied
-embedding included since it is the LM head) and, per row, the keys and values of every
-position so far (2 x layers x kv_heads x head_dim x 4 bytes x (Lp + t)); at the machine's
-measured read bandwidth BW that takes at least (weights + KV) / BW, so
-bandwidth-bound tok/s = B x BW / (weights + KV), with KV at the mean position of the timed
-steps. BW is measured in the same process: the best of a jitted float32 sum over a 1 GiB array
-and numpy's (read-only streams). The float32 matmul peak (compute bound: peak / (2 x matmul
-parameters) tokens/s, whatever the batch) is printed alongside: from a few dozen rows on, the
-bandwidth bound exceeds it and the compute bound is the machine's real limit.
+Bound: one decode step must read every weight once (their bytes, the tied embedding included
+since it is the LM head) and, per row, the keys and values of every position so far
+(2 x layers x kv_heads x head_dim x itemsize x (Lp + t)); at bandwidth BW that takes at least
+(weights + KV) / BW, so bandwidth-bound tok/s = B x BW / (weights + KV), with KV at the mean
+position of the timed steps. BW: on a CPU, measured in the same process (the best of a jitted
+float32 sum over a 1 GiB array and numpy's); on a GPU/TPU listed in `experiments.aot.CHIPS`,
+the chip's published HBM bandwidth (sources in that table; the measured one is kept in the
+JSON). The ``--dtype`` matmul peak, measured in the same process (compute bound: peak /
+(2 x matmul parameters) tokens/s, whatever the batch), is printed alongside: from a few dozen
+rows on, the bandwidth bound exceeds it and the compute bound is the machine's real limit.
 
 Writes a JSON summary with --out.
 """
@@ -77,6 +79,7 @@ def main(argv=None):
     parser.add_argument("--prompt_len", type=int, default=159, help="the peers' full-size prompt")
     parser.add_argument("--new_tokens", type=int, default=34)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 (weights, KV)")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
 
@@ -92,7 +95,7 @@ def main(argv=None):
         from grpo_jax.models import get_preset
         from grpo_jax.models.transformer import random_params
 
-        cfg = get_preset(args.random, dtype="float32", param_dtype="float32")
+        cfg = get_preset(args.random, dtype=args.dtype, param_dtype=args.dtype)
         graphdef, params = random_params(cfg, 0)
     else:
         ckpt = args.checkpoint
@@ -105,21 +108,32 @@ def main(argv=None):
             raise SystemExit(
                 f"{ckpt}/model.safetensors missing: run benchmarks/peers/prepare.py first"
             )
-        cfg, graphdef, params = load_hf_checkpoint(ckpt, dtype="float32")
+        cfg, graphdef, params = load_hf_checkpoint(ckpt, dtype=args.dtype)
     n_params = sum(int(x.size) for x in jax.tree.leaves(params))
     n_embed = cfg.vocab_size * cfg.hidden_size
     # matmul parameters per token: every layer weight + the (tied) LM head; the embedding lookup
     # is a gather, not a matmul
     n_matmul = n_params - (0 if cfg.tie_word_embeddings else n_embed)
-    weight_bytes = 4 * n_params
-    kv_bytes_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    item = jnp.dtype(args.dtype).itemsize
+    weight_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(params))
+    kv_bytes_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * item
 
     bw = read_bandwidth()
-    peak = matmul_peak()
+    # an accelerator: its published HBM bandwidth (experiments.aot.CHIPS, with sources) is the
+    # bound; the measured read bandwidth is printed beside it
+    from experiments.aot import chip_of_device
+
+    chip = chip_of_device(jax.devices()[0].device_kind)
+    if chip is not None and chip.bandwidth_Bps:
+        bw["published"] = chip.bandwidth_Bps
+        bw["chip"] = chip.name
+        bw["best"] = chip.bandwidth_Bps
+        print(f"chip: {chip.name}, published HBM bandwidth {chip.bandwidth_Bps / 1e9:.0f} GB/s")
+    peak = matmul_peak(dtype=args.dtype)
     print(
         f"read bandwidth: jax sum {bw['jax_sum'] / 1e9:.1f} GB/s, numpy sum "
         f"{bw['numpy_sum'] / 1e9:.1f} GB/s -> BW = {bw['best'] / 1e9:.1f} GB/s; "
-        f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s"
+        f"{args.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s"
     )
     print(
         f"model: {n_params / 1e6:.1f}M parameters ({weight_bytes / 2**20:.0f} MiB float32), "

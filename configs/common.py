@@ -80,6 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature for training rollouts
     c.rollout.top_k = 0  # top-k for training rollouts (0 = off)
     c.rollout.top_p = 1.0  # top-p for training rollouts (1 = off)
+    # continuous batching: decode this many rows, each refilled with the next pending rollout
+    # when its completion ends (0 = one static batch; training and evaluation; sampling.py)
+    c.rollout.decode_slots = 0
 
     c.algorithm = ml_collections.ConfigDict()
     c.algorithm.name = (
@@ -222,6 +225,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging.num_samples = (
         4  # completions per step written to samples.jsonl + TensorBoard text (0 = none)
     )
+    c.logging.wandb_project = ""  # Weights & Biases project ("" = off; needs `pip install wandb`)
+    c.logging.wandb_entity = ""  # W&B entity (team or user; "" = your default)
+    c.logging.wandb_mode = ""  # online | offline | disabled ("" = wandb's default / WANDB_MODE)
+    c.logging.wandb_name = ""  # run name ("" = the workdir's name)
     c.reward = ml_collections.ConfigDict()
     # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
     # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier

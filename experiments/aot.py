@@ -55,6 +55,8 @@ class Chip:
     memory_bytes: int
     source: str
     cores_per_chip: int = 1  # TPU v4/v5p names count TensorCores: v5p-8 is 4 chips (4 JAX devices)
+    bandwidth_Bps: float = 0.0  # published HBM bandwidth per chip, bytes/s (same source page)
+    device_kinds: tuple[str, ...] = ()  # jax.Device.device_kind strings of this chip
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
@@ -62,34 +64,82 @@ class Chip:
 # JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION (default 0.75) of it: set 0.95 for big runs.
 CHIPS = {
     "v4": Chip(
-        "TPU v4", 32 * GiB, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)", 2
+        "TPU v4",
+        32 * GiB,
+        "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2, 1,200 GBps per chip)",
+        2,
+        1200e9,
+        ("TPU v4",),
     ),
     "v5e": Chip(
-        "TPU v5e", 16 * GiB, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"
+        "TPU v5e",
+        16 * GiB,
+        "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2, 819 GBps per chip)",
+        1,
+        819e9,
+        ("TPU v5 lite", "TPU v5e"),
     ),
     "v5p": Chip(
-        "TPU v5p", 95 * GiB, "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e per chip)", 2
+        "TPU v5p",
+        95 * GiB,
+        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps per chip)",
+        2,
+        2765e9,
+        ("TPU v5p", "TPU v5"),
     ),
-    "v6e": Chip("TPU v6e", 32 * GiB, "https://cloud.google.com/tpu/docs/v6e (32 GiB HBM per chip)"),
+    "v6e": Chip(
+        "TPU v6e",
+        32 * GiB,
+        "https://cloud.google.com/tpu/docs/v6e (32 GiB HBM, 1,640 GBps per chip)",
+        1,
+        1640e9,
+        ("TPU v6 lite", "TPU v6e"),
+    ),
     "h100": Chip(
-        "NVIDIA H100 SXM", 80 * 10**9, "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3)"
+        "NVIDIA H100 SXM",
+        80 * 10**9,
+        "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3, 3.35 TB/s)",
+        1,
+        3.35e12,
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
     ),
     "h200": Chip(
         "NVIDIA H200 SXM",
         141 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e)",
+        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s)",
+        1,
+        4.8e12,
+        ("NVIDIA H200",),
     ),
     "a100-40": Chip(
         "NVIDIA A100 40GB",
         40 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/a100/ (40 GB HBM2)",
+        "https://www.nvidia.com/en-us/data-center/a100/ (40 GB HBM2, 1,555 GB/s)",
+        1,
+        1555e9,
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
     ),
     "a100-80": Chip(
         "NVIDIA A100 80GB",
         80 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/a100/ (80 GB HBM2e)",
+        "https://www.nvidia.com/en-us/data-center/a100/ (80 GB HBM2e, 2,039 GB/s SXM)",
+        1,
+        2039e9,
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
     ),
 }
+
+
+def chip_of_device(device_kind: str) -> Chip | None:
+    """The `CHIPS` entry of a ``jax.Device.device_kind`` (None for a CPU or an unknown chip)."""
+    kind = device_kind.strip().lower()
+    for chip in CHIPS.values():
+        if any(kind == k.lower() for k in chip.device_kinds):
+            return chip
+    for chip in CHIPS.values():  # a longer kind string of the same chip ("... 80GB HBM3 ...")
+        if any(kind.startswith(k.lower()) for k in chip.device_kinds):
+            return chip
+    return None
 
 
 def parse_topology(topology: str) -> tuple[Chip, int]:

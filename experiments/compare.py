@@ -106,6 +106,7 @@ LABELS = {
 PAPER = "+10.6% (Prompt-GDRO) / +10.1% (Rollout-GDRO) relative pass@8 over GRPO on Qwen3-Base"
 REPORT_NAME = "gdro_vs_grpo"
 DEFAULT_LRS = (3e-5, 1e-4, 3e-4)
+DEFAULT_CONFIG = "configs/arithmetic.py"
 METRICS = ("pass_at_k", "mean_at_k")
 PASS_K = 8  # the paper's pass@8, estimated from all evaluation samples (Chen et al. 2021)
 
@@ -128,12 +129,15 @@ def method_config(
     paper_gdro: bool = False,
     prompts_per_step: int = 0,
 ):
-    """The ``configs/arithmetic.py:<algo>,<config_arg>`` config of ``method`` for one seed.
+    """The ``configs/arithmetic.py:<algo>,<config_arg>`` config of ``method`` for one seed
+    (another config file with ``config_arg = "<file.py>:<argument>"``).
 
     Args:
       method: a key of ``METHODS``.
       seed: ``config.seed`` (init, data order, sampling).
-      config_arg: the config argument after the algorithm (``heavy_tailed``, ``frontier``, ...).
+      config_arg: the config argument after the algorithm (``heavy_tailed``, ``frontier``, ...)
+        of ``configs/arithmetic.py``, or ``"<file.py>:<argument>"`` for another config file
+        whose ``get_config`` takes ``"<algorithm>[,<argument>]"`` (``--config``).
       steps: RL steps (0 = the config's).
       rl_prompts: ``config.data.max_train_examples`` (0 = all training problems).
       lr: ``config.optimizer.learning_rate`` (None = the config's).
@@ -144,12 +148,13 @@ def method_config(
     Raises:
       ValueError: unknown method.
     """
-    from configs import arithmetic, common
+    from configs import common
 
     if method not in METHODS:
         raise ValueError(f"method {method!r}: choose from {list(METHODS)}")
     algo, gdro = METHODS[method]
-    c = arithmetic.get_config(f"{algo},{config_arg}" if config_arg else algo)
+    path, arg = split_config_arg(config_arg)
+    c = load_config_module(path).get_config(f"{algo},{arg}" if arg else algo)
     c.seed = int(seed)
     if steps:
         c.steps = int(steps)
@@ -170,6 +175,35 @@ def method_config(
     c.logging.progress_bar = False
     c.logging.tensorboard = False
     return c
+
+
+def split_config_arg(config_arg: str) -> tuple[str, str]:
+    """``"<file.py>:<argument>"`` -> (file, argument); a bare argument -> (`DEFAULT_CONFIG`, it)."""
+    head, sep, tail = (config_arg or "").partition(":")
+    if head.endswith(".py"):
+        return head, tail
+    if sep:
+        raise ValueError(f"config_arg {config_arg!r}: expected '<file.py>:<argument>'")
+    return DEFAULT_CONFIG, config_arg or ""
+
+
+def load_config_module(path: str):
+    """The config module at ``path`` (relative to the working directory or to the repository)."""
+    import importlib.util
+
+    full = path
+    if not os.path.isabs(full) and not os.path.exists(full):
+        full = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
+    if not os.path.exists(full):
+        raise FileNotFoundError(f"--config {path}: no such file")
+    name = "grpo_jax_compare_config_" + os.path.splitext(os.path.basename(full))[0]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, full)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
 
 
 def eval_steps(steps: int, every: int) -> list[int]:
@@ -312,8 +346,10 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
 
     Returns: ``wse`` = ``sum_b qhat_b sigma_b / sqrt(n_b)`` (as
       ``gdro.rollout_gdro.weighted_standard_error``: ``mean_i sigma_{b(i)} / sqrt(n_i)``) with
-      ``sigma_b^2`` = the bin's mean of ``p_i (1 - p_i)``; ``wse_uniform`` (same prompts and bins,
-      every ``n_i = n_bar``); ``informative`` = expected informative groups
+      ``sigma_b^2`` = the bin's mean of ``p_i (1 - p_i)`` over the controller's bins;
+      ``wse_uniform`` (same prompts and bins, every ``n_i = n_bar``); ``wse_p_strata`` /
+      ``wse_p_strata_uniform``: the same with strata = bins of the *true* p
+      (`experiments.oracle.true_wse`, the oracle pre-check's definition); ``informative`` = expected informative groups
       ``sum_i 1 - p_i^n_i - (1 - p_i)^n_i``; ``informative_uniform``; ``known`` = prompts with a
       known ``p``. NaN values when no prompt has a known ``p``.
     """
@@ -323,7 +359,15 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
     ok = np.isfinite(pi)
     nan = float("nan")
     if not ok.any():
-        return dict(wse=nan, wse_uniform=nan, informative=nan, informative_uniform=nan, known=0)
+        return dict(
+            wse=nan,
+            wse_uniform=nan,
+            wse_p_strata=nan,
+            wse_p_strata_uniform=nan,
+            informative=nan,
+            informative_uniform=nan,
+            known=0,
+        )
     ids, bins, n, pi = ids[ok], bins[ok], n[ok], pi[ok]
     var = pi * (1 - pi)
     groups = bins.max() + 1
@@ -331,9 +375,13 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
     sig = np.sqrt(np.bincount(bins, weights=var, minlength=groups) / np.maximum(cnt, 1))
     s = sig[bins]
     inf = lambda m: float(np.sum(1 - pi**m - (1 - pi) ** m))
+    from experiments.oracle import true_wse as strata_wse  # strata = true-p bins
+
     return {
         "wse": float(np.mean(s / np.sqrt(n))),
         "wse_uniform": float(np.mean(s / np.sqrt(n_bar))),
+        "wse_p_strata": float(strata_wse(pi, n)),
+        "wse_p_strata_uniform": float(strata_wse(pi, np.full(n.shape, float(n_bar)))),
         "informative": inf(n),
         "informative_uniform": inf(np.full(n.shape, float(n_bar))),
         "known": int(ok.sum()),
@@ -959,7 +1007,17 @@ def _diagnostics(runs: dict, p_for_seed) -> dict:
             "sample_weight_max": float(np.nanmean(_rows_values(rows, "sample_weight_max"))),
         }
         series = {"informative": [], "wse_true": [], "wse_true_ratio": []}
-        tot = {"wse": 0.0, "wse_uniform": 0.0, "informative": 0.0, "informative_uniform": 0.0}
+        tot = dict.fromkeys(
+            (
+                "wse",
+                "wse_uniform",
+                "wse_p_strata",
+                "wse_p_strata_uniform",
+                "informative",
+                "informative_uniform",
+            ),
+            0.0,
+        )
         known, counted = [], 0
         for s in sorted(by_seed):
             job = by_seed[s]
@@ -988,6 +1046,11 @@ def _diagnostics(runs: dict, p_for_seed) -> dict:
             d["wse_true"] = tot["wse"] / counted
             d["wse_true_uniform"] = tot["wse_uniform"] / counted
             d["wse_true_ratio"] = tot["wse"] / tot["wse_uniform"] if tot["wse_uniform"] else np.nan
+            d["wse_p_strata_ratio"] = (
+                tot["wse_p_strata"] / tot["wse_p_strata_uniform"]
+                if tot["wse_p_strata_uniform"]
+                else np.nan
+            )
             d["expected_informative"] = tot["informative"] / counted
             d["expected_informative_uniform"] = tot["informative_uniform"] / counted
             d["oracle_coverage"] = float(np.mean(known))
@@ -1082,9 +1145,10 @@ def _diagnostics_table(results) -> str:
     diag, runs = results["diagnostics"], results["runs"]
     L = [
         "| method | train pass rate | informative groups / step (measured) | expected informative "
-        "groups (true p; uniform) | true WSE | true WSE / uniform | proxy WSE / uniform | "
-        "weight ESS (informative) | steps with the weight cap binding |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "groups (true p; uniform) | true WSE | true WSE / uniform | true WSE / uniform, "
+        "true-p strata | proxy WSE / uniform | weight ESS (informative) | steps with the weight "
+        "cap binding |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in runs:
         d = diag[m]
@@ -1094,6 +1158,7 @@ def _diagnostics_table(results) -> str:
             f"{_fmt(d['informative_groups'], '.1f')} of {P} | "
             f"{_fmt(d.get('expected_informative'), '.1f')} ({_fmt(d.get('expected_informative_uniform'), '.1f')}) | "
             f"{_fmt(d.get('wse_true'), '.4f')} | {_fmt(d.get('wse_true_ratio'), '.3f')} | "
+            f"{_fmt(d.get('wse_p_strata_ratio'), '.3f')} | "
             f"{_fmt(d.get('wse_proxy_ratio'), '.3f')} | {_fmt(d.get('weight_ess'), '.2f')} | "
             + (
                 f"{_fmt(d.get('weight_cap_bound'), '.0f', True)}% |"
@@ -1156,9 +1221,14 @@ def _verdict(results) -> str:
     if neg:
         head += " Significantly worse than GRPO: " + ", ".join(label(m) for m in neg) + "."
     s = results["setup"]
+    cpath, carg = split_config_arg(s["config_arg"])
+    where = (
+        f"tiny character-level transformer, arithmetic `{carg}`"
+        if cpath == DEFAULT_CONFIG
+        else f"`{cpath}` `{carg}`"
+    )
     return (
-        f"**{head}**\n\nPaper: {PAPER}. Here (tiny character-level transformer, arithmetic "
-        f"`{s['config_arg']}`, {s['steps']} RL steps, {len(s['seeds'])} paired seeds, lr chosen "
+        f"**{head}**\n\nPaper: {PAPER}. Here ({where}, {s['steps']} RL steps, {len(s['seeds'])} paired seeds, lr chosen "
         "per method on the validation half, test half reported): "
         + "; ".join(parts)
         + ". This is a small CPU-scale proxy of the paper's setting (model scale, task and "
@@ -1181,7 +1251,9 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     tab, gains, s = results["tables"], results["gains"], results["setup"]
     methods = list(results["runs"])
     rel = lambda p: os.path.relpath(p, out_dir)
-    L = [f"# GDRO vs GRPO at equal compute (arithmetic `{s['config_arg']}`)\n"]
+    cpath, carg = split_config_arg(s["config_arg"])
+    task = f"{cpath}:<algo>" + (f",{carg}" if carg else "")
+    L = [f"# GDRO vs GRPO at equal compute (`{task}`)\n"]
     L.append(f"Regenerate: `{command}`\n")
     L.append(
         f"Generated {results['date']} by `experiments/compare.py`; total wall time "
@@ -1190,7 +1262,7 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     )
     L.append("## Setup\n")
     L.append(
-        f"- Task: `configs/arithmetic.py:<algo>,{s['config_arg']}`; GDRO controllers: "
+        f"- Task: `{task}`; GDRO controllers: "
         + (
             "the **paper's** setting (`--paper_gdro`, failure-rate signal)."
             if s["paper_gdro"]
@@ -1199,8 +1271,16 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     )
     L.append(
         f"- Paired seeds: {s['seeds']}. Every method of a seed starts RL from the same supervised "
-        f"warm start ({s['sft_steps']} SFT steps on the config's {s['num_train']} training "
-        "problems) and is evaluated with the same sampling keys."
+        + (
+            f"warm start ({s['sft_steps']} SFT steps on the separate warm-start pool of "
+            f"{s['num_sft']} problems, disjoint from the RL pool and the held-out set)"
+            if s.get("num_sft")
+            else f"warm start ({s['sft_steps']} SFT steps on the config's {s['num_train']} "
+            "training problems)"
+            if s["sft_steps"]
+            else "starting point (no warm start: sft.steps = 0)"
+        )
+        + " and is evaluated with the same sampling keys."
     )
     L.append(
         f"- Held-out split ({s['num_eval']} problems): even index in the held-out list -> "
@@ -1334,7 +1414,11 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
         "share of bin b, unseen prompts a group of their own, sigma_b^2 = mean of p_i (1 - p_i) "
         "over the bin's prompts, n_b = rollouts per prompt), mean over steps and seeds; '/ "
         "uniform' = the same batches with n_bar rollouts per prompt (1 for methods that do not "
-        "reallocate). Expected informative groups = sum_i 1 - p_i^n_i - (1 - p_i)^n_i. The proxy "
+        "reallocate). 'true-p strata': the oracle pre-check's definition (`experiments.oracle."
+        "true_wse`): the bins are those of the true p_i (the classifier's edges), sigma_b = mean "
+        "of sqrt(p_i (1 - p_i)), n_b = the bin's mean rollouts per prompt; it does not depend on "
+        "the controller's own (noisy, few-visit) bins. Expected informative groups = "
+        "sum_i 1 - p_i^n_i - (1 - p_i)^n_i. The proxy "
         "is the allocator's own `rollout_gdro/wse` (circular, spec s.7). Weight ESS = Kish "
         "effective sample size fraction of the advantage weights over informative rollouts.\n"
     )
@@ -1398,7 +1482,14 @@ def _load_job(runs_dir: str, method: str | None, lr: float | None, seed: int) ->
     with np.load(os.path.join(runs_dir, f"{name}.npz")) as z:
         r.update({k: z[k] for k in z.files})
     if method:
-        r["rows"] = writers.read_jsonl(os.path.join(runs_dir, f"{name}.jsonl"))
+        path = os.path.join(runs_dir, f"{name}.jsonl")
+        if os.path.exists(path):
+            r["rows"] = writers.read_jsonl(path)
+        else:  # a committed run: the rows gzipped (`gzip runs/*.jsonl`)
+            import gzip
+
+            with gzip.open(path + ".gz", "rt") as f:
+                r["rows"] = [json.loads(line) for line in f if line.strip()]
     return r
 
 
@@ -1762,6 +1853,7 @@ def run_comparison(
             "rollouts_per_step": cfg0.rollout.prompts_per_step * cfg0.rollout.rollouts_per_prompt,
             "rl_prompts": num_prompts,
             "num_train": cfg0.data.arithmetic.num_train,
+            "num_sft": int(cfg0.data.arithmetic.get("num_sft", 0) or 0),
             "num_eval": int(len(levels_all)),
             "num_val": int(len(val_idx)),
             "num_test": int(len(test_idx)),
@@ -1913,7 +2005,10 @@ def main(argv=None):
     )
     ap.add_argument("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS), help="lr sweep")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--config_arg", default="heavy_tailed", help="arithmetic.py arg after algo")
+    ap.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="config file; get_config('<algo>,<config_arg>')"
+    )
+    ap.add_argument("--config_arg", default="heavy_tailed", help="config argument after algo")
     ap.add_argument("--paper_gdro", action="store_true", help="the paper's GDRO controllers")
     ap.add_argument("--steps", type=int, default=80, help="RL steps (0 = the config's)")
     ap.add_argument("--prompts_per_step", type=int, default=0, help="P (0 = the config's)")
@@ -1950,8 +2045,11 @@ def main(argv=None):
     given = sys.argv[1:] if argv is None else list(argv)
     skip = ("--report_only", "--estimate_only")
     command = "python -m experiments.compare " + " ".join(a for a in given if a not in skip)
+    config_arg = args.config_arg
+    if args.config != DEFAULT_CONFIG:
+        config_arg = f"{args.config}:{config_arg}"
     job_kw = dict(
-        config_arg=args.config_arg,
+        config_arg=config_arg,
         steps=args.steps,
         rl_prompts=args.rl_prompts,
         paper_gdro=args.paper_gdro,

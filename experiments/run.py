@@ -74,8 +74,8 @@ def _config_key_errors(argv):
 
 
 def _resolve_config_path(argv):
-    """``--config=configs/x.py:arg`` from any directory: a relative path that does not exist
-    here is looked up beside the installed ``configs`` package (the repository's configs/)."""
+    """``--config=configs/x.py:arg`` from any directory (``grpo-jax run``): a relative path that
+    does not exist here is looked up in the checkout (beside its ``configs`` package)."""
     import os
 
     for i, a in enumerate(argv):

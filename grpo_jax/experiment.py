@@ -261,7 +261,8 @@ def _opt(section, name: str, default):
 
 def _load_tokenizer(config):
     own = _opt(config.model, "tokenizer", "")
-    if config.data.name == "arithmetic" and not own:
+    pretrained = own or config.model.hf_checkpoint or config.model.gguf_path
+    if config.data.name == "arithmetic" and not pretrained:  # the built-in character vocabulary
         from grpo_jax.data import arithmetic
 
         return arithmetic.CharTokenizer()
@@ -598,6 +599,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         eos_ids=eos,
         pad_id=pad_id,
         prompt_group_size=group,
+        decode_slots=int(_opt(sc, "decode_slots", 0)),
     )
     ec = config.eval
     eval_sampling = sampling.SamplingConfig(
@@ -607,6 +609,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         top_p=ec.top_p,
         eos_ids=eos,
         pad_id=pad_id,
+        decode_slots=int(_opt(sc, "decode_slots", 0)),
     )
     if (sc.top_k or sc.top_p < 1) and not config.algorithm.tis_cap:
         logging.warning(

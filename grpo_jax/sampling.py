@@ -1,6 +1,8 @@
 """Jitted autoregressive sampler: one prefill pass + KV-cache decode in lax.while_loops.
 
 `generate(graphdef, params, prompt_tokens, prompt_mask, rng, config)` -> `Rollouts`.
+`generate_continuous(..., num_slots=S)` (also `generate` with ``config.decode_slots = S``):
+continuous batching, S decode rows refilled with pending requests as completions end.
 
 Shapes are static (R rows, Lp prompt slots, Lc = max_new_tokens), so a training loop with a
 fixed batch compiles once. The KV cache (`DecodeCache`, [L, R, kv_heads, Lp + Lc, head_dim])
@@ -47,6 +49,8 @@ class SamplingConfig:
     its KV cache copied to the G rows (same samples up to float rounding, 1/G of the prefill).
     attention_buckets: at most this many decode chunks, each attending to a static prefix of
     the cache just long enough for its last step (1 = every step reads all Lp + Lc slots).
+    decode_slots: > 0 = continuous batching with this many decode rows (`generate_continuous`,
+    which `generate` then calls); 0 = one static batch of all rows.
     """
 
     max_new_tokens: int
@@ -57,6 +61,7 @@ class SamplingConfig:
     pad_id: int = 0
     prompt_group_size: int = 1
     attention_buckets: int = 8
+    decode_slots: int = 0
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -79,6 +84,10 @@ class SamplingConfig:
                 f"SamplingConfig.attention_buckets must be an int >= 1, got "
                 f"{self.attention_buckets!r}"
             )
+        if not isinstance(self.decode_slots, int) or self.decode_slots < 0:
+            raise ValueError(
+                f"SamplingConfig.decode_slots must be an int >= 0, got {self.decode_slots!r}"
+            )
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
 
@@ -90,7 +99,9 @@ class Rollouts:
     completion_tokens [R, Lc] int32. completion_mask [R, Lc] float32: 1 on completion tokens up
     to and including the first EOS. logprobs [R, Lc] float32: log_softmax(logits / T) of each
     sampled token (before top-k/top-p truncation), 0 where masked. lengths [R] int32: number of
-    completion tokens (incl. EOS). truncated [R] bool: no EOS within max_new_tokens.
+    completion tokens (incl. EOS). truncated [R] bool: no EOS within max_new_tokens (or the
+    row's budget). decode_utilisation [] float32: `SlotStats.utilisation` of continuous
+    batching (None from the static sampler).
     """
 
     tokens: jax.Array
@@ -99,6 +110,7 @@ class Rollouts:
     logprobs: jax.Array
     lengths: jax.Array
     truncated: jax.Array
+    decode_utilisation: jax.Array | None = None  # [] float32, continuous batching only
 
 
 _BLOCK = 256  # vocabulary block of the two-level inverse-CDF draw
@@ -187,7 +199,7 @@ def decode_buckets(prompt_len: int, max_new_tokens: int, buckets: int) -> tuple[
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
-def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config):
+def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_lengths=None):
     model = nnx.merge(graphdef, params)
     R, Lp = prompt_tokens.shape
     Lc = config.max_new_tokens
@@ -224,6 +236,9 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config):
     out_tokens = jnp.full((R, Lc), config.pad_id, jnp.int32).at[:, 0].set(tok)
     out_lp = jnp.zeros((R, Lc), jnp.float32).at[:, 0].set(lp)
     done = jnp.isin(tok, eos)
+    cap = None if max_lengths is None else jnp.clip(max_lengths.astype(jnp.int32), 1, Lc)
+    if cap is not None:
+        done = done | (cap <= 1)
 
     def make_body(attend_len):
         def body(carry):
@@ -245,6 +260,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config):
             out_tokens = jax.lax.dynamic_update_slice(out_tokens, new_tok[:, None], (0, i))
             out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
             done = done | jnp.isin(new_tok, eos)
+            if cap is not None:
+                done = done | (i + 1 >= cap)
             return i + 1, new_tok, cache, done, out_tokens, out_lp, rng
 
         return body
@@ -265,6 +282,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config):
     is_eos = jnp.isin(out_tokens, eos)
     eos_before = (jnp.cumsum(is_eos, axis=-1) - is_eos) > 0  # an EOS strictly earlier
     mask = ~eos_before
+    if cap is not None:
+        mask = mask & (jnp.arange(Lc)[None] < cap[:, None])
     lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
     truncated = ~jnp.any(is_eos & mask, axis=-1)
     out_tokens = jnp.where(mask, out_tokens, config.pad_id)
@@ -286,6 +305,7 @@ def generate(
     prompt_mask,
     rng,
     config: SamplingConfig,
+    max_lengths=None,
 ) -> Rollouts:
     """Sample `config.max_new_tokens` tokens after each prompt.
 
@@ -293,8 +313,11 @@ def generate(
     prompt_tokens [R, Lp] int32, LEFT-padded (the last column is each prompt's last token);
     prompt_mask [R, Lp] bool, True on real prompt tokens; rng: a PRNG key.
     config: SamplingConfig (static). Inputs may be sharded over the batch; nothing is moved.
+    max_lengths: optional [R] int32 completion budget per row (a row that reaches it ends,
+    ``truncated``; the batch still runs until its longest row ends); None = max_new_tokens.
     Returns Rollouts (see its docstring). Compiles once per (graphdef, config, shapes, dtypes).
-    Raises ValueError on mismatched prompt shapes.
+    With ``config.decode_slots > 0`` the rows are decoded by continuous batching
+    (`generate_continuous`). Raises ValueError on mismatched prompt shapes.
     """
     if prompt_tokens.ndim != 2 or prompt_tokens.shape != prompt_mask.shape:
         raise ValueError(
@@ -306,4 +329,247 @@ def generate(
             f"{prompt_tokens.shape[0]} rows are not a multiple of "
             f"prompt_group_size {config.prompt_group_size}"
         )
-    return _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config)
+    if config.decode_slots:
+        out, stats = generate_continuous(
+            graphdef,
+            params,
+            prompt_tokens,
+            prompt_mask,
+            rng,
+            config,
+            num_slots=config.decode_slots,
+            max_lengths=max_lengths,
+        )
+        return out.replace(decode_utilisation=stats.utilisation)
+    if max_lengths is not None:
+        max_lengths = jnp.asarray(max_lengths, jnp.int32)
+    return _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_lengths)
+
+
+# ----------------------------------------------------------------------------- continuous batching
+
+
+@flax.struct.dataclass
+class SlotStats:
+    """What continuous batching did (scalars, int32 unless noted).
+
+    iterations: decode steps run. active_slot_steps: slot-steps that decoded a live request.
+    utilisation (float32): active_slot_steps / slot-steps run (the decode batch's width summed
+    over iterations: ``num_slots`` until the drain phases halve it), the share of the decode
+    batch doing useful work (the static sampler's equivalent is mean length / longest length).
+    refills: requests started in a freed slot after the first fill.
+    """
+
+    iterations: jax.Array
+    active_slot_steps: jax.Array
+    utilisation: jax.Array
+    refills: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_slots"))
+def _generate_continuous(
+    graphdef, params, prompt_tokens, prompt_mask, rng, max_lengths, config, num_slots
+):
+    model = nnx.merge(graphdef, params)
+    R, Lp = prompt_tokens.shape
+    Lc, S, G = config.max_new_tokens, num_slots, config.prompt_group_size
+    prompt_mask = prompt_mask.astype(bool)
+    prompt_tokens = prompt_tokens.astype(jnp.int32)
+    prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [R]
+    eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
+    cap = jnp.clip(max_lengths.astype(jnp.int32), 1, Lc)  # [R] completion budget per request
+
+    # every distinct prompt is prefilled once, in one batched pass: its keys/values wait in a
+    # prompt cache [L, R / G, KVH, Lp, D] until a slot takes the request
+    pcache = init_decode_cache(model.config, R // G, Lp)
+    hidden, pcache = model(
+        prompt_tokens[::G],
+        positions_from_mask(prompt_mask)[::G],
+        prompt_mask[::G],
+        cache=pcache,
+        return_hidden=True,
+        attend_len=Lp,
+    )
+    logits = model.logits(hidden[:, -1])  # [R / G, V]
+    if G > 1:
+        logits = jnp.repeat(logits, G, axis=0)  # [R, V]
+    rng, key = jax.random.split(rng)
+    tok0, lp0 = sample_logits(logits, key, config)  # every request's first token
+    out_tokens = jnp.full((R, Lc), config.pad_id, jnp.int32).at[:, 0].set(tok0)
+    out_lp = jnp.zeros((R, Lc), jnp.float32).at[:, 0].set(lp0)
+    live = ~jnp.isin(tok0, eos) & (cap > 1)  # requests that need decode steps
+    queue = jnp.argsort(~live, stable=True).astype(jnp.int32)  # live requests first, in order
+    n_live = jnp.sum(live).astype(jnp.int32)
+
+    cache = init_decode_cache(model.config, S, Lp + Lc)
+    cache = cache.replace(index=jnp.full((S,), Lp, jnp.int32))
+    req = jnp.full((S,), R, jnp.int32)  # the request in each slot (R = none)
+    step = jnp.ones((S,), jnp.int32)  # completion index the slot samples next
+    active = jnp.zeros((S,), bool)
+
+    def fill(state, slots, count):
+        """Starts the next `count` queued requests in `slots[:count]` (a prompt-cache copy)."""
+
+        def body(j, st):
+            cache, req, step, active, ptr = st
+            s, r = slots[j], queue[ptr]
+            g = r // G
+            kv = lambda c: jax.lax.dynamic_slice_in_dim(c, g, 1, axis=1)  # [L, 1, KVH, Lp, D]
+            cache = cache.replace(
+                k=jax.lax.dynamic_update_slice(cache.k, kv(pcache.k), (0, s, 0, 0, 0)),
+                v=jax.lax.dynamic_update_slice(cache.v, kv(pcache.v), (0, s, 0, 0, 0)),
+                key_mask=jax.lax.dynamic_update_slice(
+                    cache.key_mask,
+                    jnp.concatenate([prompt_mask[r], jnp.zeros((Lc,), bool)])[None],
+                    (s, 0),
+                ),
+                index=cache.index.at[s].set(Lp),
+            )
+            return cache, req.at[s].set(r), step.at[s].set(1), active.at[s].set(True), ptr + 1
+
+        return jax.lax.fori_loop(0, count, body, state)
+
+    zero = jnp.zeros((), jnp.int32)
+    state = fill((cache, req, step, active, zero), jnp.arange(S), jnp.minimum(S, n_live))
+
+    def body(carry):
+        (cache, req, step, active, ptr), out_tokens, out_lp, rng, it, used, slot_steps, refills = (
+            carry
+        )
+        width = active.shape[0]
+        r = jnp.minimum(req, R - 1)
+        prev = out_tokens[r, step - 1]  # the token each slot feeds (completion index step - 1)
+        pos = (prompt_len[r] + step - 1)[:, None]
+        hidden, cache = model(prev[:, None], pos, active[:, None], cache=cache, return_hidden=True)
+        rng, key = jax.random.split(rng)
+        new_tok, lp = sample_logits(model.logits(hidden[:, 0]), key, config)
+        dest = jnp.where(active, req, R)  # finished / empty slots write nowhere (dropped)
+        out_tokens = out_tokens.at[dest, step].set(new_tok, mode="drop")
+        out_lp = out_lp.at[dest, step].set(lp, mode="drop")
+        finished = active & (jnp.isin(new_tok, eos) | (step + 1 >= cap[r]))
+        used = used + jnp.sum(active).astype(jnp.int32)
+        step = jnp.where(active, step + 1, step)
+        active = active & ~finished
+        cache = cache.replace(index=jnp.where(active, cache.index, Lp))
+        count = jnp.minimum(jnp.sum(finished), n_live - ptr).astype(jnp.int32)
+        slots = jnp.nonzero(finished, size=width, fill_value=0)[0].astype(jnp.int32)
+        state = fill((cache, req, step, active, ptr), slots, count)
+        return (state, out_tokens, out_lp, rng, it + 1, used, slot_steps + width, refills + count)
+
+    # drain phases: once no request is pending and at most half the slots are live, the live
+    # slots move (one gather of their cache rows) to a batch half as wide, down to S / 16
+    widths = [S]
+    while widths[-1] > 1 and widths[-1] // 2 >= max(1, S // 16):
+        widths.append(widths[-1] // 2)
+    carry = (state, out_tokens, out_lp, rng, zero, zero, zero, zero)
+    for j in range(len(widths)):
+        nxt = widths[j + 1] if j + 1 < len(widths) else 0
+
+        def cond(carry, nxt=nxt):
+            (_, _, _, active, ptr) = carry[0]
+            live = jnp.sum(active)
+            return (live > 0) & ((ptr < n_live) | (live > nxt))
+
+        carry = jax.lax.while_loop(cond, body, carry)
+        if nxt:
+            (cache, req, step, active, ptr), *rest = carry
+            keep = jnp.argsort(~active, stable=True)[:nxt]  # the live slots first
+            cache = cache.replace(
+                k=cache.k[:, keep],
+                v=cache.v[:, keep],
+                key_mask=cache.key_mask[keep],
+                index=cache.index[keep],
+            )
+            carry = ((cache, req[keep], step[keep], active[keep], ptr), *rest)
+    _, out_tokens, out_lp, _, it, used, slot_steps, refills = carry
+
+    is_eos = jnp.isin(out_tokens, eos)
+    eos_before = (jnp.cumsum(is_eos, axis=-1) - is_eos) > 0
+    mask = ~eos_before & (jnp.arange(Lc)[None] < cap[:, None])
+    lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
+    truncated = ~jnp.any(is_eos & mask, axis=-1)
+    out_tokens = jnp.where(mask, out_tokens, config.pad_id)
+    maskf = mask.astype(jnp.float32)
+    rollouts = Rollouts(
+        tokens=jnp.concatenate([prompt_tokens, out_tokens], axis=1),
+        completion_tokens=out_tokens,
+        completion_mask=maskf,
+        logprobs=out_lp * maskf,
+        lengths=lengths,
+        truncated=truncated,
+    )
+    stats = SlotStats(
+        iterations=it,
+        active_slot_steps=used,
+        utilisation=used / jnp.maximum(slot_steps, 1).astype(jnp.float32),
+        refills=refills,
+    )
+    return rollouts, stats
+
+
+def generate_continuous(
+    graphdef,
+    params,
+    prompt_tokens,
+    prompt_mask,
+    rng,
+    config: SamplingConfig,
+    *,
+    num_slots: int,
+    max_lengths=None,
+) -> tuple[Rollouts, SlotStats]:
+    """`generate` with continuous batching: ``num_slots`` decode rows, each refilled with the
+    next pending request (row of ``prompt_tokens``) as soon as its completion ends.
+
+    Every distinct prompt (one per group of ``config.prompt_group_size`` rows) is prefilled once
+    up front into a prompt cache; a request that takes a freed slot copies its prompt's keys and
+    values into that slot (``[L, KVH, Lp, D]``, no recomputation) and decodes from there. The
+    decode batch stays full while requests are pending, so the wall time follows the total
+    number of generated tokens / ``num_slots`` rather than ``R / num_slots`` x the longest
+    completion. When nothing is pending and at most half the slots are live, the live slots
+    move to a batch half as wide (down to ``num_slots / 16``), so the drain at the end does not
+    run a mostly empty batch. Static shapes: one compile per (config, num_slots, shapes).
+
+    Same per-step distribution as `generate` (same logits for the same prefix, up to float
+    rounding: the slots attend over all Lp + Lc cache slots under a mask); the random draws
+    differ, and at temperature 0 the tokens are the same (tests/test_sampling_continuous.py).
+
+    Args:
+      graphdef, params, prompt_tokens [R, Lp] int32 (left-padded), prompt_mask [R, Lp] bool,
+        rng, config: as `generate`.
+      num_slots: decode rows S (1 <= S; S >= R degenerates to a static batch of R rows).
+      max_lengths: optional [R] int32 completion budget per request (<= max_new_tokens; a
+        request that reaches it ends, ``truncated``); None = max_new_tokens for every request.
+
+    Returns:
+      (Rollouts in request order, SlotStats).
+
+    Raises:
+      ValueError: mismatched shapes, num_slots < 1, rows not a multiple of prompt_group_size.
+    """
+    if prompt_tokens.ndim != 2 or prompt_tokens.shape != prompt_mask.shape:
+        raise ValueError(
+            f"prompt_tokens {prompt_tokens.shape} and prompt_mask {prompt_mask.shape} "
+            f"must both be [R, Lp]"
+        )
+    R = prompt_tokens.shape[0]
+    if R % config.prompt_group_size:
+        raise ValueError(
+            f"{R} rows are not a multiple of prompt_group_size {config.prompt_group_size}"
+        )
+    if not isinstance(num_slots, int) or num_slots < 1:
+        raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
+    if max_lengths is None:
+        max_lengths = jnp.full((R,), config.max_new_tokens, jnp.int32)
+    elif jnp.shape(max_lengths) != (R,):
+        raise ValueError(f"max_lengths must be [{R}], got shape {jnp.shape(max_lengths)}")
+    return _generate_continuous(
+        graphdef,
+        params,
+        prompt_tokens,
+        prompt_mask,
+        rng,
+        jnp.asarray(max_lengths, jnp.int32),
+        config,
+        min(num_slots, R),
+    )

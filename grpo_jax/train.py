@@ -58,6 +58,7 @@ class Round:
     Host arrays: ids [P] int32, rows [R] (prompt id of each rollout), rewards [R] float32,
     correct [R] bool, lengths [R] int32, informative [P] bool (the group's rewards are not all
     equal). Device arrays: rollouts (`sampling.Rollouts`, [R, ...]), prompt_mask [R, Lp] bool.
+    decode_utilisation: share of decode slot-steps that did work (continuous batching only).
     """
 
     ids: np.ndarray
@@ -72,6 +73,7 @@ class Round:
     reward_stats: dict
     times: dict
     texts: tuple = ()
+    decode_utilisation: float | None = None  # continuous batching's SlotStats.utilisation
 
     @property
     def visit(self) -> algorithms.Visit:
@@ -105,8 +107,10 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         )
         for k, s in zip(keys, range(0, R, gbs))
     ]
+    util = [p.decode_utilisation for p in parts if p.decode_utilisation is not None]
+    parts = [p.replace(decode_utilisation=None) for p in parts]
     rollouts = parts[0] if len(parts) == 1 else fns.concat(parts)
-    completions, lengths = xfer.to_host((rollouts.completion_tokens, rollouts.lengths))
+    completions, lengths, util = xfer.to_host((rollouts.completion_tokens, rollouts.lengths, util))
     times["generate"] = t()
 
     t = _timer()
@@ -131,6 +135,7 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         reward_stats=dict(reward_stats),
         times=times,
         texts=tuple(texts),
+        decode_utilisation=float(np.mean(util)) if util else None,
     )
 
 
@@ -276,6 +281,9 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     for lvl in np.unique(levels):
         row[f"pass_rate/level_{int(lvl)}"] = float(rd.correct[levels == lvl].mean())
     # prompts per bin; the last entry counts never-seen prompts (their own state)
+    util = [x.decode_utilisation for x in rounds if x.decode_utilisation is not None]
+    if util:
+        row["decode_utilisation"] = float(np.mean(util))
     row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
     if cfg.algorithm.dynamic_sampling:
         row["dynamic_sampling/rounds"] = len(rounds)
@@ -480,6 +488,11 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         # row N precedes checkpoint N; at step 0 that row may not have been written yet (nor
         # the row of a step whose evaluation was interrupted)
         resume_step=step if pending is not None else (step + 1 if step else 0),
+        wandb={
+            k: config.logging.get(f"wandb_{k}", "") or ""
+            for k in ("project", "entity", "mode", "name")
+        },
+        run_config=config.to_dict(),
     )
     stack.callback(writer.close)
     if step == 0:

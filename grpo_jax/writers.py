@@ -1,4 +1,5 @@
-"""Metrics writers: JSONL in the workdir (the source of truth) and TensorBoard event files.
+"""Metrics writers: JSONL in the workdir (the source of truth), TensorBoard event files and,
+optionally, Weights & Biases (``config.logging.wandb_project``; ``pip install wandb``).
 
 Only process 0 writes. Rows are flat dicts of scalars and short lists (per-bin arrays).
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,11 +38,33 @@ class MetricsWriter:
     a kill mid-write is dropped too).
     """
 
-    def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        wandb: Mapping[str, Any] | None = None,
+        run_config: Mapping[str, Any] | None = None,
+    ):
+        """
+        Args:
+          workdir: the run's directory.
+          tensorboard: also write TensorBoard event files (skipped if tensorboardX is missing).
+          resume_step: drop rows with ``step >= resume_step`` first (a resumed run).
+          wandb: ``{"project", "entity", "mode", "name"}`` (``config.logging.wandb_*``); an
+            empty project = off. The W&B run id is kept in ``<workdir>/wandb_run_id`` so a
+            resumed run continues the same W&B run.
+          run_config: the run's config (a plain dict), sent to W&B.
+
+        Raises:
+          ConfigError: a W&B project is set but ``wandb`` is not installed.
+        """
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.samples_path = os.path.join(workdir, "samples.jsonl")
         self._tb = None
+        self._wandb = None
         if not self.enabled:
             return
         os.makedirs(workdir, exist_ok=True)
@@ -59,6 +83,8 @@ class MetricsWriter:
                 self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
             except ImportError:  # optional
                 self._tb = None
+        if wandb and wandb.get("project"):
+            self._wandb = _init_wandb(workdir, wandb, run_config)
 
     def write(self, step: int, row: Mapping[str, Any]) -> None:
         if not self.enabled:
@@ -71,6 +97,9 @@ class MetricsWriter:
                 if isinstance(v, (int, float)) and k != "step":
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        if self._wandb is not None:
+            scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+            self._wandb.log(scalars, step=int(step))
 
     def write_samples(self, step: int, samples: list[dict]) -> None:
         """Appends sample completions (dicts of prompt, completion, answer, reward) to
@@ -88,10 +117,51 @@ class MetricsWriter:
             )
             self._tb.add_text("samples", text, step)
             self._tb.flush()
+        if self._wandb is not None:
+            import wandb
+
+            cols = ["prompt", "completion", "answer", "reward"]
+            data = [[str(to_jsonable(x.get(c, ""))) for c in cols] for x in samples]
+            self._wandb.log({"samples": wandb.Table(columns=cols, data=data)}, step=int(step))
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _init_wandb(workdir: str, cfg: Mapping[str, Any], run_config: Mapping[str, Any] | None):
+    """``wandb.init`` for this workdir: the same run id on every resume (``wandb_run_id``)."""
+    from grpo_jax.config_utils import ConfigError
+
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            f"config.logging.wandb_project={cfg['project']!r} but wandb is not installed: "
+            "pip install wandb, or set config.logging.wandb_project=''"
+        ) from None
+    id_path = os.path.join(workdir, "wandb_run_id")
+    if os.path.exists(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip()
+    else:
+        run_id = uuid.uuid4().hex[:16]
+        with open(id_path + ".tmp", "w") as f:
+            f.write(run_id + "\n")
+        os.replace(id_path + ".tmp", id_path)
+    return wandb.init(
+        project=cfg["project"],
+        entity=cfg.get("entity") or None,
+        name=cfg.get("name") or os.path.basename(os.path.abspath(workdir)),
+        mode=cfg.get("mode") or None,
+        id=run_id,
+        resume="allow",
+        dir=workdir,
+        config=dict(run_config or {}),
+    )
 
 
 def _step_of(line: str) -> float:

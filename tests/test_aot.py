@@ -168,3 +168,15 @@ def test_cli_exits_non_zero_with_a_message_when_it_does_not_fit():
     assert "does not fit on v5e-8" in out.stderr and "largest step" in out.stderr
     assert "'fsdp': 8" in out.stdout  # the CLI made 8 virtual devices
     np.testing.assert_equal("Traceback" in out.stderr, False)
+
+
+def test_chip_table_maps_device_kinds_to_published_bandwidth():
+    from experiments.aot import CHIPS, chip_of_device
+
+    assert chip_of_device("NVIDIA H200").bandwidth_Bps == 4.8e12
+    assert chip_of_device("NVIDIA H100 80GB HBM3").name == "NVIDIA H100 SXM"
+    assert chip_of_device("TPU v5 lite").bandwidth_Bps == 819e9
+    assert chip_of_device("cpu") is None
+    for chip in CHIPS.values():  # every chip has a bandwidth, quoted on its source page
+        assert chip.bandwidth_Bps > 0 and chip.device_kinds
+        assert "GBps" in chip.source or "B/s" in chip.source, chip.source

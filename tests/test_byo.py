@@ -452,3 +452,37 @@ def test_prepare_data_from_a_local_copy_rebuilds_the_files(tmp_path):
     assert len(ex) == 13987  # the en_dedup filter, applied at load time
     with pytest.raises(ValueError, match="unknown dataset"):
         prepare_data.prepare(str(out), ["nope"], from_dir=str(SHARED))
+
+
+def test_hub_id_not_in_the_cache_is_downloaded_when_online(monkeypatch, tmp_path):
+    """The online path with a stand-in for huggingface_hub.snapshot_download (no network)."""
+    import huggingface_hub
+
+    from grpo_jax.models import loading
+
+    calls = []
+
+    def fake_download(**kw):
+        calls.append(kw)
+        if kw.get("local_files_only"):
+            raise FileNotFoundError("not cached")
+        if kw["repo_id"] == "me/broken":
+            raise OSError("HTTP 404\nnot found")
+        return str(tmp_path)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    assert loading.resolve_checkpoint("me/tiny@v1") == str(tmp_path)
+    assert [c.get("local_files_only", False) for c in calls] == [True, False]
+    assert calls[1]["repo_id"] == "me/tiny" and calls[1]["revision"] == "v1"
+    assert "model.safetensors" in " ".join(calls[1]["allow_patterns"]) or any(
+        "safetensors" in p for p in calls[1]["allow_patterns"]
+    )
+    with pytest.raises(FileNotFoundError, match="download failed: OSError: HTTP 404") as e:
+        loading.resolve_checkpoint("me/broken")
+    assert "\n" not in str(e.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: never tries the download
+    calls.clear()
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
+        loading.resolve_checkpoint("me/tiny")
+    assert len(calls) == 1

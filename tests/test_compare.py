@@ -136,9 +136,13 @@ def test_pass_at_8_is_the_unbiased_estimator_from_more_samples():
     assert est == pytest.approx(sub.mean(), abs=0.015)
     # with n = k it is 1[any correct]; with fewer samples than k it is pass@n
     eight = rng.random((2, 5, 8)) < 0.3
-    assert compare.per_problem_scores(eight, "pass_at_k") == pytest.approx(eight.any(-1).astype(float))
+    assert compare.per_problem_scores(eight, "pass_at_k") == pytest.approx(
+        eight.any(-1).astype(float)
+    )
     four = eight[..., :4]
-    assert compare.per_problem_scores(four, "pass_at_k") == pytest.approx(four.any(-1).astype(float))
+    assert compare.per_problem_scores(four, "pass_at_k") == pytest.approx(
+        four.any(-1).astype(float)
+    )
     with pytest.raises(ValueError, match="pass@9"):
         compare.pass_at_k_unbiased(np.array([1]), 8, 9)
 

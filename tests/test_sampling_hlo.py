@@ -45,10 +45,13 @@ def _callees(line: str):
     return out
 
 
-def decode_cache_traffic(hlo: str, *, rows, kv_heads, head_dim, prompt_len, slots, layers):
-    """Counter {op: n} of cache-sized results inside the decode loops of optimized HLO text."""
+def decode_cache_traffic(
+    hlo: str, *, rows, kv_heads, head_dim, prompt_len, slots, layers, token_rows=None
+):
+    """Counter {op: n} of cache-sized results inside the decode loops of optimized HLO text
+    (``rows``: the cache's rows; ``token_rows``: the output tokens' rows, default ``rows``)."""
     comps, entry = _computations(hlo)
-    out_tokens = f"s32[{rows},{slots - prompt_len}]"
+    out_tokens = f"s32[{token_rows or rows},{slots - prompt_len}]"
     roots = []
     for line in comps[entry]:
         if " while(" in line and out_tokens in line.split(" while(")[0]:

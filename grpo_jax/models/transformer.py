@@ -144,7 +144,9 @@ class DecodeCache:
     k, v: [L, B, KVH, S, D] (config.dtype): per layer and row, each kv head's slots are
     contiguous, so a step's attention einsum ("bksd") reads a layer's cache in place, with no
     transpose, and writes its new keys with one dynamic_update_slice. key_mask [B, S] bool and
-    index [] int32 as in KVCache.
+    index [] int32 as in KVCache, or index [B] int32: each row's own next slot (the continuous
+    batching sampler, whose rows are at different steps; one token per call, written by a
+    scatter of B entries per layer).
     """
 
     k: jax.Array
@@ -500,12 +502,21 @@ class Decoder(nnx.Module):
             S = T
         else:
             S = cache.key_mask.shape[1]
-            key_mask = jax.lax.dynamic_update_slice(
-                cache.key_mask, attention_mask, (0, cache.index)
-            )
-            q_slot = cache.index + jnp.arange(T)
+            per_row = jnp.ndim(cache.index) == 1  # [B] indices: rows at different steps
+            if per_row and (not decode_layout or T != 1):
+                raise ValueError("a per-row cache index takes a DecodeCache and one token per row")
+            if per_row:
+                key_mask = cache.key_mask.at[jnp.arange(B), cache.index].set(attention_mask[:, 0])
+                q_slot = cache.index[:, None] + jnp.arange(T)[None]  # [B, T]
+            else:
+                key_mask = jax.lax.dynamic_update_slice(
+                    cache.key_mask, attention_mask, (0, cache.index)
+                )
+                q_slot = (cache.index + jnp.arange(T))[None]  # [1, T]
+        if cache is None:
+            q_slot = q_slot[None]
         A = S if attend_len is None else min(int(attend_len), S)  # slots attended
-        mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[None, :, None])
+        mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
 
         graphdef, layer_state = nnx.split(self.layers)
 
@@ -521,6 +532,19 @@ class Decoder(nnx.Module):
 
                 def kv_read():
                     return fresh["kv"]
+            elif decode_layout and jnp.ndim(cache.index) == 1:
+                # per-row slots: scatter each row's one new key/value of layer l
+                def kv_write(k, v):
+                    rows = jnp.arange(B)
+                    fresh["k"] = ck.at[l, rows, :, cache.index, :].set(k[:, 0].astype(ck.dtype))
+                    fresh["v"] = cv.at[l, rows, :, cache.index, :].set(v[:, 0].astype(cv.dtype))
+
+                def kv_read():
+                    size = (1, *ck.shape[1:3], A, ck.shape[4])
+                    return tuple(
+                        jax.lax.dynamic_slice(fresh[n], (l, 0, 0, 0, 0), size)[0]
+                        for n in ("k", "v")
+                    )
             elif decode_layout:
                 # [L, B, KVH, S, D]: write the T new slots of layer l in place, read the layer's
                 # first A slots (a contiguous-per-head window: no copy, no transpose)
