@@ -279,22 +279,26 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
         carry = jax.lax.while_loop(cond, make_body(attend_len), carry)
     _, _, _, _, out_tokens, out_lp, _ = carry
 
+    return _finish(prompt_tokens, out_tokens, out_lp, eos, cap, config.pad_id)
+
+
+def _finish(prompt_tokens, out_tokens, out_lp, eos, cap, pad_id) -> Rollouts:
+    """Masks after the first EOS (and past each row's budget ``cap`` [R], None = none) and packs
+    the `Rollouts`."""
     is_eos = jnp.isin(out_tokens, eos)
     eos_before = (jnp.cumsum(is_eos, axis=-1) - is_eos) > 0  # an EOS strictly earlier
     mask = ~eos_before
     if cap is not None:
-        mask = mask & (jnp.arange(Lc)[None] < cap[:, None])
-    lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    truncated = ~jnp.any(is_eos & mask, axis=-1)
-    out_tokens = jnp.where(mask, out_tokens, config.pad_id)
+        mask = mask & (jnp.arange(out_tokens.shape[1])[None] < cap[:, None])
     maskf = mask.astype(jnp.float32)
+    out_tokens = jnp.where(mask, out_tokens, pad_id)
     return Rollouts(
         tokens=jnp.concatenate([prompt_tokens, out_tokens], axis=1),
         completion_tokens=out_tokens,
         completion_mask=maskf,
         logprobs=out_lp * maskf,
-        lengths=lengths,
-        truncated=truncated,
+        lengths=jnp.sum(mask, axis=-1).astype(jnp.int32),
+        truncated=~jnp.any(is_eos & mask, axis=-1),
     )
 
 
@@ -483,21 +487,7 @@ def _generate_continuous(
             carry = ((cache, req[keep], step[keep], active[keep], ptr), *rest)
     _, out_tokens, out_lp, _, it, used, slot_steps, refills = carry
 
-    is_eos = jnp.isin(out_tokens, eos)
-    eos_before = (jnp.cumsum(is_eos, axis=-1) - is_eos) > 0
-    mask = ~eos_before & (jnp.arange(Lc)[None] < cap[:, None])
-    lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    truncated = ~jnp.any(is_eos & mask, axis=-1)
-    out_tokens = jnp.where(mask, out_tokens, config.pad_id)
-    maskf = mask.astype(jnp.float32)
-    rollouts = Rollouts(
-        tokens=jnp.concatenate([prompt_tokens, out_tokens], axis=1),
-        completion_tokens=out_tokens,
-        completion_mask=maskf,
-        logprobs=out_lp * maskf,
-        lengths=lengths,
-        truncated=truncated,
-    )
+    rollouts = _finish(prompt_tokens, out_tokens, out_lp, eos, cap, config.pad_id)
     stats = SlotStats(
         iterations=it,
         active_slot_steps=used,
