@@ -5,11 +5,14 @@ Arguments: `grpo` (default) | `prompt_gdro` | `rollout_gdro`, optionally `,smoke
 4 prompts x 4 rollouts, 16 held-out problems x 4 samples: a CPU test) and `,paper_gdro`.
 
 The instruct model needs no warm start (``sft.steps = 0``): RL starts from the released weights.
-Difficulty d = 1..6 (d + 1 digits over two addends, `grpo_jax.data.arithmetic.ladder_problem`);
-the user message is ``"<a>+<b> = ?"`` after the system message `SYSTEM` (chat template), the reward the last number of
+Difficulty d = 2, 3 (d + 1 digits over two addends, `grpo_jax.data.arithmetic.ladder_problem`);
+the user message is ``"<a>+<b> " + SUFFIX`` after the system message `SYSTEM` (chat template), the reward the last number of
 the completion (``reward.task = "gsm8k"``: ``####``, ``\\boxed{}``, ``Answer:`` or the last
-number). The protocol, for a GPU or TPU (the oracle first: the comparison only means something
-when it passes):
+number). Status: the CPU oracle pre-check (96 RL prompts x 32 samples, reports/smollm2/oracle.md)
+finds 34.4% of prompts in [0.02, 0.5] (the protocol needs >= 40%) and an oracle gain of +44.8%
+(>= 25%): not yet a valid testbed for the comparison (the model is weak at sums: mean p 0.05).
+The protocol, for a GPU or TPU (the oracle first: the comparison only means something when it
+passes):
 
   python -m experiments.oracle --config=configs/smollm2_frontier.py:grpo --out=reports/smollm2
   python -m experiments.compare --config=configs/smollm2_frontier.py --config_arg= \\
@@ -20,8 +23,8 @@ when it passes):
 from configs import common
 from grpo_jax import algorithms
 
-SYSTEM = "You are a calculator. Reply with the result only."
-SUFFIX = "= ?"
+SYSTEM = "You are a helpful assistant good at arithmetic."
+SUFFIX = "= ? Give the final answer as a number."
 
 
 def default_gguf() -> str:
@@ -40,16 +43,16 @@ def get_config(arg: str = "grpo"):
     c.data.name = "arithmetic"
     c.data.template = "chat"  # the tokenizer's chat template (ChatML)
     c.data.system_prompt = SYSTEM
-    c.data.prompt_suffix = SUFFIX  # the user message is "<a>+<b> = ?"
+    c.data.prompt_suffix = SUFFIX  # the user message is "<a>+<b> = ? Give the final ..."
     c.data.max_prompt_tokens = 64  # the chat-templated prompt is ~50 tokens
     a = c.data.arithmetic
     a.generator = "ladder"  # d + 1 digits over two addends
-    a.levels = (1, 2, 3, 4, 5, 6)  # difficulties d: 2-7 digits in all
+    a.levels = (2, 3)  # difficulties d: 3-4 digits in all (d = 1 has only ~100 problems)
     a.level_weights = None  # uniform over d
     a.heavy_tailed = False
     a.num_train = 1280  # RL pool = steps * P / 5
     a.num_sft = 0  # no warm start: no SFT pool
-    a.num_eval = 1200  # 200 per difficulty
+    a.num_eval = 1200  # 600 per difficulty
     a.eval_uniform = True
     c.reward.task = "gsm8k"  # the last number of the completion, exact
     c.reward.num_workers = 2
@@ -57,7 +60,10 @@ def get_config(arg: str = "grpo"):
     c.rollout.prompts_per_step = 64  # P
     c.rollout.rollouts_per_prompt = 4  # n_bar (the paper's)
     c.rollout.max_new_tokens = 16  # a 7-digit sum (one token per digit) and a few words
-    c.rollout.temperature = 1.0
+    # a 135M model at temperature 1 rarely lands on the sum even for 1-digit addends (~10%);
+    # at 0.7 the ladder's d = 2, 3 are partly solvable (CPU probe: 67% of d = 1, 2 prompts in
+    # [0.02, 0.5]; reports/smollm2/oracle.md); the log-probs are those of the tempered policy
+    c.rollout.temperature = 0.7
     c.algorithm.kl_coef = 0.0
     c.optimizer.learning_rate = 1e-6  # the paper's; swept by experiments.compare
     c.eval.datasets = ("arithmetic",)
