@@ -198,6 +198,22 @@ def decode_buckets(prompt_len: int, max_new_tokens: int, buckets: int) -> tuple[
     return tuple(prompt_len + e - 1 for e in ends)
 
 
+def _prefill(model, prompt_tokens, prompt_mask, group: int, slots: int):
+    """One forward pass over every ``group``-th prompt row into a fresh `DecodeCache` of ``slots``
+    slots (rows R / group). Returns (last-position logits repeated to [R, V], the cache)."""
+    cache = init_decode_cache(model.config, prompt_tokens.shape[0] // group, slots)
+    hidden, cache = model(
+        prompt_tokens[::group],
+        positions_from_mask(prompt_mask)[::group],
+        prompt_mask[::group],
+        cache=cache,
+        return_hidden=True,
+        attend_len=prompt_tokens.shape[1],
+    )
+    logits = model.logits(hidden[:, -1])  # [R / group, V]
+    return (jnp.repeat(logits, group, axis=0) if group > 1 else logits), cache
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
 def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_lengths=None):
     model = nnx.merge(graphdef, params)
@@ -205,7 +221,6 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     Lc = config.max_new_tokens
     prompt_mask = prompt_mask.astype(bool)
     prompt_tokens = prompt_tokens.astype(jnp.int32)
-    positions = positions_from_mask(prompt_mask)
     prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [R]
     eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
 
@@ -213,18 +228,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     # and last logits to the group's rows. The cache is [L, rows, kv_heads, slots, head_dim]
     # (DecodeCache): each step writes its slot in place and reads the filled prefix in place.
     G = config.prompt_group_size
-    cache = init_decode_cache(model.config, R // G, Lp + Lc)
-    hidden, cache = model(
-        prompt_tokens[::G],
-        positions[::G],
-        prompt_mask[::G],
-        cache=cache,
-        return_hidden=True,
-        attend_len=Lp,
-    )
-    logits = model.logits(hidden[:, -1])  # [R / G, V]
+    logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, Lp + Lc)
     if G > 1:
-        logits = jnp.repeat(logits, G, axis=0)
         cache = cache.replace(
             k=jnp.repeat(cache.k, G, axis=1),
             v=jnp.repeat(cache.v, G, axis=1),
@@ -385,18 +390,7 @@ def _generate_continuous(
 
     # every distinct prompt is prefilled once, in one batched pass: its keys/values wait in a
     # prompt cache [L, R / G, KVH, Lp, D] until a slot takes the request
-    pcache = init_decode_cache(model.config, R // G, Lp)
-    hidden, pcache = model(
-        prompt_tokens[::G],
-        positions_from_mask(prompt_mask)[::G],
-        prompt_mask[::G],
-        cache=pcache,
-        return_hidden=True,
-        attend_len=Lp,
-    )
-    logits = model.logits(hidden[:, -1])  # [R / G, V]
-    if G > 1:
-        logits = jnp.repeat(logits, G, axis=0)  # [R, V]
+    logits, pcache = _prefill(model, prompt_tokens, prompt_mask, G, Lp)
     rng, key = jax.random.split(rng)
     tok0, lp0 = sample_logits(logits, key, config)  # every request's first token
     out_tokens = jnp.full((R, Lc), config.pad_id, jnp.int32).at[:, 0].set(tok0)
