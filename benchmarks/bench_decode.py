@@ -27,6 +27,7 @@ Writes a JSON summary with --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -80,6 +81,12 @@ def main(argv=None):
     parser.add_argument("--new_tokens", type=int, default=34)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 (weights, KV)")
+    parser.add_argument(
+        "--attention_buckets",
+        type=int,
+        default=0,
+        help="SamplingConfig.attention_buckets (0: the default)",
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
 
@@ -151,6 +158,8 @@ def main(argv=None):
             sc = SamplingConfig(
                 max_new_tokens=n, temperature=1.0, top_k=0, top_p=1.0, eos_ids=(), pad_id=0
             )
+            if args.attention_buckets:
+                sc = dataclasses.replace(sc, attention_buckets=args.attention_buckets)
             t = time.perf_counter()
             out = generate(graphdef, params, toks, mask, jax.random.key(seed), sc)
             out.completion_tokens.block_until_ready()
@@ -168,7 +177,9 @@ def main(argv=None):
         try:
             from grpo_jax.sampling import decode_buckets
 
-            ends = decode_buckets(Lp, N, SamplingConfig(max_new_tokens=N).attention_buckets)
+            ends = decode_buckets(
+                Lp, N, args.attention_buckets or SamplingConfig(max_new_tokens=N).attention_buckets
+            )
             read = [next(e for e in ends if e >= Lp + i) for i in range(2, N)]
             mean_read = sum(read) / len(read)
         except ImportError:

@@ -5,14 +5,15 @@
 continuous batching, S decode rows refilled with pending requests as completions end.
 
 Shapes are static (R rows, Lp prompt slots, Lc = max_new_tokens), so a training loop with a
-fixed batch compiles once. The KV cache (`DecodeCache`, [L, R, kv_heads, Lp + Lc, head_dim])
-is carried through the loops and updated in place (dynamic_update_slice); each layer's
-attention reads its slots in place, in the layout its einsum consumes (no per-step copy or
-transpose of the cache: tests/test_sampling_hlo.py checks the optimized HLO). The decode steps
-run in up to `attention_buckets` chunks, one while_loop each, and a chunk attends to a static
-prefix of the cache just long enough for its last step rather than all Lp + Lc slots. The
-prompt is processed once; there is no host sync inside the loops, which exit as soon as every
-row has produced an EOS id.
+fixed batch compiles once. The KV cache (`DecodeCache`: one [R, kv_heads, slots, head_dim]
+buffer per layer) is carried through the loops and updated in place (dynamic_update_slice);
+each layer's attention reads its whole buffer in place, in the layout its einsum consumes, and
+the layer weights are unstacked once before the loops (no per-step copy, slice or transpose of
+the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). The decode
+steps run in up to `attention_buckets` chunks, one while_loop each; between chunks the cache
+grows (one copy) to the slots the next chunk's last step needs, so a step attends to at most
+16-ish more slots than it needs rather than all Lp + Lc. The prompt is processed once; there
+is no host sync inside the loops, which exit as soon as every row has produced an EOS id.
 
 Sampling distribution (per step, HF `generate` order): logits / temperature, then top-k, then
 top-p (nucleus, Holtzman et al. 2020) on the renormalised top-k distribution. temperature == 0
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax.models.transformer import init_decode_cache, positions_from_mask
+from grpo_jax.models.transformer import init_decode_cache, positions_from_mask, unstack_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +48,9 @@ class SamplingConfig:
     after EOS and for unused slots. prompt_group_size: G > 1 when the rows come in consecutive
     groups of G identical prompts (a GRPO group): the prompt is prefilled once per group and
     its KV cache copied to the G rows (same samples up to float rounding, 1/G of the prefill).
-    attention_buckets: at most this many decode chunks, each attending to a static prefix of
-    the cache just long enough for its last step (1 = every step reads all Lp + Lc slots).
+    attention_buckets: at most this many decode chunks, each attending to a cache just long
+    enough for its last step (the cache grows between chunks; 1 = every step reads all
+    Lp + Lc - 1 slots).
     decode_slots: > 0 = continuous batching with this many decode rows (`generate_continuous`,
     which `generate` then calls); 0 = one static batch of all rows.
     """
@@ -225,16 +227,14 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
 
     # prefill one row per group of G identical prompts (G = 1: every row), then copy its cache
-    # and last logits to the group's rows. The cache is [L, rows, kv_heads, slots, head_dim]
-    # (DecodeCache): each step writes its slot in place and reads the filled prefix in place.
+    # and last logits to the group's rows. The cache (DecodeCache: per layer [rows, kv_heads,
+    # slots, head_dim]) starts as long as the first decode chunk needs and grows between chunks
     G = config.prompt_group_size
-    logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, Lp + Lc)
+    ends = decode_buckets(Lp, Lc, config.attention_buckets) if Lc > 1 else ()
+    logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, ends[0] if ends else Lp)
     if G > 1:
-        cache = cache.replace(
-            k=jnp.repeat(cache.k, G, axis=1),
-            v=jnp.repeat(cache.v, G, axis=1),
-            key_mask=jnp.repeat(cache.key_mask, G, axis=0),
-        )
+        cache = cache.map_rows(lambda x: jnp.repeat(x, G, axis=0))
+    layers = unstack_layers(model)  # read in place by every decode step
 
     rng, key = jax.random.split(rng)
     tok, lp = sample_logits(logits, key, config)
@@ -245,7 +245,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     if cap is not None:
         done = done | (cap <= 1)
 
-    def make_body(attend_len):
+    def make_body():
         def body(carry):
             i, tok, cache, done, out_tokens, out_lp, rng = carry
             pos = (prompt_len + i - 1)[:, None]
@@ -255,7 +255,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
                 jnp.ones((R, 1), bool),
                 cache=cache,
                 return_hidden=True,
-                attend_len=attend_len,
+                layer_params=layers,
             )
             logits = model.logits(hidden[:, 0])
             rng, key = jax.random.split(rng)
@@ -271,17 +271,19 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
 
         return body
 
-    # decode in chunks of steps, chunk j attending to its first `attend_len` slots (a static
-    # slice of the cache); each chunk is a while_loop that also exits once every row is done
+    # decode in chunks of steps; before chunk j the cache grows (one copy) to exactly the
+    # `attend_len` slots its last step reads, so every step reads its layers' buffers in place
+    # and whole; each chunk is a while_loop that also exits once every row is done
     carry = (jnp.ones((), jnp.int32), tok, cache, done, out_tokens, out_lp, rng)
-    for attend_len in decode_buckets(Lp, Lc, config.attention_buckets) if Lc > 1 else ():
+    for attend_len in ends:
         last_step = attend_len - Lp  # step i reads slots [0, Lp + i)
 
         def cond(carry, last_step=last_step):
             i, _, _, done, _, _, _ = carry
             return (i <= last_step) & ~jnp.all(done)
 
-        carry = jax.lax.while_loop(cond, make_body(attend_len), carry)
+        carry = (*carry[:2], carry[2].grow(attend_len), *carry[3:])
+        carry = jax.lax.while_loop(cond, make_body(), carry)
     _, _, _, _, out_tokens, out_lp, _ = carry
 
     return _finish(prompt_tokens, out_tokens, out_lp, eos, cap, config.pad_id)
@@ -401,6 +403,7 @@ def _generate_continuous(
 
     cache = init_decode_cache(model.config, S, Lp + Lc)
     cache = cache.replace(index=jnp.full((S,), Lp, jnp.int32))
+    layers = unstack_layers(model)  # read in place by every decode step
     req = jnp.full((S,), R, jnp.int32)  # the request in each slot (R = none)
     step = jnp.ones((S,), jnp.int32)  # completion index the slot samples next
     active = jnp.zeros((S,), bool)
@@ -412,10 +415,14 @@ def _generate_continuous(
             cache, req, step, active, ptr = st
             s, r = slots[j], queue[ptr]
             g = r // G
-            kv = lambda c: jax.lax.dynamic_slice_in_dim(c, g, 1, axis=1)  # [L, 1, KVH, Lp, D]
+
+            def put(dst, src):  # slot s's first Lp slots <- prompt g's [1, KVH, Lp, D]
+                row = jax.lax.dynamic_slice_in_dim(src, g, 1, axis=0)
+                return jax.lax.dynamic_update_slice(dst, row, (s, 0, 0, 0))
+
             cache = cache.replace(
-                k=jax.lax.dynamic_update_slice(cache.k, kv(pcache.k), (0, s, 0, 0, 0)),
-                v=jax.lax.dynamic_update_slice(cache.v, kv(pcache.v), (0, s, 0, 0, 0)),
+                k=tuple(map(put, cache.k, pcache.k)),
+                v=tuple(map(put, cache.v, pcache.v)),
                 key_mask=jax.lax.dynamic_update_slice(
                     cache.key_mask,
                     jnp.concatenate([prompt_mask[r], jnp.zeros((Lc,), bool)])[None],
@@ -438,7 +445,14 @@ def _generate_continuous(
         r = jnp.minimum(req, R - 1)
         prev = out_tokens[r, step - 1]  # the token each slot feeds (completion index step - 1)
         pos = (prompt_len[r] + step - 1)[:, None]
-        hidden, cache = model(prev[:, None], pos, active[:, None], cache=cache, return_hidden=True)
+        hidden, cache = model(
+            prev[:, None],
+            pos,
+            active[:, None],
+            cache=cache,
+            return_hidden=True,
+            layer_params=layers,
+        )
         rng, key = jax.random.split(rng)
         new_tok, lp = sample_logits(model.logits(hidden[:, 0]), key, config)
         dest = jnp.where(active, req, R)  # finished / empty slots write nowhere (dropped)
@@ -472,12 +486,7 @@ def _generate_continuous(
         if nxt:
             (cache, req, step, active, ptr), *rest = carry
             keep = jnp.argsort(~active, stable=True)[:nxt]  # the live slots first
-            cache = cache.replace(
-                k=cache.k[:, keep],
-                v=cache.v[:, keep],
-                key_mask=cache.key_mask[keep],
-                index=cache.index[keep],
-            )
+            cache = cache.map_rows(lambda x, keep=keep: x[keep])
             carry = ((cache, req[keep], step[keep], active[keep], ptr), *rest)
     _, out_tokens, out_lp, _, it, used, slot_steps, refills = carry
 

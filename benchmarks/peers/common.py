@@ -18,7 +18,7 @@ The workload (the same for grpo_jax, TRL's GRPOTrainer and Tunix's GRPOLearner):
 Result JSON (one file per system run; `run_all.py` merges them into reports/performance.md):
   {"system", "version", "workload": {...}, "steps": [{"step_s", "generate_s", "reward_s",
    "reference_s", "update_s", "generated_tokens", "update_tokens"}, ...] (timed steps only),
-   "warmup_steps", "peak_rss_bytes", "notes": [...]}
+   "warmup_steps", "peak_rss_bytes", "notes": [...], "settings": {...} (see `SETTINGS_KEYS`)}
 """
 
 from __future__ import annotations
@@ -100,6 +100,53 @@ def workload(args) -> dict:
             "seed",
             "micro_batch",
         )
+    }
+
+
+# The like-for-like settings every runner reports in its result's "settings" (run_all.py prints
+# them as one table, a row per system):
+SETTINGS_KEYS = {
+    "sampler": "the generation engine",
+    "cache_len": "KV-cache slots per row at the end of generation (the most any step reads)",
+    "cache": "how that cache is sized and grown",
+    "prompt_pad": "prompts left-padded to this many tokens",
+    "generate_rows": "rows per generation call",
+    "micro_batch_rows": "rows per micro-batch of the reference pass and the update",
+    "optimizer_steps": "optimizer steps per RL step",
+    "remat": "activation rematerialisation / gradient checkpointing in the update",
+    "dtype": "parameter and compute dtype",
+}
+
+
+def model_shape(path: str | None = None) -> dict:
+    """Parameter counts of the converted checkpoint, from its config.json (standard library only).
+
+    n_params: all parameters (a tied embedding counted once); n_head: the LM head's matmul
+    parameters (vocab x d); n_body: the decoder layers' matmul parameters (q, k, v, o, MLP; norms
+    and the embedding gather do no matmul); weight_bytes: float32 bytes of all parameters;
+    kv_bytes_per_position: float32 key + value bytes of one position of one row, all layers.
+    """
+    with open(os.path.join(path or model_dir(), "config.json"), encoding="utf-8") as f:
+        hf = json.load(f)
+    d, L, V = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    H, KVH = hf["num_attention_heads"], hf["num_key_value_heads"]
+    D = hf.get("head_dim") or d // H
+    mlp = hf["intermediate_size"]
+    tied = bool(hf.get("tie_word_embeddings", False))
+    per_layer = d * H * D * 2 + d * KVH * D * 2 + 3 * d * mlp
+    n_body = L * per_layer
+    n_head = V * d
+    n_params = n_body + L * 2 * d + d + n_head * (1 if tied else 2)
+    return {
+        "num_layers": L,
+        "num_heads": H,
+        "num_kv_heads": KVH,
+        "head_dim": D,
+        "n_params": n_params,
+        "n_body": n_body,
+        "n_head": n_head,
+        "weight_bytes": 4 * n_params,
+        "kv_bytes_per_position": 2 * L * KVH * D * 4,
     }
 
 

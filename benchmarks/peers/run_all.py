@@ -8,8 +8,13 @@ reports/performance.md.
 
 Each round runs the three systems alternately (grpo_jax, TRL, Tunix), each as its own process
 (python of its own venv), never two at once; `--rounds=R` repeats that and pools the timed
-steps of each system. A watchdog samples each run's resident memory (process tree) every
-second and kills a run that goes over `--max_rss_gib` (recorded as such). Results (JSON per
+steps of each system. Before the first system and after the last, `machine_bounds.py`
+(grpo_jax's venv, its own process) measures the float32 matmul peak and the read bandwidth;
+the report uses the larger of the two measurements of each for the floor of the step
+(`floor`). The report's header gives the exact command, each run's start/end time and the load
+average at its start (`{tag}_harness.json` keeps the command and the bounds). A watchdog
+samples each run's resident memory (process tree) every second and kills a run that goes over
+`--max_rss_gib` (recorded as such). Results (JSON per
 run) go to `--results_dir`; `--report_only` rewrites the report from the JSON already there.
 """
 
@@ -63,7 +68,23 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def run_one(system: str, args, out_json: str, log_path: str) -> dict:
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def measure_bounds(out_json: str) -> dict:
+    """The float32 matmul peak and read bandwidth, measured by machine_bounds.py in its own
+    process (grpo_jax's venv: `bench_step.matmul_peak`, `bench_decode.read_bandwidth`)."""
+    cmd = [python_for("grpo_jax"), os.path.join(HERE, "machine_bounds.py"), f"--out={out_json}"]
+    print(f"[run_all] machine bounds: {shlex.join(cmd)}", flush=True)
+    rc = subprocess.run(cmd, cwd=common.REPO).returncode
+    if rc or not os.path.isfile(out_json):
+        return {"failed": f"exit code {rc}"}
+    with open(out_json, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_one(system: str, args, out_json: str, log_path: str, round_index: int = 0) -> dict:
     """Runs one system's process; returns its result (or a failure record)."""
     cmd = [
         python_for(system),
@@ -80,6 +101,7 @@ def run_one(system: str, args, out_json: str, log_path: str) -> dict:
     cmd += shlex.split(getattr(args, f"{system}_args", "") or "")
     print(f"[run_all] {system}: {shlex.join(cmd)}  (log {log_path})", flush=True)
     peak = {"bytes": 0, "killed": False}
+    load = list(os.getloadavg())
     t0 = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=common.REPO)
@@ -126,6 +148,14 @@ def run_one(system: str, args, out_json: str, log_path: str) -> dict:
             json.dump(result, f, indent=1)
     result["tree_peak_rss_bytes"] = peak["bytes"]
     result["process_wall_s"] = wall
+    result["run"] = {
+        "round": round_index,
+        "command": shlex.join(cmd),
+        "started_utc": _utc(t0),
+        "ended_utc": _utc(t0 + wall),
+        "loadavg_start": load,
+        "loadavg_end": list(os.getloadavg()),
+    }
     with open(out_json, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     print(
@@ -264,6 +294,220 @@ def _decode_section(d: dict) -> list[str]:
     return lines
 
 
+def floor(workload: dict, prompt_len: int, shape: dict, peak: float, bandwidth: float) -> dict:
+    """Lower bound (s) of one GRPO step of this workload on this machine.
+
+    Counts the positions TRL and Tunix process: every one of the R = prompts x samples rows
+    runs its prompt, left-padded to Lp, and max_new_tokens = Lc completion tokens (T = Lp + Lc - 1
+    input positions). With A = 4 x layers x heads x head_dim (attention FLOPs per query-key
+    pair), forward(positions, pairs, head positions) = 2 x n_body x positions + 2 x n_head x head
+    positions + A x pairs, the formula of run_grpo_jax.py's "update TFLOP" (padded shapes, full
+    T x T score matrices):
+      update     = 3 x forward(R T, R T^2, R Lc)  / matmul peak   (forward + backward)
+      reference  =     forward(R T, R T^2, R Lc)  / matmul peak
+      generate   = prefill forward(R Lp, R Lp^2, R) / peak + sum over the Lc - 1 decode steps t of
+                   max(R (2 n_body + 2 n_head + A (Lp + t)) / peak,
+                       (weight bytes + R x KV bytes per position x (Lp + t)) / bandwidth)
+    Reward, the optimizer (~7 parameter-sized reads/writes) and host work are left out.
+    """
+    R = workload["prompts"] * workload["samples"]
+    Lp, Lc = prompt_len, workload["max_new_tokens"]
+    T = Lp + Lc - 1
+    A = 4 * shape["num_layers"] * shape["num_heads"] * shape["head_dim"]
+
+    def forward(positions, pairs, head_positions):
+        return 2 * shape["n_body"] * positions + 2 * shape["n_head"] * head_positions + A * pairs
+
+    ref_flops = forward(R * T, R * T * T, R * Lc)
+    update_flops = 3 * ref_flops
+    prefill_flops = forward(R * Lp, R * Lp * Lp, R)
+    decode_compute = decode_bandwidth = decode_s = 0.0
+    for t in range(1, Lc):
+        c = R * (2 * shape["n_body"] + 2 * shape["n_head"] + A * (Lp + t)) / peak
+        b = (shape["weight_bytes"] + R * shape["kv_bytes_per_position"] * (Lp + t)) / bandwidth
+        decode_compute, decode_bandwidth, decode_s = (
+            decode_compute + c,
+            decode_bandwidth + b,
+            decode_s + max(c, b),
+        )
+    out = {
+        "rows": R,
+        "prompt_len": Lp,
+        "positions_per_row": T,
+        "update_flops": update_flops,
+        "reference_flops": ref_flops,
+        "prefill_flops": prefill_flops,
+        "update_s": update_flops / peak,
+        "reference_s": ref_flops / peak,
+        "prefill_s": prefill_flops / peak,
+        "decode_compute_s": decode_compute,
+        "decode_bandwidth_s": decode_bandwidth,
+        "decode_s": decode_s,
+        "matmul_peak_flops": peak,
+        "read_bandwidth_Bps": bandwidth,
+    }
+    out["generate_s"] = out["prefill_s"] + decode_s
+    out["step_s"] = out["generate_s"] + out["reference_s"] + out["update_s"]
+    return out
+
+
+def _bounds(harness: dict) -> tuple[float, float] | None:
+    """The larger matmul peak and bandwidth of the before/after measurements (None if none)."""
+    ms = [harness.get(k) or {} for k in ("bounds_before", "bounds_after")]
+    ms = [m for m in ms if m.get("matmul_peak_flops")]
+    if not ms:
+        return None
+    return (
+        max(m["matmul_peak_flops"] for m in ms),
+        max(m["read_bandwidth_Bps"] for m in ms),
+    )
+
+
+def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
+    w = next((r["workload"] for r in merged.values() if r.get("workload")), None)
+    bounds = _bounds(harness)
+    Lp = harness.get("prompt_len") or next(
+        (r.get("settings", {}).get("prompt_pad") for r in merged.values() if r.get("settings")),
+        None,
+    )
+    if not (w and bounds and Lp and harness.get("model_shape")):
+        return ["Floor: not computed (no machine bounds measured in this run).", ""]
+    f = floor(w, Lp, harness["model_shape"], *bounds)
+    sh = harness["model_shape"]
+    lines = [
+        "Machine bounds, measured by `benchmarks/peers/machine_bounds.py` in this run "
+        "(`bench_step.matmul_peak`: best of 10 jitted 2048^3 float32 matmuls; "
+        "`bench_decode.read_bandwidth`: best of a jitted float32 sum over 1 GiB and numpy's):",
+        "",
+        "| when | UTC | float32 matmul peak GFLOP/s | read bandwidth GB/s "
+        "| load average at start |",
+        "|---|---|---|---|---|",
+    ]
+    for k, name in (
+        ("bounds_before", "before the first system"),
+        ("bounds_after", "after the last"),
+    ):
+        m = harness.get(k) or {}
+        if m.get("matmul_peak_flops"):
+            lines.append(
+                f"| {name} | {m.get('started_utc', '?')} | {m['matmul_peak_flops'] / 1e9:.1f} | "
+                f"{m['read_bandwidth_Bps'] / 1e9:.1f} | "
+                f"{' '.join(f'{x:.2f}' for x in m.get('loadavg_start', []))} |"
+            )
+        else:
+            lines.append(f"| {name} | - | {m.get('failed', 'not measured')} | | |")
+    lines += [
+        "",
+        f"Floor of one step (the larger peak, {bounds[0] / 1e9:.1f} GFLOP/s, and the larger "
+        f"bandwidth, {bounds[1] / 1e9:.1f} GB/s): R = {f['rows']} rows, each its prompt "
+        f"left-padded to Lp = {f['prompt_len']} plus Lc = {w['max_new_tokens']} completion "
+        f"tokens (T = Lp + Lc - 1 = {f['positions_per_row']} positions per row: what TRL and "
+        "Tunix process; grpo_jax's shared prompt forward runs each group's prompt once, so it "
+        "does less work than this counts), n_body = "
+        f"{sh['n_body'] / 1e6:.1f}M layer matmul parameters, n_head = {sh['n_head'] / 1e6:.1f}M "
+        f"(LM head), A = 4 x layers x heads x head_dim = "
+        f"{4 * sh['num_layers'] * sh['num_heads'] * sh['head_dim']} FLOPs per query-key pair; "
+        "forward(positions, pairs, head positions) = 2 n_body positions + 2 n_head head positions "
+        "+ A pairs (run_grpo_jax.py's update-FLOP formula):",
+        "",
+        f"- update = 3 x forward(R T, R T^2, R Lc) = {f['update_flops'] / 1e12:.2f} TFLOP / peak "
+        f"= {f['update_s']:.1f} s",
+        f"- reference = forward(R T, R T^2, R Lc) = {f['reference_flops'] / 1e12:.2f} TFLOP / peak "
+        f"= {f['reference_s']:.1f} s",
+        f"- generate = prefill forward(R Lp, R Lp^2, R) / peak ({f['prefill_s']:.1f} s) + the "
+        "Lc - 1 decode steps, each max(R (2 n_body + 2 n_head + A (Lp + t)) / peak, (weight "
+        "bytes + R x KV bytes per position x (Lp + t)) / bandwidth) "
+        f"({f['decode_s']:.1f} s; compute alone {f['decode_compute_s']:.1f} s, bandwidth alone "
+        f"{f['decode_bandwidth_s']:.1f} s) = {f['generate_s']:.1f} s",
+        f"- **floor = {f['step_s']:.1f} s per step** (reward, optimizer and host work left out)",
+        "",
+        "| system | median step s | step / floor | generate / its floor | reference / its floor "
+        "| update / its floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in SYSTEMS:
+        if s not in merged:
+            continue
+        m = common.summarize(merged[s])
+        if not m["n"]:
+            lines.append(f"| {s} | n/a | n/a | n/a | n/a | n/a |")
+            continue
+        lines.append(
+            f"| {s} | {_fmt(m['step_s'])} | {_fmt(m['step_s'] / f['step_s'])} | "
+            f"{_fmt(m['generate_s'] / f['generate_s'])} | "
+            f"{_fmt(m['reference_s'] / f['reference_s'])} | "
+            f"{_fmt(m['update_s'] / f['update_s'])} |"
+        )
+    return lines + [""]
+
+
+SETTINGS_COLUMNS = (
+    ("sampler", "sampler"),
+    ("cache_len", "sampler KV cache slots per row"),
+    ("prompt_pad", "prompts padded to"),
+    ("generate_rows", "rows per generate call"),
+    ("micro_batch_rows", "micro-batch rows (reference, update)"),
+    ("optimizer_steps", "optimizer steps per step"),
+    ("remat", "remat / gradient checkpointing"),
+    ("dtype", "dtype"),
+)
+
+
+def _settings_section(merged: dict[str, dict]) -> list[str]:
+    """One row per system: the settings that make the comparison like for like."""
+    lines = [
+        "Settings of each system in this run (from each runner's result JSON):",
+        "",
+        "| system | " + " | ".join(h for _, h in SETTINGS_COLUMNS) + " |",
+        "|---|" + "---|" * len(SETTINGS_COLUMNS),
+    ]
+    caches = []
+    for s in SYSTEMS:
+        st = merged.get(s, {}).get("settings")
+        if not st:
+            if s in merged:
+                lines.append(f"| {s} | " + " | ".join("?" for _ in SETTINGS_COLUMNS) + " |")
+            continue
+        lines.append(
+            f"| {s} | " + " | ".join(str(st.get(k, "?")) for k, _ in SETTINGS_COLUMNS) + " |"
+        )
+        caches.append(f"- {s}: {st.get('cache', '?')}")
+    return lines + ["", "Sampler caches:", ""] + caches + [""]
+
+
+def _runs_section(merged: dict[str, dict], harness: dict, runs: list[dict]) -> list[str]:
+    lines = []
+    if harness.get("command"):
+        lines += [
+            "Command (one invocation of the harness; each round runs the systems alternately, "
+            f"in the order {', '.join(harness.get('systems', SYSTEMS))}; rounds are pooled):",
+            "",
+            "```",
+            harness["command"],
+            "```",
+            "",
+            f"Harness started {harness.get('started_utc', '?')} UTC, ended "
+            f"{harness.get('ended_utc', '?')} UTC; machine {harness.get('cpu_count', '?')} CPU "
+            "cores.",
+            "",
+        ]
+    lines += [
+        "| round | system | started (UTC) | ended (UTC) | wall s | load average at start "
+        "(1/5/15 min) | result |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: r.get("run", {}).get("started_utc", "")):
+        info = r.get("run", {})
+        lines.append(
+            f"| {info.get('round', '?')} | {r.get('system', '?')} | "
+            f"{info.get('started_utc', '?')} | {info.get('ended_utc', '?')} | "
+            f"{_fmt(r.get('process_wall_s', float('nan')), 0)} | "
+            f"{' '.join(f'{x:.2f}' for x in info.get('loadavg_start', []))} | "
+            f"{'FAILED: ' + r['failed'] if r.get('failed') else 'ok'} |"
+        )
+    return lines + [""]
+
+
 def render_report(
     sections,
     *,
@@ -277,18 +521,27 @@ def render_report(
     """The markdown of reports/performance.md.
 
     Args:
-      sections: [(label, {system: merged result})], largest size first; the notes on unequal
-        settings are taken from the first section.
+      sections: [(label, {system: merged result}[, harness, runs])], largest size first, where
+        harness is the `{tag}_harness.json` dict (command, times, machine bounds) and runs the
+        unmerged result of every run; the notes on unequal settings are taken from the first
+        section.
     """
     if isinstance(sections, dict):
         sections = [("", sections)]
+    sections = [tuple(sec) + ({}, [])[len(sec) - 2 :] for sec in sections]
     lines = ["# Performance: grpo_jax vs TRL and Tunix (issue #10)", ""]
+    for label, merged, harness, runs in sections:
+        if harness or runs:
+            lines += [f'## How the size "{label}" was run', ""]
+            lines += _runs_section(merged, harness, runs)
     if intro:
         lines += [intro, ""]
     if machine:
         lines += [machine, ""]
-    for label, merged in sections:
+    for label, merged, harness, _ in sections:
         lines += _table(merged, label)
+        lines += _settings_section(merged)
+        lines += _floor_section(merged, harness)
     if decode:
         lines += _decode_section(decode)
     lines += [
@@ -344,11 +597,31 @@ def main(argv=None):
     systems = [s for s in args.systems.split(",") if s]
     os.makedirs(args.results_dir, exist_ok=True)
     tag = f"{args.label}_p{args.prompts}x{args.samples}_t{args.max_new_tokens}"
+    harness_path = os.path.join(args.results_dir, f"{tag}_harness.json")
     if not args.report_only:
+        t0 = time.time()
+        harness = {
+            "command": shlex.join(
+                (["nice", "-n", str(os.nice(0))] if os.nice(0) else [])
+                + [sys.executable]
+                + (sys.argv if argv is None else [sys.argv[0], *argv])
+            ),
+            "cwd": os.getcwd(),
+            "started_utc": _utc(t0),
+            "systems": systems,
+            "rounds": args.rounds,
+            "cpu_count": os.cpu_count(),
+            "loadavg_start": list(os.getloadavg()),
+        }
         subprocess.run(
             [sys.executable, os.path.join(HERE, "prepare.py"), f"--prompts={args.prompts}"],
             check=True,
             cwd=common.REPO,
+        )
+        harness["prompt_len"] = max(len(p["ids"]) for p in common.load_prompts(args.prompts))
+        harness["model_shape"] = common.model_shape()
+        harness["bounds_before"] = measure_bounds(
+            os.path.join(args.results_dir, f"{tag}_bounds_before.json")
         )
         for r in range(args.rounds):
             for s in systems:
@@ -357,16 +630,29 @@ def main(argv=None):
                     args,
                     os.path.join(args.results_dir, f"{tag}_{s}_r{r}.json"),
                     f"/tmp/peers_{tag}_{s}_r{r}.log",
+                    round_index=r,
                 )
+        harness["bounds_after"] = measure_bounds(
+            os.path.join(args.results_dir, f"{tag}_bounds_after.json")
+        )
+        harness["ended_utc"] = _utc(time.time())
+        with open(harness_path, "w", encoding="utf-8") as f:
+            json.dump(harness, f, indent=1)
     sections = []
     for t in [tag] + [x for x in args.include.split(",") if x and x != tag]:
-        merged = {}
+        merged, runs = {}, []
         for s in SYSTEMS:
             files = sorted(glob.glob(os.path.join(args.results_dir, f"{t}_{s}_r*.json")))
+            if t == tag:  # rounds of this size beyond --rounds are left over from an older run
+                files = [f for f in files if int(f.rsplit("_r", 1)[1][:-5]) < args.rounds]
             if files:
-                merged[s] = merge([json.load(open(f, encoding="utf-8")) for f in files])
+                loaded = [json.load(open(f, encoding="utf-8")) for f in files]
+                runs += loaded
+                merged[s] = merge(loaded)
+        hpath = os.path.join(args.results_dir, f"{t}_harness.json")
+        harness = json.load(open(hpath, encoding="utf-8")) if os.path.isfile(hpath) else {}
         if merged:
-            sections.append((t.split("_p")[0], merged))
+            sections.append((t.split("_p")[0], merged, harness, runs))
     size = (
         f"--prompts={args.prompts} --samples={args.samples} "
         f"--max_new_tokens={args.max_new_tokens} --steps={args.steps} --warmup={args.warmup}"

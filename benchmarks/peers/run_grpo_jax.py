@@ -186,9 +186,9 @@ def main(argv=None):
             ["shared prompt forward OFF (--no_shared_prompt): every row runs its prompt"]
             if args.no_shared_prompt
             else [
-                "algorithm.shared_prompt_forward: each group's prompt runs once in the prefill, the "
-                "reference pass and the update (values equal the per-row computation up to float "
-                "rounding; TRL and Tunix run the prompt for each of the 8 rows)"
+                "algorithm.shared_prompt_forward: each group's prompt runs once in the prefill, "
+                "the reference pass and the update (values equal the per-row computation up to "
+                f"float rounding; TRL and Tunix run the prompt for each of the {args.samples} rows)"
             ]
         )
         + [
@@ -199,6 +199,48 @@ def main(argv=None):
             "finished rows are masked",
         ]
     )
+    R = args.prompts * args.samples
+    G = int(getattr(exp.train_sampling, "prompt_group_size", 1))
+    slots = int(getattr(exp.train_sampling, "decode_slots", 0) or 0)
+    try:  # the sampler grows its cache in chunks (grpo_jax.sampling.decode_buckets)
+        from grpo_jax import sampling
+
+        ends = sampling.decode_buckets(
+            Lp, Lc, int(getattr(exp.train_sampling, "attention_buckets", 1))
+        )
+    except (AttributeError, TypeError):
+        ends = (Lp + Lc - 1,)
+    if slots:
+        cache_len = Lp + Lc
+        cache = (
+            f"continuous batching: {slots} decode rows x {cache_len} slots "
+            f"(prompt {Lp} + max_new_tokens {Lc})"
+        )
+    else:
+        cache_len = ends[-1] if ends else Lp
+        cache = (
+            f"static per-row cache: prompt {Lp} (left-padded to the longest) + max_new_tokens "
+            f"{Lc} - 1 = {cache_len} slots at most (the last sampled token is never fed back), "
+            f"in {len(ends)} decode chunk(s) of growing length (attention_buckets; the cache "
+            "grows between chunks), so a decode step attends to at most ~16 slots more than "
+            "it needs"
+            + (
+                f"; the prompt is prefilled once per group of {G} and its cache copied"
+                if G > 1
+                else ""
+            )
+        )
+    settings = {
+        "sampler": "grpo_jax.sampling (jitted, static shapes)",
+        "cache_len": cache_len,
+        "cache": cache,
+        "prompt_pad": prompt_len,
+        "generate_rows": R,
+        "micro_batch_rows": mb,
+        "optimizer_steps": 1,
+        "remat": "on (--remat)" if args.remat else "off (model.remat=False)",
+        "dtype": f"{config.model.param_dtype} params, {config.model.dtype} compute",
+    }
     common.write_result(
         args,
         "grpo_jax",
@@ -212,6 +254,7 @@ def main(argv=None):
             "update_flops": update_flops,
             "matmul_peak_flops": peak,
             "n_params": n_params,
+            "settings": settings,
         },
     )
 

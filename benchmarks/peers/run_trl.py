@@ -93,7 +93,11 @@ def main(argv=None):
         max_grad_norm=1.0,
         bf16=False,
         fp16=False,
+        # transformers 5.24 renamed gradient_checkpointing (a deprecated alias now, which TRL's
+        # config still defaults to True) to activation_checkpointing: set both off
+        activation_checkpointing=False,
         gradient_checkpointing=False,
+        cache_implementation=None,  # transformers' default DynamicCache
         use_vllm=False,
         model_init_kwargs={"dtype": torch.float32},
         dataloader_num_workers=0,
@@ -123,6 +127,10 @@ def main(argv=None):
                 "other_s": score - gen - rew - ref,
                 "generated_tokens": counts.get("completion", 0),
                 "update_tokens": counts.get("completion", 0) + counts.get("prompt", 0),
+                # generate's padded prompt width and decode steps (its DynamicCache ends at
+                # prompt_width + completion_width - 1 slots)
+                "prompt_width": counts.get("prompt_width", 0),
+                "completion_width": counts.get("completion_width", 0),
             }
             steps.append(step)
             print(
@@ -175,22 +183,57 @@ def main(argv=None):
             out = gen_and_score(*a, **k)
         counts["completion"] = int(out["completion_mask"].sum())
         counts["prompt"] = int(out["prompt_mask"].sum())
+        counts["prompt_width"] = int(out["prompt_ids"].shape[1])
+        counts["completion_width"] = int(out["completion_ids"].shape[1])
         return out
 
     trainer._generate_and_score_completions = counted
 
     trainer.train()
     reward.close()
+    checkpointing = bool(
+        trainer.model.is_activation_checkpointing
+        if hasattr(trainer.model, "is_activation_checkpointing")
+        else trainer.model.is_gradient_checkpointing
+    )
+    if checkpointing or trainer.args.activation_checkpointing:
+        raise SystemExit("TRL ran with activation (gradient) checkpointing on")
+    prompt_len = max(len(p["ids"]) for p in prompts)
+    widths = [s["prompt_width"] + s["completion_width"] - 1 for s in steps if s["prompt_width"]]
     notes = [
-        "TRL defaults overridden: bf16 -> float32, gradient_checkpointing on -> off, "
-        "epsilon_high None -> 0.28",
+        "TRL defaults overridden: bf16 -> float32, gradient_checkpointing (transformers 5.24: "
+        "activation_checkpointing) on -> off, epsilon_high None -> 0.28",
         "generation: transformers generate (no vLLM), stops when every row has hit EOS; "
-        "prompts left-padded to the longest in the batch",
+        "prompts left-padded to the longest in the batch; KV cache = transformers' DynamicCache "
+        "(cache_implementation None), which grows one slot per decode step to prompt + "
+        "generated tokens - 1 and attends to the filled slots only",
+        f"TRL {trl.__version__} (the figures of 2026-11-30 used 1.13.0): the policy's and the "
+        "reference's per-token log-probs go through TRL's fused LM head (`add_fused_lm_head`, "
+        "new since 1.13: the head projects, in tiles, only the positions whose label is a "
+        "real completion token, never materialising the [rows, positions, vocab] logits; "
+        "1.13 computed the logits of every completion position, padding included, with "
+        "`logits_to_keep`); a completion ends at any EOS id of the model's generation_config "
+        "(here only <|im_end|> = 2, as before); same GRPO settings as before",
         f"torch threads {torch.get_num_threads()}",
         f"reference pass and update in micro-batches of {mb} rows (per_device_train_batch_size "
         f"{mb}, gradient_accumulation_steps = steps_per_generation = {accum}: one generation "
         "of the whole batch and one optimizer step per step)",
     ]
+    settings = {
+        "sampler": "transformers generate (eager PyTorch, no vLLM)",
+        "cache_len": max(widths) if widths else None,
+        "cache": f"DynamicCache: grows to prompt ({prompt_len}, left-padded to the longest) + "
+        f"generated - 1 slots, at most {prompt_len + args.max_new_tokens - 1} "
+        f"(= prompt + max_new_tokens {args.max_new_tokens} - 1); cache_len = the largest "
+        "reached in this run's steps",
+        "prompt_pad": prompt_len,
+        "generate_rows": batch,
+        "micro_batch_rows": mb,
+        "optimizer_steps": 1,
+        "remat": "off (activation_checkpointing=False)",
+        "dtype": f"{str(next(trainer.model.parameters()).dtype).replace('torch.', '')} params "
+        "and compute (bf16=False)",
+    }
     common.write_result(
         args,
         "trl",
@@ -198,7 +241,7 @@ def main(argv=None):
         f"transformers {transformers.__version__})",
         steps,
         notes,
-        extra={"prompt0_nll": nll0},
+        extra={"prompt0_nll": nll0, "settings": settings},
     )
 
 

@@ -162,7 +162,9 @@ def main(argv=None):
     rollout_config = base_rollout.RolloutConfig(
         max_tokens_to_generate=args.max_new_tokens,
         max_prompt_length=prompt_len,
-        kv_cache_size=prompt_len + args.max_new_tokens + 256,
+        # Tunix's sampler needs max_prompt_length + max_tokens_to_generate <= kv_cache_size
+        # (generate/sampler.py) and writes no slot beyond it: no slack needed
+        kv_cache_size=prompt_len + args.max_new_tokens,
         temperature=args.temperature,
         top_p=1.0,
         top_k=None,
@@ -218,6 +220,9 @@ def main(argv=None):
 
     def count_rollout(out):
         counts["completion"] = int(sum(len(t) for t in out.tokens))
+        # the sampler's prompt width (it pads to max_prompt_length, or to the next power of 2 if
+        # a tokenized prompt were longer, e.g. with an added BOS)
+        counts["prompt_width"] = int(np.asarray(out.left_padded_prompt_tokens).shape[-1])
 
     cluster.generate = timed("generate", cluster.generate, count_rollout)
     cluster.get_ref_per_token_logps = timed(
@@ -252,6 +257,7 @@ def main(argv=None):
             "other_s": wall - sum(ph.values()),
             "generated_tokens": counts.get("completion", 0),
             "update_tokens": counts.get("completion", 0) + prompt_tokens_per_step,
+            "prompt_width": counts.get("prompt_width", 0),
         }
         steps.append(step)
         print(
@@ -282,8 +288,11 @@ def main(argv=None):
         "low_var_kl = k3 (Tunix default 'kl' = k1); no epsilon_high in Tunix 0.1.7's GRPOConfig "
         "(symmetric 0.2 clip; no effect here: one on-policy step has ratio 1)",
         f"rollout: Tunix vanilla sampler, prompts left-padded to {prompt_len}, KV cache "
-        f"{rollout_config.kv_cache_size}; actor and rollout share weights, reference is a "
-        "second copy",
+        f"{rollout_config.kv_cache_size} slots = prompt + max_new_tokens (before 2026-12-01: "
+        "+ 256 slots of slack, which Tunix does not need: its sampler only checks prompt + "
+        "max_new_tokens <= kv_cache_size); every decode step attends to all "
+        f"{rollout_config.kv_cache_size} slots under a mask; actor and rollout share weights, "
+        "reference is a second copy",
         f"reference pass and update in micro-batches of {mb_prompts} prompts x {args.samples} "
         "(train_micro_batch_size = compute_logps_micro_batch_size; gradients accumulated "
         "into one optimizer step per mini-batch of all prompts); rollout_micro_batch_size = "
@@ -298,6 +307,28 @@ def main(argv=None):
         from importlib.metadata import version as _v
 
         version = _v("google-tunix")
+    widths = {s["prompt_width"] for s in steps if s.get("prompt_width")}
+    if widths - {prompt_len}:
+        notes.append(
+            f"the sampler padded prompts to {sorted(widths)} tokens, not {prompt_len}: a tokenized "
+            "prompt was longer than prompts.json's"
+        )
+    extra["settings"] = {
+        "sampler": "Tunix vanilla sampler (jitted, static shapes)",
+        "cache_len": rollout_config.kv_cache_size,
+        "cache": f"static per-row cache: kv_cache_size = prompt {prompt_len} (max_prompt_length, "
+        f"left-padded) + max_new_tokens {args.max_new_tokens}, all of it used: its decode loop "
+        "also feeds the last generated token (sampling one more that is dropped, one decode step "
+        "more than grpo_jax and TRL run); every step attends to all slots under a mask "
+        f"(sampler prompt width seen: {sorted(widths) or '?'})",
+        "prompt_pad": prompt_len,
+        "generate_rows": args.prompts * args.samples,
+        "micro_batch_rows": mb_prompts * args.samples,
+        "optimizer_steps": 1,
+        "remat": f"off (llama3 remat_config={getattr(cfg.remat_config, 'name', cfg.remat_config)})",
+        "dtype": "float32 params and compute (create_model_from_safe_tensors dtype, "
+        "RolloutConfig.data_type)",
+    }
     common.write_result(
         args, "tunix", f"google-tunix {version} (jax {jax.__version__})", steps, notes, extra=extra
     )

@@ -16,7 +16,7 @@ CACHE="${GRPO_JAX_PEERS_CACHE:-${HOME}/.cache/grpo_jax/peers}"
 PYTHON="${PEERS_PYTHON:-python3.11}"
 WHICH="${1:-all}"
 
-TRL_SPEC="torch==2.13.0 trl==1.13.0 transformers==5.24.0 accelerate safetensors requests psutil math-verify"
+TRL_SPEC="torch==2.13.0 trl==1.16.0 transformers==5.24.0 accelerate safetensors requests psutil math-verify"
 TUNIX_SPEC="google-tunix==0.1.7 jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 psutil math-verify"
 
 make_env() {

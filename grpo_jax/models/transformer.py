@@ -141,30 +141,67 @@ class KVCache:
 class DecodeCache:
     """KV cache in the layout the decode attention reads (the sampler's cache).
 
-    k, v: [L, B, KVH, S, D] (config.dtype): per layer and row, each kv head's slots are
-    contiguous, so a step's attention einsum ("bksd") reads a layer's cache in place, with no
-    transpose, and writes its new keys with one dynamic_update_slice. key_mask [B, S] bool and
-    index [] int32 as in KVCache, or index [B] int32: each row's own next slot (the continuous
-    batching sampler, whose rows are at different steps; one token per call, written by a
-    scatter of B entries per layer).
+    k, v: tuples of L per-layer arrays [B, KVH, S, D] (config.dtype). One buffer per layer, so
+    a decode step's attention einsum ("bksd") reads a layer's keys in place: on XLA:CPU a slice
+    of a stacked [L, ...] cache (the layer scan's) is materialised as a copy before every dot.
+    key_mask [B, S] bool and index [] int32 as in KVCache, or index [B] int32: each row's own
+    next slot (the continuous-batching sampler, whose rows are at different steps; one token
+    per call, written by a scatter of B entries per layer).
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple
+    v: tuple
     key_mask: jax.Array
     index: jax.Array
+
+    def grow(self, slots: int):
+        """The cache with ``slots`` slots: empty (zero, masked) slots appended at the end, one
+        copy of the cache (a no-op when it already has that many). Raises ValueError when
+        ``slots`` is fewer than it holds."""
+        S = self.key_mask.shape[1]
+        if slots < S:
+            raise ValueError(f"DecodeCache.grow: {slots} slots < the {S} it holds")
+        if slots == S:
+            return self
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, slots - S), (0, 0)))
+        return self.replace(
+            k=tuple(map(pad, self.k)),
+            v=tuple(map(pad, self.v)),
+            key_mask=jnp.pad(self.key_mask, ((0, 0), (0, slots - S))),
+        )
+
+    def map_rows(self, fn):
+        """The cache with ``fn`` applied to the row axis of every per-row array: fn(x) of the
+        k/v layer arrays and of key_mask (axis 0 of each), and of a per-row index."""
+        index = fn(self.index) if jnp.ndim(self.index) == 1 else self.index
+        return self.replace(
+            k=tuple(fn(x) for x in self.k),
+            v=tuple(fn(x) for x in self.v),
+            key_mask=fn(self.key_mask),
+            index=index,
+        )
 
 
 def init_decode_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None):
     """Empty DecodeCache for `batch_size` rows and `max_len` slots (dtype: config.dtype)."""
     dtype = jnp.dtype(dtype or config.dtype)
-    shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
+    shape = (batch_size, config.num_kv_heads, max_len, config.head_dim)
+    L = config.num_layers
     return DecodeCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(L)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(L)),
         key_mask=jnp.zeros((batch_size, max_len), bool),
         index=jnp.zeros((), jnp.int32),
     )
+
+
+def unstack_layers(model) -> tuple:
+    """The per-layer parameter states of a Transformer's stacked layers: a tuple of L
+    nnx.State (each leaf [...] = the stacked leaf's slice l). Made once before a decode loop
+    and passed as ``layer_params``, so the loop reads each layer's weights in place instead of
+    slicing the stacked ones every step (one extra copy of the layer weights while it lives)."""
+    _, state = nnx.split(model.model.layers)
+    return tuple(jax.tree.map(lambda a, l=l: a[l], state) for l in range(model.config.num_layers))
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
@@ -362,10 +399,22 @@ class Attention(nnx.Module):
 
     def _attend(self, q, keys, values, mask, kv_layout="bskd"):
         """q [B, T, H, D], keys/values [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D]
-        ("bksd", DecodeCache), mask [B, T, S] -> [B, T, H, D]."""
+        ("bksd", DecodeCache), mask [B, T, S] bool (float32 additive bias for "bksd" with
+        T = 1) -> [B, T, H, D]."""
         dt = q.dtype
         B, T, H, D = q.shape
         K = self.config.num_kv_heads
+        if kv_layout == "bksd" and T == 1:
+            # one decode token: a rank-4 einsum and an additive mask (mask is then the float32
+            # bias [B, 1, S], 0 or _NEG_INF, made once per step); on XLA:CPU the rank-5 form
+            # with the unit T axis and a per-layer select run ~3x slower
+            qg = q.reshape(B, K, H // K, D)
+            scores = jnp.einsum(
+                "bkgd,bksd->bkgs", qg, keys.astype(dt), preferred_element_type=jnp.float32
+            )
+            probs = jax.nn.softmax(scores * (D**-0.5) + mask[:, None], axis=-1).astype(dt)
+            out = jnp.einsum("bkgs,bksd->bkgd", probs, values.astype(dt))
+            return out.reshape(B, T, H, D)
         qg = q.reshape(B, T, K, H // K, D)
         scores = jnp.einsum(
             f"btkgd,{kv_layout}->bkgts", qg, keys.astype(dt), preferred_element_type=jnp.float32
@@ -378,8 +427,8 @@ class Attention(nnx.Module):
     def __call__(self, x, positions, mask, kv_write, kv_read, kv_layout="bskd"):
         """x [B, T, E]; positions [B, T]; mask [B, T, S] bool (query may attend key);
         kv_write(k, v) stores this step's keys/values [B, T, KVH, D] and kv_read() returns the
-        keys/values to attend to, [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D] ("bksd").
-        Returns [B, T, E]."""
+        keys/values to attend to, [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D] ("bksd",
+        a DecodeCache layer). Returns [B, T, E]."""
         q, k, v = self._qkv(x, positions)
         kv_write(k, v)
         keys, values = kv_read()
@@ -480,11 +529,13 @@ class Decoder(nnx.Module):
         *,
         cache: KVCache | DecodeCache | None = None,
         attend_len: int | None = None,
+        layer_params: tuple | None = None,
     ):
         """Returns (hidden [B, T, E] after the final norm in config.dtype, new_cache or None).
 
         attend_len (static, with a cache): attend to slots [0, attend_len) only, read in place
         from the cache (the caller guarantees cache.index + T <= attend_len); None = all slots.
+        layer_params (DecodeCache only): `unstack_layers` of this model, None = slice here.
         """
         c = self.config
         dt = jnp.dtype(c.dtype)
@@ -494,31 +545,24 @@ class Decoder(nnx.Module):
         attention_mask = attention_mask.astype(bool)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
 
-        decode_layout = isinstance(cache, DecodeCache)
-        kv_layout = "bksd" if decode_layout else "bskd"
+        graphdef, layer_state = nnx.split(self.layers)
+        if isinstance(cache, DecodeCache):
+            layers = layer_state if layer_params is None else layer_params
+            return self._decode(graphdef, layers, x, positions, attention_mask, cache, attend_len)
         if cache is None:
             key_mask = attention_mask
-            q_slot = jnp.arange(T)
+            q_slot = jnp.arange(T)[None]
             S = T
         else:
-            S = cache.key_mask.shape[1]
-            per_row = jnp.ndim(cache.index) == 1  # [B] indices: rows at different steps
-            if per_row and (not decode_layout or T != 1):
+            if jnp.ndim(cache.index) == 1:
                 raise ValueError("a per-row cache index takes a DecodeCache and one token per row")
-            if per_row:
-                key_mask = cache.key_mask.at[jnp.arange(B), cache.index].set(attention_mask[:, 0])
-                q_slot = cache.index[:, None] + jnp.arange(T)[None]  # [B, T]
-            else:
-                key_mask = jax.lax.dynamic_update_slice(
-                    cache.key_mask, attention_mask, (0, cache.index)
-                )
-                q_slot = (cache.index + jnp.arange(T))[None]  # [1, T]
-        if cache is None:
-            q_slot = q_slot[None]
+            S = cache.key_mask.shape[1]
+            key_mask = jax.lax.dynamic_update_slice(
+                cache.key_mask, attention_mask, (0, cache.index)
+            )
+            q_slot = (cache.index + jnp.arange(T))[None]  # [1, T]
         A = S if attend_len is None else min(int(attend_len), S)  # slots attended
         mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
-
-        graphdef, layer_state = nnx.split(self.layers)
 
         def body(carry, xs):
             h, ck, cv = carry
@@ -532,35 +576,6 @@ class Decoder(nnx.Module):
 
                 def kv_read():
                     return fresh["kv"]
-            elif decode_layout and jnp.ndim(cache.index) == 1:
-                # per-row slots: scatter each row's one new key/value of layer l
-                def kv_write(k, v):
-                    rows = jnp.arange(B)
-                    fresh["k"] = ck.at[l, rows, :, cache.index, :].set(k[:, 0].astype(ck.dtype))
-                    fresh["v"] = cv.at[l, rows, :, cache.index, :].set(v[:, 0].astype(cv.dtype))
-
-                def kv_read():
-                    size = (1, *ck.shape[1:3], A, ck.shape[4])
-                    return tuple(
-                        jax.lax.dynamic_slice(fresh[n], (l, 0, 0, 0, 0), size)[0]
-                        for n in ("k", "v")
-                    )
-            elif decode_layout:
-                # [L, B, KVH, S, D]: write the T new slots of layer l in place, read the layer's
-                # first A slots (a contiguous-per-head window: no copy, no transpose)
-                def kv_write(k, v):
-                    at = (l, 0, 0, cache.index, 0)
-                    k = jnp.swapaxes(k, 1, 2)[None].astype(ck.dtype)  # [1, B, KVH, T, D]
-                    v = jnp.swapaxes(v, 1, 2)[None].astype(cv.dtype)
-                    fresh["k"] = jax.lax.dynamic_update_slice(ck, k, at)
-                    fresh["v"] = jax.lax.dynamic_update_slice(cv, v, at)
-
-                def kv_read():
-                    size = (1, *ck.shape[1:3], A, ck.shape[4])
-                    return tuple(
-                        jax.lax.dynamic_slice(fresh[n], (l, 0, 0, 0, 0), size)[0]
-                        for n in ("k", "v")
-                    )
             else:
 
                 def kv_write(k, v):
@@ -579,7 +594,7 @@ class Decoder(nnx.Module):
                     )
 
             h = sharding.constrain_batch(h)  # rows over data x fsdp (a no-op without a mesh)
-            h = block(h, positions, mask, kv_write, kv_read, kv_layout)
+            h = block(h, positions, mask, kv_write, kv_read)
             if cache is not None:
                 ck, cv = fresh["k"], fresh["v"]
             return (h, ck, cv), None
@@ -595,6 +610,67 @@ class Decoder(nnx.Module):
         new_cache = None
         if cache is not None:
             new_cache = cache.replace(k=ck, v=cv, key_mask=key_mask, index=cache.index + T)
+        return x, new_cache
+
+    def _decode(self, graphdef, layer_params, x, positions, attention_mask, cache, attend_len):
+        """The layers over a DecodeCache: x [B, T, E] -> (hidden [B, T, E], new DecodeCache).
+
+        An unrolled loop over the layers (``layer_params``: one nnx.State per layer, from
+        `unstack_layers`, or the stacked State, sliced here). Each layer writes its T new keys
+        and values into its own cache buffer in place (a dynamic_update_slice at the shared
+        index, or, per-row index [B] with T = 1, a scatter of B entries) and then attends to
+        the buffer's first A slots, read in place. Raises ValueError for a per-row index with
+        T > 1.
+        """
+        c = self.config
+        B, T = attention_mask.shape
+        S = cache.key_mask.shape[1]
+        A = S if attend_len is None else min(int(attend_len), S)  # slots read
+        if jnp.ndim(cache.index) == 1:  # rows at different steps (continuous batching)
+            if T != 1:
+                raise ValueError("a per-row cache index takes a DecodeCache and one token per row")
+            rows = jnp.arange(B)
+            q_slot = cache.index[:, None]  # [B, 1]
+
+            def put(buf, new):  # new [B, 1, KVH, D] -> buf[b, :, index[b], :]
+                return buf.at[rows, :, cache.index, :].set(new[:, 0].astype(buf.dtype))
+
+            key_mask = cache.key_mask.at[rows, cache.index].set(attention_mask[:, 0])
+        else:
+            q_slot = (cache.index + jnp.arange(T))[None]  # [1, T]
+
+            def put(buf, new):  # new [B, T, KVH, D] -> slots [index, index + T)
+                new = jnp.swapaxes(new, 1, 2).astype(buf.dtype)
+                return jax.lax.dynamic_update_slice(buf, new, (0, 0, cache.index, 0))
+
+            key_mask = jax.lax.dynamic_update_slice(
+                cache.key_mask, attention_mask, (0, cache.index)
+            )
+        mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
+        if T == 1:  # the decode step's form (`Attention._attend`): an additive bias
+            mask = jnp.where(mask, 0.0, _NEG_INF).astype(jnp.float32)
+
+        ks, vs = list(cache.k), list(cache.v)
+        for l in range(c.num_layers):
+            state_l = (
+                layer_params[l]
+                if isinstance(layer_params, (tuple, list))
+                else jax.tree.map(lambda a, l=l: a[l], layer_params)
+            )
+            block = nnx.merge(graphdef, state_l)
+
+            def kv_write(k, v, l=l):
+                ks[l], vs[l] = put(ks[l], k), put(vs[l], v)
+
+            def kv_read(l=l):
+                return (ks[l][:, :, :A], vs[l][:, :, :A]) if A < S else (ks[l], vs[l])
+
+            x = sharding.constrain_batch(x)  # rows over data x fsdp (a no-op without a mesh)
+            x = block(x, positions, mask, kv_write, kv_read, "bksd")
+        x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+        new_cache = cache.replace(
+            k=tuple(ks), v=tuple(vs), key_mask=key_mask, index=cache.index + T
+        )
         return x, new_cache
 
     def shared_prefix(
@@ -691,13 +767,16 @@ class Transformer(nnx.Module):
         cache: KVCache | DecodeCache | None = None,
         return_hidden: bool = False,
         attend_len: int | None = None,
+        layer_params: tuple | None = None,
     ):
         """tokens [B, T] int32; positions [B, T] int32 rotary positions (left padding: count from
         the first real token, see positions_from_mask); attention_mask [B, T] bool, True on real
         tokens (key padding mask combined with the causal mask; None = all real);
         cache: optional KVCache or DecodeCache, the tokens are written at slots
         [cache.index, cache.index + T) and attend to every earlier valid slot; attend_len
-        (static, with a cache): only slots [0, attend_len) are read (>= cache.index + T).
+        (static, with a cache): only slots [0, attend_len) are read (>= cache.index + T);
+        layer_params (with a DecodeCache): `unstack_layers(self)`, made once outside a decode
+        loop so that the loop does not slice the stacked layer weights every step.
 
         Returns (logits [B, T, V] in config.dtype, new_cache or None); with return_hidden=True
         the first element is the final-norm hidden state [B, T, E] instead (apply
@@ -705,7 +784,12 @@ class Transformer(nnx.Module):
         Fully-masked query rows (pads) get finite garbage outputs, never NaN.
         """
         h, new_cache = self.model(
-            tokens, positions, attention_mask, cache=cache, attend_len=attend_len
+            tokens,
+            positions,
+            attention_mask,
+            cache=cache,
+            attend_len=attend_len,
+            layer_params=layer_params,
         )
         if return_hidden:
             return h, new_cache
