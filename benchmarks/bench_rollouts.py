@@ -3,6 +3,8 @@
   python -m benchmarks.bench_rollouts --out=reports/rollouts.json            # CPU default
   python -m benchmarks.bench_rollouts --preset=smollm2-135m --requests=512 --slots=128 \\
       --max_new_tokens=1024 --dtype=bfloat16 --out=/tmp/rollouts.json          # a GPU / TPU
+  python -m benchmarks.bench_rollouts --dists=gsm8k --lengths_file=reports/gsm8k_lengths.json \\
+      --max_new_tokens=512                                                     # real lengths
 
 R requests (prompts of ``--prompt_len`` random tokens, random weights of ``--preset``) with
 completion budgets drawn from a long-tailed distribution (EOS disabled, so a request ends at its
@@ -10,6 +12,10 @@ budget: the lengths are exactly the drawn ones for every sampler):
 
 * ``lognormal``: ``1 + LogNormal(mu, sigma)`` clipped to ``max_new_tokens`` (mean ~ Lc / 8).
 * ``pareto``: ``Lc / 16 x (1 + Pareto(1.2))`` clipped to ``max_new_tokens`` (a heavier tail).
+* ``gsm8k``: drawn with replacement (seeded) from the real completion lengths of
+  ``--lengths_file`` (a JSON list of ints, or an object with key ``"lengths"``; made by
+  ``benchmarks/gsm8k_lengths.py``: SmolLM2-135M-Instruct on GSM8K train prompts), clipped to
+  ``[1, max_new_tokens]``.
 
 Samplers, each with the same decode width S = ``--slots`` rows (the same KV-cache memory):
 
@@ -35,18 +41,41 @@ import time
 import numpy as np
 
 
-def draw_lengths(dist: str, n: int, max_new_tokens: int, seed: int = 0) -> np.ndarray:
+def read_lengths(path: str) -> np.ndarray:
+    """The completion lengths of a file: a JSON list of ints or an object with ``"lengths"``.
+
+    Raises: ValueError if the file holds no lengths or non-positive ones.
+    """
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        if "lengths" not in data:
+            raise ValueError(f"{path}: a JSON object needs the key 'lengths'")
+        data = data["lengths"]
+    x = np.asarray(data)
+    if x.ndim != 1 or x.size == 0 or not np.issubdtype(x.dtype, np.integer) or (x < 1).any():
+        raise ValueError(f"{path}: expected a non-empty list of positive ints")
+    return x.astype(np.int64)
+
+
+def draw_lengths(
+    dist: str, n: int, max_new_tokens: int, seed: int = 0, lengths_file: str = ""
+) -> np.ndarray:
     """[n] int32 completion budgets in [1, max_new_tokens] (see the module docstring)."""
     rng = np.random.default_rng(seed)
     lc = int(max_new_tokens)
-    if dist == "lognormal":
+    if dist == "gsm8k":
+        if not lengths_file:
+            raise ValueError("dist 'gsm8k' needs --lengths_file (benchmarks/gsm8k_lengths.py)")
+        x = rng.choice(read_lengths(lengths_file), n, replace=True)
+    elif dist == "lognormal":
         sigma = 1.0
         mu = np.log(lc / 8) - sigma**2 / 2  # mean lc / 8 before clipping
         x = 1 + rng.lognormal(mu, sigma, n)
     elif dist == "pareto":
         x = lc / 16 * (1 + rng.pareto(1.2, n))
     else:
-        raise ValueError(f"dist {dist!r}: lognormal | pareto")
+        raise ValueError(f"dist {dist!r}: lognormal | pareto | gsm8k")
     return np.clip(x.astype(np.int64), 1, lc).astype(np.int32)
 
 
@@ -64,7 +93,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--prompt_len", type=int, default=32)
     ap.add_argument("--max_new_tokens", type=int, default=128)
-    ap.add_argument("--dists", default="lognormal,pareto")
+    ap.add_argument("--dists", default="lognormal,pareto", help="lognormal,pareto,gsm8k")
+    ap.add_argument(
+        "--lengths_file", default="", help="JSON of real completion lengths (dist gsm8k)"
+    )
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -97,7 +129,7 @@ def main(argv=None) -> dict:
 
     results = {}
     for dist in [d for d in args.dists.split(",") if d]:
-        lengths = draw_lengths(dist, R, Lc, args.seed)
+        lengths = draw_lengths(dist, R, Lc, args.seed, args.lengths_file)
         lens = jnp.asarray(lengths)
 
         def static():
@@ -143,6 +175,9 @@ def main(argv=None) -> dict:
             "tokens_per_s_static": float(lengths.sum() / t_static),
             "tokens_per_s_continuous": float(lengths.sum() / t_cont),
         }
+        if dist == "gsm8k":
+            results[dist]["lengths_file"] = args.lengths_file
+            results[dist]["clipped_fraction"] = float(np.mean(lengths == Lc))
         r = results[dist]
         print(
             f"{dist:9s} lengths mean {r['mean_length']:.1f} max {r['max_length']}: static "
@@ -194,6 +229,13 @@ def markdown(res: dict, argv=None) -> str:
             f"{r['static_seconds']:.2f} | {r['continuous_seconds']:.2f} | "
             f"{r['wall_ratio_continuous_over_static']:.2f} | {r['static_utilisation']:.1%} | "
             f"{r['continuous_utilisation']:.1%} |"
+        )
+    if "gsm8k" in res["results"]:
+        r = res["results"]["gsm8k"]
+        lines.append(
+            f"\n`gsm8k` lengths: drawn with replacement from the real completion lengths in "
+            f"`{r['lengths_file']}` (benchmarks/gsm8k_lengths.py), clipped to "
+            f"{a['max_new_tokens']} ({r['clipped_fraction']:.1%} of the draws at the cap)."
         )
     lines.append(
         "\nUtilisation = decode slot-steps that produced a token of a live request / slot-steps "

@@ -220,9 +220,11 @@ def kv_cache_bytes(
     completion_len: int,
     activation_bytes: int = 2,
 ) -> int:
-    """KV cache of generation (``grpo_jax.sampling``: ``init_cache(config, R, Lp + Lc)``):
-    keys and values ``2 x [L, R, Lp + Lc, K, D]`` in the compute dtype plus the ``[R, Lp + Lc]``
-    bool key mask. Bytes (int)."""
+    """KV cache of generation (``grpo_jax.sampling``: ``init_decode_cache(config, R, Lp + Lc)``,
+    one ``[R, K, S, D]`` buffer per layer): keys and values ``2 x L x R x (Lp + Lc) x K x D`` in
+    the compute dtype plus the ``[R, Lp + Lc]`` bool key mask (an upper bound: the static sampler
+    grows its cache chunk by chunk, to Lp + Lc - 1 slots). Not counted: the one copy of the
+    layer weights that the sampler unstacks for the decode loop (``unstack_layers``). Bytes."""
     c = model_config
     S = prompt_len + completion_len
     return (

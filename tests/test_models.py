@@ -206,6 +206,47 @@ def test_kv_cache_decoding_matches_full_forward():
     np.testing.assert_allclose(jax.jit(m.logits)(h), ref, atol=1e-5)
 
 
+def test_decode_cache_matches_full_forward_through_growth_and_per_row_steps():
+    from grpo_jax.models.transformer import init_decode_cache, unstack_layers
+
+    m = _model(scale=10.0)
+    B, T = 3, 10
+    toks = jax.random.randint(jax.random.key(3), (B, T), 0, FULL.vocab_size)
+    mask = jnp.ones((B, T), bool).at[1, :2].set(False)
+    pos = positions_from_mask(mask)
+    ref, _ = _jit(m)(toks, pos, mask)
+
+    @jax.jit
+    def run(toks, pos, mask):
+        layers = unstack_layers(m)
+        cache = init_decode_cache(FULL, B, 6)  # prefill 4 tokens into 6 slots
+        logits, cache = m(toks[:, :4], pos[:, :4], mask[:, :4], cache=cache, attend_len=4)
+        outs = [logits]
+        for t in range(4, T):
+            if t == 6:
+                cache = cache.grow(8)  # empty slots appended mid-decode
+            if t == 8:  # per-row indices from here (the continuous sampler's form)
+                cache = cache.grow(T).replace(index=jnp.full((B,), cache.index, jnp.int32))
+            logits, cache = m(
+                toks[:, t : t + 1], pos[:, t : t + 1], cache=cache, layer_params=layers
+            )
+            outs.append(logits)
+        return jnp.concatenate(outs, axis=1), cache
+
+    got, cache = run(toks, pos, mask)
+    assert cache.index.tolist() == [T] * B and len(cache.k) == FULL.num_layers
+    assert cache.k[0].shape == (B, FULL.num_kv_heads, T, FULL.head_dim)
+    np.testing.assert_allclose(got[0], ref[0], atol=1e-5)
+    np.testing.assert_allclose(got[1, 2:], ref[1, 2:], atol=1e-5)
+    np.testing.assert_allclose(got[2], ref[2], atol=1e-5)
+    c = init_decode_cache(FULL, B, 6)
+    assert c.grow(6) is c
+    with pytest.raises(ValueError, match="5 slots < the 6"):
+        c.grow(5)
+    with pytest.raises(ValueError, match="per-row cache index"):
+        m(toks[:, :2], pos[:, :2], cache=c.replace(index=jnp.zeros((B,), jnp.int32)))
+
+
 def test_bfloat16_close_to_float32_and_dtypes():
     model32 = _model()
     g, p = nnx.split(model32, nnx.Param)
