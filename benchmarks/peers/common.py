@@ -168,7 +168,7 @@ def load_prompts(n: int) -> list[dict]:
     path = prompts_path(n)
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"{path} missing: run `/work/venv/bin/python benchmarks/peers/prepare.py "
+            f"{path} missing: run `python benchmarks/peers/prepare.py "
             f"--prompts={n}` (or benchmarks/peers/run_all.py) first"
         )
     with open(path, encoding="utf-8") as f:

@@ -1,6 +1,6 @@
 """The machine's float32 matmul peak and read bandwidth, for run_all.py's floor (issue #10).
 
-  /work/venv/bin/python benchmarks/peers/machine_bounds.py --out=/tmp/bounds.json
+  python benchmarks/peers/machine_bounds.py --out=/tmp/bounds.json
 
 Run with grpo_jax's venv, in its own process (run_all.py calls it before the first system and
 after the last, so the harness's own process never imports jax). The measurements are the

