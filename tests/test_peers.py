@@ -90,8 +90,8 @@ def test_report_table_ratios_targets_and_notes():
     assert "| grpo_jax | grpo_jax 1.0 | 3 | 10.00 | 10.00 | 100.0 | 500.0 | 1.00 | - |" in text
     assert "| trl | trl 1.0 | 3 | 40.00 | 40.00 | 25.0 | 133.3 | 3.50 | 0.250 |" in text
     assert "| tunix | tunix 1.0 | 3 | 12.00 | 12.00 | 83.3 | 400.0 | 23.00 | 0.833 |" in text
-    assert "vs trl: 0.250x (target <= 0.5x): **met**" in text
-    assert "vs tunix: 0.833x (target <= 0.75x): **not met**" in text
+    assert "vs trl: 0.250x (target <= 0.35x): **met**" in text
+    assert "vs tunix: 0.833x (target <= 0.3x): **not met**" in text
     assert "- tunix: rope theta patched" in text and "- grpo_jax: padded to 159" in text
     assert "PROFILE" in text and "cmd --one" in text
 
