@@ -661,8 +661,7 @@ def main(argv=None):
     commands = [
         "bash benchmarks/peers/setup_envs.sh   # venvs under "
         "${GRPO_JAX_PEERS_CACHE:-~/.cache/grpo_jax/peers}",
-        f"python benchmarks/peers/run_all.py {size} --rounds={args.rounds} "
-        f"--label={args.label}",
+        f"python benchmarks/peers/run_all.py {size} --rounds={args.rounds} --label={args.label}",
         "# one system alone, e.g.:",
         f"python benchmarks/peers/run_grpo_jax.py {size}",
         f"~/.cache/grpo_jax/peers/trl/bin/python benchmarks/peers/run_trl.py {size}",
