@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -39,6 +38,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_step import cpu_model, load_config
+
 FACTORS = {"G": "group size G", "Lc": "completion length Lc", "P": "prompts per step P"}
 PHASES = ("generate", "reference", "update")
 # 6.3M parameters: a step of the base point takes ~1 s on 2 CPU cores (the arithmetic config's
@@ -46,26 +47,6 @@ PHASES = ("generate", "reference", "update")
 DEFAULT_MODEL = (
     "hidden_size=384,intermediate_size=1024,num_layers=4,num_heads=6,num_kv_heads=2,head_dim=64"
 )
-
-
-def cpu_model() -> str:
-    """The CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_config(spec: str):
-    path, _, arg = spec.partition(":")
-    mod_spec = importlib.util.spec_from_file_location("scaling_config", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod.get_config(arg) if arg else mod.get_config()
 
 
 def _ints(s: str) -> list[int]:

@@ -11,6 +11,7 @@ plus attention (12 x layers x heads x head_dim x T^2 per row, fwd + bwd), per gr
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 import time
@@ -32,6 +33,18 @@ def matmul_peak(n: int = 2048, repeats: int = 10, dtype: str = "float32") -> flo
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
+
+
+def cpu_model() -> str:
+    """The CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def load_config(spec: str):

@@ -21,23 +21,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def cpu_model() -> str:
-    """The CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from benchmarks.bench_step import cpu_model
 
 
 def main(argv=None) -> dict:
