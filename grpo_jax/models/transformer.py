@@ -619,8 +619,9 @@ class Decoder(nnx.Module):
         `unstack_layers`, or the stacked State, sliced here). Each layer writes its T new keys
         and values into its own cache buffer in place (a dynamic_update_slice at the shared
         index, or, per-row index [B] with T = 1, a scatter of B entries) and then attends to
-        the buffer's first A slots, read in place. Raises ValueError for a per-row index with
-        T > 1.
+        the buffer's first A slots: the whole buffer, read in place, when A = S (the samplers
+        grow their cache instead of passing a shorter attend_len, whose slice XLA:CPU copies).
+        Raises ValueError for a per-row index with T > 1.
         """
         c = self.config
         B, T = attention_mask.shape
