@@ -245,31 +245,28 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     if cap is not None:
         done = done | (cap <= 1)
 
-    def make_body():
-        def body(carry):
-            i, tok, cache, done, out_tokens, out_lp, rng = carry
-            pos = (prompt_len + i - 1)[:, None]
-            hidden, cache = model(
-                tok[:, None],
-                pos,
-                jnp.ones((R, 1), bool),
-                cache=cache,
-                return_hidden=True,
-                layer_params=layers,
-            )
-            logits = model.logits(hidden[:, 0])
-            rng, key = jax.random.split(rng)
-            new_tok, lp = sample_logits(logits, key, config)
-            new_tok = jnp.where(done, config.pad_id, new_tok)
-            lp = jnp.where(done, 0.0, lp)
-            out_tokens = jax.lax.dynamic_update_slice(out_tokens, new_tok[:, None], (0, i))
-            out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
-            done = done | jnp.isin(new_tok, eos)
-            if cap is not None:
-                done = done | (i + 1 >= cap)
-            return i + 1, new_tok, cache, done, out_tokens, out_lp, rng
-
-        return body
+    def body(carry):
+        i, tok, cache, done, out_tokens, out_lp, rng = carry
+        pos = (prompt_len + i - 1)[:, None]
+        hidden, cache = model(
+            tok[:, None],
+            pos,
+            jnp.ones((R, 1), bool),
+            cache=cache,
+            return_hidden=True,
+            layer_params=layers,
+        )
+        logits = model.logits(hidden[:, 0])
+        rng, key = jax.random.split(rng)
+        new_tok, lp = sample_logits(logits, key, config)
+        new_tok = jnp.where(done, config.pad_id, new_tok)
+        lp = jnp.where(done, 0.0, lp)
+        out_tokens = jax.lax.dynamic_update_slice(out_tokens, new_tok[:, None], (0, i))
+        out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
+        done = done | jnp.isin(new_tok, eos)
+        if cap is not None:
+            done = done | (i + 1 >= cap)
+        return i + 1, new_tok, cache, done, out_tokens, out_lp, rng
 
     # decode in chunks of steps; before chunk j the cache grows (one copy) to exactly the
     # `attend_len` slots its last step reads, so every step reads its layers' buffers in place
@@ -283,7 +280,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
             return (i <= last_step) & ~jnp.all(done)
 
         carry = (*carry[:2], carry[2].grow(attend_len), *carry[3:])
-        carry = jax.lax.while_loop(cond, make_body(), carry)
+        carry = jax.lax.while_loop(cond, body, carry)
     _, _, _, _, out_tokens, out_lp, _ = carry
 
     return _finish(prompt_tokens, out_tokens, out_lp, eos, cap, config.pad_id)
