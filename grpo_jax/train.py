@@ -602,6 +602,8 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         with open(tmp, "w") as f:
             json.dump(writers.to_jsonable(summary), f, indent=2, sort_keys=True)
         os.replace(tmp, os.path.join(workdir, "summary.json"))
+        if bar is not None:
+            bar.close()  # its last line ends before the table starts (close is idempotent)
         print(evaluation.format_summary(summary), flush=True)
     return summary
 

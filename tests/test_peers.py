@@ -127,6 +127,64 @@ def test_report_update_flops_line_and_decode_table():
     assert "10.0 GB/s (jitted sum 10.0, numpy 8.0)" in text
 
 
+def test_floor_per_row_and_shared_prompt_hand_computed():
+    # R = 2 prompts x 3 samples, Lp = 5, Lc = 4 (T = 8); A = 4 x 1 x 1 x 1 FLOPs per pair
+    w = {"prompts": 2, "samples": 3, "max_new_tokens": 4}
+    shape = {
+        "num_layers": 1,
+        "num_heads": 1,
+        "head_dim": 1,
+        "n_body": 10,
+        "n_head": 3,
+        "weight_bytes": 100,
+        "kv_bytes_per_position": 2,
+    }
+    per_row = run_all.floor(w, 5, shape, peak=10.0, bandwidth=1e9)
+    shared = run_all.floor(w, 5, shape, peak=10.0, bandwidth=1e9, shared_prompt=True)
+    # per row: forward(R T = 48, R T^2 = 384, R Lc = 24) = 960 + 144 + 1536
+    assert per_row["reference_flops"] == 2640
+    assert per_row["update_flops"] == 3 * 2640
+    # prefill forward(R Lp = 30, R Lp^2 = 150, R = 6) = 600 + 36 + 600
+    assert per_row["prefill_flops"] == 1236
+    # shared: forward(P Lp + R (Lc - 1) = 28, P Lp^2 + R (Lc - 1) T = 194, R Lc = 24)
+    assert shared["reference_flops"] == 560 + 144 + 776
+    assert shared["update_flops"] == 3 * 1480
+    assert shared["prefill_flops"] == 200 + 12 + 200  # forward(P Lp, P Lp^2, P)
+    # decode: 3 steps t = 1..3 of R (2 n_body + 2 n_head + A (Lp + t)) FLOPs, compute-bound here
+    decode = sum(6 * (20 + 6 + 4 * (5 + t)) for t in (1, 2, 3)) / 10.0
+    assert math.isclose(per_row["decode_s"], decode)
+    assert math.isclose(shared["decode_s"], decode)
+    assert math.isclose(shared["step_s"], (412 + 4 * 1480) / 10.0 + decode)
+
+
+def test_report_floor_section_compares_the_shared_prompt_system_with_its_own_floor():
+    shape = {
+        "num_layers": 30,
+        "num_heads": 9,
+        "head_dim": 64,
+        "n_body": 106_168_320,
+        "n_head": 28_311_552,
+        "weight_bytes": 538_060_032,
+        "kv_bytes_per_position": 46_080,
+    }
+    bounds = {"matmul_peak_flops": 4e11, "read_bandwidth_Bps": 3e10, "started_utc": "x"}
+    harness = {"bounds_before": bounds, "prompt_len": 159, "model_shape": shape}
+    merged = {
+        "grpo_jax": _result(
+            "grpo_jax",
+            [_step(130.0, 30.0, 15000, 75.0, 29000, ref_s=25.0)],
+            notes=["algorithm.shared_prompt_forward: each group's prompt runs once"],
+        ),
+        "trl": _result("trl", [_step(460.0, 96.0, 15000, 295.0, 29000, ref_s=69.0)]),
+    }
+    text = "\n".join(run_all._floor_section(merged, harness))
+    w = merged["trl"]["workload"]
+    fs = run_all.floor(w, 159, shape, 4e11, 3e10, shared_prompt=True)
+    assert f"**shared-prompt floor = {fs['step_s']:.1f} s per step**" in text
+    assert "| grpo_jax vs the shared-prompt floor | 130.00 |" in text
+    assert "trl vs the shared-prompt floor" not in text
+
+
 def test_micro_batch_rows_must_split_into_whole_prompt_groups():
     import argparse
 

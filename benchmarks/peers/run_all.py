@@ -294,7 +294,14 @@ def _decode_section(d: dict) -> list[str]:
     return lines
 
 
-def floor(workload: dict, prompt_len: int, shape: dict, peak: float, bandwidth: float) -> dict:
+def floor(
+    workload: dict,
+    prompt_len: int,
+    shape: dict,
+    peak: float,
+    bandwidth: float,
+    shared_prompt: bool = False,
+) -> dict:
     """Lower bound (s) of one GRPO step of this workload on this machine.
 
     Counts the positions TRL and Tunix process: every one of the R = prompts x samples rows
@@ -309,8 +316,15 @@ def floor(workload: dict, prompt_len: int, shape: dict, peak: float, bandwidth: 
                    max(R (2 n_body + 2 n_head + A (Lp + t)) / peak,
                        (weight bytes + R x KV bytes per position x (Lp + t)) / bandwidth)
     Reward, the optimizer (~7 parameter-sized reads/writes) and host work are left out.
+
+    shared_prompt=True: the work of grpo_jax's shared prompt forward instead, each group's
+    prompt run once (P = prompts groups, R rows): the reference and the update take
+    forward(P Lp + R (Lc - 1), P Lp^2 + R (Lc - 1) T, R Lc) (the completion queries score the
+    Lp prompt keys and the Lc - 1 completion keys) and the prefill forward(P Lp, P Lp^2, P);
+    the decode steps are the same (every row reads its own copy of the prompt's cache).
     """
-    R = workload["prompts"] * workload["samples"]
+    P = workload["prompts"]
+    R = P * workload["samples"]
     Lp, Lc = prompt_len, workload["max_new_tokens"]
     T = Lp + Lc - 1
     A = 4 * shape["num_layers"] * shape["num_heads"] * shape["head_dim"]
@@ -318,9 +332,13 @@ def floor(workload: dict, prompt_len: int, shape: dict, peak: float, bandwidth: 
     def forward(positions, pairs, head_positions):
         return 2 * shape["n_body"] * positions + 2 * shape["n_head"] * head_positions + A * pairs
 
-    ref_flops = forward(R * T, R * T * T, R * Lc)
+    if shared_prompt:
+        ref_flops = forward(P * Lp + R * (Lc - 1), P * Lp * Lp + R * (Lc - 1) * T, R * Lc)
+        prefill_flops = forward(P * Lp, P * Lp * Lp, P)
+    else:
+        ref_flops = forward(R * T, R * T * T, R * Lc)
+        prefill_flops = forward(R * Lp, R * Lp * Lp, R)
     update_flops = 3 * ref_flops
-    prefill_flops = forward(R * Lp, R * Lp * Lp, R)
     decode_compute = decode_bandwidth = decode_s = 0.0
     for t in range(1, Lc):
         c = R * (2 * shape["n_body"] + 2 * shape["n_head"] + A * (Lp + t)) / peak
@@ -420,6 +438,20 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
         f"({f['decode_s']:.1f} s; compute alone {f['decode_compute_s']:.1f} s, bandwidth alone "
         f"{f['decode_bandwidth_s']:.1f} s) = {f['generate_s']:.1f} s",
         f"- **floor = {f['step_s']:.1f} s per step** (reward, optimizer and host work left out)",
+    ]
+    shared = [s for s in SYSTEMS if _shares_prompt(merged.get(s, {}))]
+    fs = floor(w, Lp, sh, *bounds, shared_prompt=True)
+    if shared:
+        lines.append(
+            f"- the work of the shared prompt forward ({', '.join(shared)}: each group's prompt "
+            f"runs once; forward(P Lp + R (Lc - 1), P Lp^2 + R (Lc - 1) T, R Lc), P = "
+            f"{w['prompts']} groups): update {fs['update_flops'] / 1e12:.2f} TFLOP = "
+            f"{fs['update_s']:.1f} s, reference {fs['reference_flops'] / 1e12:.2f} TFLOP = "
+            f"{fs['reference_s']:.1f} s, generate {fs['generate_s']:.1f} s (prefill of P rows "
+            f"{fs['prefill_s']:.1f} s): **shared-prompt floor = {fs['step_s']:.1f} s per step**; "
+            "the last rows of the table below compare such a system with it"
+        )
+    lines += [
         "",
         "| system | median step s | step / floor | generate / its floor | reference / its floor "
         "| update / its floor |",
@@ -438,7 +470,22 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
             f"{_fmt(m['reference_s'] / f['reference_s'])} | "
             f"{_fmt(m['update_s'] / f['update_s'])} |"
         )
+    for s in shared:
+        m = common.summarize(merged[s])
+        if m["n"]:
+            lines.append(
+                f"| {s} vs the shared-prompt floor | {_fmt(m['step_s'])} | "
+                f"{_fmt(m['step_s'] / fs['step_s'])} | "
+                f"{_fmt(m['generate_s'] / fs['generate_s'])} | "
+                f"{_fmt(m['reference_s'] / fs['reference_s'])} | "
+                f"{_fmt(m['update_s'] / fs['update_s'])} |"
+            )
     return lines + [""]
+
+
+def _shares_prompt(result: dict) -> bool:
+    """The run computed each group's prompt once (grpo_jax's shared prompt forward)."""
+    return any("shared_prompt_forward" in n for n in result.get("notes", []))
 
 
 SETTINGS_COLUMNS = (
