@@ -183,6 +183,9 @@ def test_report_floor_section_compares_the_shared_prompt_system_with_its_own_flo
     assert f"**shared-prompt floor = {fs['step_s']:.1f} s per step**" in text
     assert "| grpo_jax vs the shared-prompt floor | 130.00 |" in text
     assert "trl vs the shared-prompt floor" not in text
+    merged["grpo_jax"]["settings"] = {"shared_prompt": False}  # --no_shared_prompt
+    text = "\n".join(run_all._floor_section(merged, harness))
+    assert "shared-prompt floor" not in text
 
 
 def test_micro_batch_rows_must_split_into_whole_prompt_groups():

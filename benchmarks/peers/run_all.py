@@ -484,7 +484,11 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
 
 
 def _shares_prompt(result: dict) -> bool:
-    """The run computed each group's prompt once (grpo_jax's shared prompt forward)."""
+    """The run computed each group's prompt once (grpo_jax's shared prompt forward): its
+    settings say so (results written before the field existed: its note does)."""
+    shared = result.get("settings", {}).get("shared_prompt")
+    if shared is not None:
+        return bool(shared)
     return any("shared_prompt_forward" in n for n in result.get("notes", []))
 
 

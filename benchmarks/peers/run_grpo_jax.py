@@ -240,6 +240,7 @@ def main(argv=None):
         "optimizer_steps": 1,
         "remat": "on (--remat)" if args.remat else "off (model.remat=False)",
         "dtype": f"{config.model.param_dtype} params, {config.model.dtype} compute",
+        "shared_prompt": bool(config.algorithm.shared_prompt_forward),  # run_all's floor
     }
     common.write_result(
         args,
