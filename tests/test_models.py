@@ -15,7 +15,13 @@ from grpo_jax.models import (
     init_cache,
     positions_from_mask,
 )
-from grpo_jax.models.transformer import apply_rope, random_params, rms_norm, swiglu
+from grpo_jax.models.transformer import (
+    apply_rope,
+    random_params,
+    rms_norm,
+    swiglu,
+    tied_logits,
+)
 
 LOGICAL = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "norm", None}
 
@@ -159,6 +165,32 @@ def test_swiglu_value_and_custom_vjp_match_autodiff():
     for a, b in zip(got, ref):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_tied_logits_value_and_custom_vjp_match_autodiff(dtype, tol):
+    # reference: the plain einsum h e^T and its autodiff gradients; leading dims [2, 3]
+    rng = np.random.default_rng(1)
+    h = jnp.asarray(rng.normal(size=(2, 3, 8)), dtype)
+    e = jnp.asarray(rng.normal(size=(11, 8)), dtype)
+    w = jnp.asarray(rng.normal(size=(2, 3, 11)), jnp.float32)
+    plain = lambda h, e: jnp.einsum("...e,ve->...v", h, e)
+    got = tied_logits(h, e)
+    assert got.dtype == dtype and got.shape == (2, 3, 11)
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32),
+        np.einsum("bte,ve->btv", np.asarray(h, np.float32), np.asarray(e, np.float32)),
+        rtol=tol,
+        atol=tol,
+    )
+    f = lambda fn: jax.grad(lambda h, e: jnp.sum(w * fn(h, e).astype(jnp.float32)), argnums=(0, 1))(
+        h, e
+    )
+    for a, b in zip(f(tied_logits), f(plain)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol
+        )
 
 
 def test_positions_from_mask():
