@@ -366,6 +366,24 @@ def test_attention_recomputed_in_backward_same_grads_less_memory(monkeypatch, gr
     assert saved > 0.5 * probs_bytes, (saved, probs_bytes)
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_attention_recompute_not_nested_in_layer_remat(monkeypatch, remat):
+    """Under model.remat the whole layer is recomputed already: the attention core is then not
+    wrapped again (which would run its forward a third time)."""
+    from grpo_jax.models import transformer
+
+    calls = []
+    monkeypatch.setattr(
+        transformer, "recompute_in_backward", lambda fn, static_argnums=(): calls.append(1) or fn
+    )
+    cfg = FULL.replace(remat=remat)
+    g, p = nnx.split(_model(cfg), nnx.Param)
+    toks = jnp.zeros((2, 6), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    jax.eval_shape(jax.grad(lambda p: nnx.merge(g, p)(toks, pos)[0].sum()), p)
+    assert bool(calls) != remat
+
+
 def test_critic_model_shares_trunk_layout():
     cfg = FULL
     critic = nnx.merge(*random_params(cfg, 1, cls=CriticModel))

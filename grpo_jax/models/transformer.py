@@ -57,8 +57,10 @@ def recompute_in_backward(fn, static_argnums=()):
     float32): stored, the layer scan stacks them for all layers and XLA zero-fills, writes and
     re-lays out those stacks every call; recomputed, the backward pays one more QK^T product
     and softmax (a few % of the layer's FLOPs). SmolLM2-135M on XLA:CPU, one update
-    micro-batch (8 rows x (159 + 128), shared prompt): loss + grad ~5% faster
-    (benchmarks/bench_attention_remat.py). Values and gradients are unchanged.
+    micro-batch (8 rows x (159 + 128), shared prompt, 6 alternated pairs): loss + grad 0.92x
+    the time, XLA temporaries 1.64 vs 2.28 GiB (benchmarks/bench_attention_remat.py). Values
+    and gradients are unchanged. Not applied under ``model.remat``, which recomputes the whole
+    layer already (nesting would run the attention forward a third time).
     ``prevent_cse=False``: the callers run inside the layer ``lax.scan``, where CSE cannot undo
     the recomputation, and outside differentiation nothing is recomputed.
     """
@@ -410,7 +412,9 @@ class Attention(nnx.Module):
             )
             return out_p, out_c
 
-        out_p, out_c = recompute_in_backward(core)(qp, qc, kp, kc, vp, vc)
+        if not c.remat:  # else the whole layer is recomputed in the backward pass
+            core = recompute_in_backward(core)
+        out_p, out_c = core(qp, qc, kp, kc, vp, vc)
         out = jnp.concatenate([out_p.reshape(P * Lp, H, D), out_c.reshape(R * Lc, H, D)])
         out = _plus_lora(
             jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt)),
@@ -465,9 +469,10 @@ class Attention(nnx.Module):
             probs = jax.nn.softmax(scores * (D**-0.5) + mask[:, None], axis=-1).astype(dt)
             out = jnp.einsum("bkgs,bksd->bkgd", probs, values.astype(dt))
             return out.reshape(B, T, H, D)
-        return recompute_in_backward(self._attend_core, static_argnums=(4,))(
-            q, keys, values, mask, kv_layout
-        )
+        core = self._attend_core
+        if not self.config.remat:  # else the whole layer is recomputed in the backward pass
+            core = recompute_in_backward(core, static_argnums=(4,))
+        return core(q, keys, values, mask, kv_layout)
 
     def _attend_core(self, q, keys, values, mask, kv_layout="bskd"):
         """`_attend` for T query tokens (no decode special case): the grouped einsums."""
