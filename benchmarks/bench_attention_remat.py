@@ -20,6 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
@@ -36,6 +37,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from bench_shared_prompt import grouped_batch
     from flax import nnx
 
     from grpo_jax import steps
@@ -45,14 +47,7 @@ def main(argv=None):
     cfg = get_preset(a.preset)
     graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     G, Lp, Lc = a.group_size, a.prompt_len, a.completion_len
-    R = a.groups * G
-    rng = np.random.default_rng(0)
-    prompts = np.repeat(rng.integers(1, cfg.vocab_size, (a.groups, Lp)), G, axis=0)
-    tokens = jnp.asarray(
-        np.concatenate([prompts, rng.integers(1, cfg.vocab_size, (R, Lc))], 1), jnp.int32
-    )
-    mask = jnp.ones((R, Lp + Lc), bool)
-    adv = jnp.asarray(rng.normal(size=(R, 1)), jnp.float32)
+    tokens, mask, adv = grouped_batch(cfg.vocab_size, a.groups, G, Lp, Lc)
     group = G if a.shared else 1
 
     def loss(params, tokens, mask):

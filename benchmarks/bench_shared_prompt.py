@@ -22,6 +22,28 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def grouped_batch(
+    vocab_size: int, groups: int, group_size: int, prompt_len: int, completion_len: int
+):
+    """A synthetic GRPO batch: `groups` random prompts of `prompt_len` tokens, each repeated for
+    `group_size` rows and followed by random completions of `completion_len` tokens (seed 0).
+    Returns (tokens [R, Lp + Lc] int32, mask [R, Lp + Lc] bool all True, advantages [R, 1]
+    float32), R = groups x group_size."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    R = groups * group_size
+    rng = np.random.default_rng(0)
+    prompts = np.repeat(rng.integers(1, vocab_size, (groups, prompt_len)), group_size, axis=0)
+    tokens = np.concatenate([prompts, rng.integers(1, vocab_size, (R, completion_len))], 1)
+    adv = rng.normal(size=(R, 1))
+    return (
+        jnp.asarray(tokens, jnp.int32),
+        jnp.ones((R, prompt_len + completion_len), bool),
+        jnp.asarray(adv, jnp.float32),
+    )
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--groups", type=int, default=1)
@@ -33,7 +55,6 @@ def main():
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from flax import nnx
 
     from grpo_jax import sampling, steps
@@ -43,14 +64,7 @@ def main():
     cfg = get_preset("smollm2-135m")
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     G, Lp, Lc = a.group_size, a.prompt_len, a.completion_len
-    R = a.groups * G
-    rng = np.random.default_rng(0)
-    prompts = np.repeat(rng.integers(1, cfg.vocab_size, (a.groups, Lp)), G, axis=0)
-    tokens = jnp.asarray(
-        np.concatenate([prompts, rng.integers(1, cfg.vocab_size, (R, Lc))], 1), jnp.int32
-    )
-    mask = jnp.ones((R, Lp + Lc), bool)
-    adv = jnp.asarray(rng.normal(size=(R, 1)), jnp.float32)
+    tokens, mask, adv = grouped_batch(cfg.vocab_size, a.groups, G, Lp, Lc)
 
     def best(fn, *args):
         jax.block_until_ready(fn(*args))
