@@ -317,3 +317,31 @@ def test_gguf_to_safetensors_roundtrip_logits(tmp_path):
         with torch.no_grad():
             c = model(input_ids=torch.tensor(ids, dtype=torch.long)).logits[0].numpy()
         np.testing.assert_allclose(c, a, atol=2e-3, rtol=2e-3)
+
+
+ZEN4_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu sse4_2 avx2 fma avx512f avx512vl
+
+processor\t: 1
+cpu family\t: 26
+model\t\t: 2
+model name\t: other
+"""
+
+
+def test_cpu_model_reads_the_first_cpu_and_the_report_names_it():
+    cpu = common.cpu_model(ZEN4_CPUINFO)
+    assert cpu == {"model_name": "AMD EPYC", "family": "25", "model": "17", "simd": "avx512f"}
+    assert common.describe_cpu(cpu) == "AMD EPYC, family 25 model 17, avx512f"
+    assert common.cpu_model("") == {} and common.describe_cpu({}) == ""
+    assert common.cpu_model("flags : neon asimd")["simd"] == "asimd"
+    harness = {"command": "cmd", "cpu_count": 2, "cpu": cpu, "systems": ["grpo_jax"]}
+    text = "\n".join(run_all._runs_section({}, harness, []))
+    assert "machine 2 CPU cores (AMD EPYC, family 25 model 17, avx512f)." in text
+    text = "\n".join(run_all._runs_section({}, {"command": "cmd", "cpu_count": 2}, []))
+    assert "machine 2 CPU cores (CPU not recorded)." in text
+    assert isinstance(common.cpu_model(), dict)  # this machine's /proc/cpuinfo, or {}

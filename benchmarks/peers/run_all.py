@@ -539,7 +539,7 @@ def _runs_section(merged: dict[str, dict], harness: dict, runs: list[dict]) -> l
             "",
             f"Harness started {harness.get('started_utc', '?')} UTC, ended "
             f"{harness.get('ended_utc', '?')} UTC; machine {harness.get('cpu_count', '?')} CPU "
-            "cores.",
+            f"cores ({common.describe_cpu(harness.get('cpu', {})) or 'CPU not recorded'}).",
             "",
         ]
     lines += [
@@ -662,6 +662,7 @@ def main(argv=None):
             "systems": systems,
             "rounds": args.rounds,
             "cpu_count": os.cpu_count(),
+            "cpu": common.cpu_model(),
             "loadavg_start": list(os.getloadavg()),
         }
         subprocess.run(
