@@ -62,7 +62,9 @@ def recompute_in_backward(fn, static_argnums=()):
     and gradients are unchanged. Not applied under ``model.remat``, which recomputes the whole
     layer already (nesting would run the attention forward a third time).
     ``prevent_cse=False``: the callers run inside the layer ``lax.scan``, where CSE cannot undo
-    the recomputation, and outside differentiation nothing is recomputed.
+    the recomputation (except for a one-layer model, whose scan XLA removes: there the
+    recomputation is merged back into the forward and nothing is saved); outside
+    differentiation nothing is recomputed.
     """
     return jax.checkpoint(fn, prevent_cse=False, static_argnums=static_argnums)
 
