@@ -17,7 +17,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(os.path.dirname(HERE), "benchmarks", "peers")
 sys.path.insert(0, PEERS)
+sys.path.insert(0, os.path.dirname(PEERS))  # benchmarks/: bench_step
 
+import bench_step
 import common
 import run_all
 
@@ -334,14 +336,14 @@ model name\t: other
 
 
 def test_cpu_model_reads_the_first_cpu_and_the_report_names_it():
-    cpu = common.cpu_model(ZEN4_CPUINFO)
+    cpu = bench_step.cpu_info(ZEN4_CPUINFO)
     assert cpu == {"model_name": "AMD EPYC", "family": "25", "model": "17", "simd": "avx512f"}
-    assert common.describe_cpu(cpu) == "AMD EPYC, family 25 model 17, avx512f"
-    assert common.cpu_model("") == {} and common.describe_cpu({}) == ""
-    assert common.cpu_model("flags : neon asimd")["simd"] == "asimd"
+    assert bench_step.describe_cpu(cpu) == "AMD EPYC, family 25 model 17, avx512f"
+    assert bench_step.cpu_info("") == {} and bench_step.describe_cpu({}) == ""
+    assert bench_step.cpu_info("flags : neon asimd")["simd"] == "asimd"
     harness = {"command": "cmd", "cpu_count": 2, "cpu": cpu, "systems": ["grpo_jax"]}
     text = "\n".join(run_all._runs_section({}, harness, []))
     assert "machine 2 CPU cores (AMD EPYC, family 25 model 17, avx512f)." in text
     text = "\n".join(run_all._runs_section({}, {"command": "cmd", "cpu_count": 2}, []))
     assert "machine 2 CPU cores (CPU not recorded)." in text
-    assert isinstance(common.cpu_model(), dict)  # this machine's /proc/cpuinfo, or {}
+    assert isinstance(bench_step.cpu_info(), dict)  # this machine's /proc/cpuinfo, or {}

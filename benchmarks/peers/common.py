@@ -194,45 +194,6 @@ def reward_fn(num_workers: int = 2):
     )
 
 
-def cpu_model(cpuinfo: str | None = None) -> dict[str, Any]:
-    """The first CPU of ``/proc/cpuinfo`` (or of the given text): model name, family, model and
-    its widest SIMD ({} where unreadable). VMs of one machine kind can be different CPU
-    generations (AMD family 25 model 17 = Zen 4, 26 = Zen 5), and the peers' step-time ratios
-    differ between them, so the harness records which one it ran on."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return {}
-    fields: dict[str, str] = {}
-    for line in cpuinfo.split("\n\n")[0].splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    if not fields:
-        return {}
-    flags = set(fields.get("flags", "").split())
-    simd = next((f for f in ("avx512f", "avx2", "sse4_2", "asimd") if f in flags), "")
-    return {
-        "model_name": fields.get("model name", ""),
-        "family": fields.get("cpu family", ""),
-        "model": fields.get("model", ""),
-        "simd": simd,
-    }
-
-
-def describe_cpu(cpu: dict[str, Any]) -> str:
-    """``cpu_model()`` as one phrase: "AMD EPYC, family 25 model 17, avx512f" ("" if empty)."""
-    if not cpu:
-        return ""
-    parts = [cpu.get("model_name", "")]
-    if cpu.get("family") or cpu.get("model"):
-        parts.append(f"family {cpu.get('family', '?')} model {cpu.get('model', '?')}")
-    parts.append(cpu.get("simd", ""))
-    return ", ".join(p for p in parts if p)
-
-
 def current_rss_bytes() -> int:
     """Resident set size of this process now (VmRSS from /proc/self/status; 0 if unavailable)."""
     try:

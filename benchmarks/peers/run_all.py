@@ -34,6 +34,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_step import cpu_info, describe_cpu  # jax-free at import
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEMS = ("grpo_jax", "trl", "tunix")
 TARGETS = {"trl": 0.35, "tunix": 0.3}  # issue #21: grpo_jax step time <= target x peer's
@@ -539,7 +542,7 @@ def _runs_section(merged: dict[str, dict], harness: dict, runs: list[dict]) -> l
             "",
             f"Harness started {harness.get('started_utc', '?')} UTC, ended "
             f"{harness.get('ended_utc', '?')} UTC; machine {harness.get('cpu_count', '?')} CPU "
-            f"cores ({common.describe_cpu(harness.get('cpu', {})) or 'CPU not recorded'}).",
+            f"cores ({describe_cpu(harness.get('cpu', {})) or 'CPU not recorded'}).",
             "",
         ]
     lines += [
@@ -662,7 +665,7 @@ def main(argv=None):
             "systems": systems,
             "rounds": args.rounds,
             "cpu_count": os.cpu_count(),
-            "cpu": common.cpu_model(),
+            "cpu": cpu_info(),
             "loadavg_start": list(os.getloadavg()),
         }
         subprocess.run(

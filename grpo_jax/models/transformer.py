@@ -414,9 +414,7 @@ class Attention(nnx.Module):
             )
             return out_p, out_c
 
-        if not c.remat:  # else the whole layer is recomputed in the backward pass
-            core = recompute_in_backward(core)
-        out_p, out_c = core(qp, qc, kp, kc, vp, vc)
+        out_p, out_c = self._recompute(core)(qp, qc, kp, kc, vp, vc)
         out = jnp.concatenate([out_p.reshape(P * Lp, H, D), out_c.reshape(R * Lc, H, D)])
         out = _plus_lora(
             jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt)),
@@ -471,10 +469,16 @@ class Attention(nnx.Module):
             probs = jax.nn.softmax(scores * (D**-0.5) + mask[:, None], axis=-1).astype(dt)
             out = jnp.einsum("bkgs,bksd->bkgd", probs, values.astype(dt))
             return out.reshape(B, T, H, D)
-        core = self._attend_core
-        if not self.config.remat:  # else the whole layer is recomputed in the backward pass
-            core = recompute_in_backward(core, static_argnums=(4,))
-        return core(q, keys, values, mask, kv_layout)
+        return self._recompute(self._attend_core, static_argnums=(4,))(
+            q, keys, values, mask, kv_layout
+        )
+
+    def _recompute(self, fn, static_argnums=()):
+        """``recompute_in_backward(fn)``, or ``fn`` as is under ``model.remat`` (the whole layer
+        is recomputed in the backward pass already)."""
+        if self.config.remat:
+            return fn
+        return recompute_in_backward(fn, static_argnums=static_argnums)
 
     def _attend_core(self, q, keys, values, mask, kv_layout="bskd"):
         """`_attend` for T query tokens (no decode special case): the grouped einsums."""
