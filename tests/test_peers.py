@@ -19,6 +19,7 @@ PEERS = os.path.join(os.path.dirname(HERE), "benchmarks", "peers")
 sys.path.insert(0, PEERS)
 sys.path.insert(0, os.path.dirname(PEERS))  # benchmarks/: bench_step
 
+import bench_matmul_floor
 import bench_step
 import common
 import run_all
@@ -188,6 +189,99 @@ def test_report_floor_section_compares_the_shared_prompt_system_with_its_own_flo
     merged["grpo_jax"]["settings"] = {"shared_prompt": False}  # --no_shared_prompt
     text = "\n".join(run_all._floor_section(merged, harness))
     assert "shared-prompt floor" not in text
+
+
+_TINY = {
+    "hidden_size": 4,
+    "intermediate_size": 6,
+    "num_layers": 2,
+    "num_heads": 2,
+    "num_kv_heads": 1,
+    "head_dim": 2,
+    "vocab_size": 10,
+}
+
+
+def test_matmul_floor_counts_the_shared_prompt_floors_dense_flops():
+    # the dots listed per phase carry exactly the dense FLOPs of run_all.floor(shared_prompt=True)
+    d = dict(_TINY)
+    e, f, q, kv = 4, 6, 4, 2
+    n_body = d["num_layers"] * (2 * e * q + 2 * e * kv + 3 * e * f)
+    shape = {
+        "num_layers": 2,
+        "num_heads": 2,
+        "head_dim": 2,
+        "n_body": n_body,
+        "n_head": 10 * e,
+        "weight_bytes": 1,
+        "kv_bytes_per_position": 1,
+    }
+    w = {"prompts": 3, "samples": 4, "max_new_tokens": 5}
+    lp = 7
+    shape0 = dict(shape, num_heads=0)  # A = 0: the floor's FLOPs without attention
+    fs = run_all.floor(w, lp, shape0, peak=1.0, bandwidth=1e30, shared_prompt=True)
+    for mb in (4, 12):  # one group per micro-batch, or all three
+        phases = bench_matmul_floor.step_dots(d, 3, 4, lp, 5, mb)
+        flops = {
+            p: sum(bench_matmul_floor.dot_flops(x) * c for x, c in ctr.items())
+            for p, ctr in phases.items()
+        }
+        assert flops["reference"] == fs["reference_flops"]
+        assert flops["update"] == fs["update_flops"]
+        # generate: the prefill (P rows, head on the last position) + Lc - 1 decode steps
+        assert flops["generate"] == fs["prefill_flops"] + 4 * 12 * (2 * n_body + 2 * 10 * e)
+    # attention: 4 L H D per query-key pair; the update is forward + backward (3x)
+    att = bench_matmul_floor.attention_flops(d, 3, 4, lp, 5)
+    pairs = 3 * lp * (lp + 1) // 2 + 12 * sum(lp + t for t in range(1, 5))
+    assert att["reference"] == 4 * 2 * 2 * 2 * pairs and att["update"] == 3 * att["reference"]
+    with pytest.raises(ValueError, match="micro_batch 6"):
+        bench_matmul_floor.step_dots(d, 3, 4, lp, 5, 6)
+
+
+def test_matmul_floor_measures_every_dot_and_the_report_compares_with_it():
+    mf = bench_matmul_floor.measure(_TINY, 2, 2, 3, 3, 2, peak=1e9, repeats=1)
+    assert len(mf["dots"]) == len({(x["kind"], x["m"], x["k"], x["n"]) for x in mf["dots"]})
+    assert all(x["s"] > 0 for x in mf["dots"]) and mf["total"]["matmul_s"] > 0
+    assert {x["kind"] for x in mf["dots"]} == {"fwd", "dx", "dw"}
+    # report: the faster measurement, a line and a row for the shared-prompt system
+    slow = json.loads(json.dumps(mf))
+    for r in slow["phases"]:
+        r["matmul_s"] += 100.0
+    slow["total"]["matmul_s"] += 300.0
+    mf["phases"] = [
+        dict(r, matmul_s=s, attention_s_at_peak=1.0) for r, s in zip(mf["phases"], (9.0, 4.0, 14.0))
+    ]
+    mf["total"].update(matmul_s=27.0, attention_s_at_peak=3.0)
+    shape = {
+        "num_layers": 30,
+        "num_heads": 9,
+        "head_dim": 64,
+        "n_body": 106_168_320,
+        "n_head": 28_311_552,
+        "weight_bytes": 538_060_032,
+        "kv_bytes_per_position": 46_080,
+    }
+    bounds = {"matmul_peak_flops": 4e11, "read_bandwidth_Bps": 3e10, "started_utc": "x"}
+    harness = {
+        "bounds_before": dict(bounds, matmul_floor=slow),
+        "bounds_after": dict(bounds, matmul_floor=mf),
+        "prompt_len": 159,
+        "model_shape": shape,
+    }
+    merged = {
+        "grpo_jax": _result(
+            "grpo_jax",
+            [_step(60.0, 20.0, 15000, 30.0, 29000, ref_s=10.0)],
+            notes=["algorithm.shared_prompt_forward: each group's prompt runs once"],
+        )
+    }
+    text = "\n".join(run_all._floor_section(merged, harness))
+    assert (
+        "**matmul floor = 30.0 s per step** (generate 10.0, reference 5.0, update 15.0 s)" in text
+    )
+    assert "| grpo_jax vs the matmul floor | 60.00 | 2.00 | 2.00 | 2.00 | 2.00 |" in text
+    merged["grpo_jax"]["settings"] = {"shared_prompt": False}  # it counts shared-prompt work
+    assert "matmul floor" not in "\n".join(run_all._floor_section(merged, harness))
 
 
 def test_micro_batch_rows_must_split_into_whole_prompt_groups():

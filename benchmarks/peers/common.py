@@ -124,7 +124,8 @@ def model_shape(path: str | None = None) -> dict:
     n_params: all parameters (a tied embedding counted once); n_head: the LM head's matmul
     parameters (vocab x d); n_body: the decoder layers' matmul parameters (q, k, v, o, MLP; norms
     and the embedding gather do no matmul); weight_bytes: float32 bytes of all parameters;
-    kv_bytes_per_position: float32 key + value bytes of one position of one row, all layers.
+    kv_bytes_per_position: float32 key + value bytes of one position of one row, all layers;
+    and the sizes (hidden, intermediate, vocabulary, heads).
     """
     with open(os.path.join(path or model_dir(), "config.json"), encoding="utf-8") as f:
         hf = json.load(f)
@@ -139,6 +140,9 @@ def model_shape(path: str | None = None) -> dict:
     n_params = n_body + L * 2 * d + d + n_head * (1 if tied else 2)
     return {
         "num_layers": L,
+        "hidden_size": d,
+        "intermediate_size": mlp,
+        "vocab_size": V,
         "num_heads": H,
         "num_kv_heads": KVH,
         "head_dim": D,

@@ -6,7 +6,9 @@ Run with grpo_jax's venv, in its own process (run_all.py calls it before the fir
 after the last, so the harness's own process never imports jax). The measurements are the
 benchmarks' own functions, imported: `bench_step.matmul_peak` (best of 10 jitted 2048 x 2048
 float32 matmuls) and `bench_decode.read_bandwidth` (best of a jitted float32 sum over 1 GiB and
-numpy's).
+numpy's). Given the workload (`--prompt_len` > 0, as run_all.py passes it), it also times
+grpo_jax's dense matmuls of one step at their own shapes (`bench_matmul_floor.measure`, the
+converted checkpoint's sizes): the step's floor with this backend's matmul kernels.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ sys.path.insert(0, os.path.join(common.REPO, "benchmarks"))
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt_len", type=int, default=0, help="0: no matmul floor")
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--micro_batch", type=int, default=8, help="rows per micro-batch")
     args = parser.parse_args(argv)
     load = os.getloadavg()
     t0 = time.time()
@@ -45,6 +52,25 @@ def main(argv=None):
         "device": str(jax.devices()[0]),
         "jax": jax.__version__,
     }
+    if args.prompt_len > 0:
+        import bench_matmul_floor
+
+        sizes = {k: v for k, v in common.model_shape().items() if k in bench_matmul_floor.DIMS}
+        result["matmul_floor"] = bench_matmul_floor.measure(
+            sizes,
+            args.prompts,
+            args.samples,
+            args.prompt_len,
+            args.max_new_tokens,
+            args.micro_batch,
+            peak=peak,
+        )
+        total = result["matmul_floor"]["total"]
+        print(
+            f"[machine_bounds] grpo_jax's dense matmuls of one step at their own shapes: "
+            f"{total['matmul_s']:.1f} s ({total['matmul_s_at_peak']:.1f} s at the peak)",
+            flush=True,
+        )
     print(
         f"[machine_bounds] float32 matmul peak {peak / 1e9:.1f} GFLOP/s, read bandwidth "
         f"{bw['best'] / 1e9:.1f} GB/s (jitted sum {bw['jax_sum'] / 1e9:.1f}, numpy "

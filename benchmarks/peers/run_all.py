@@ -75,10 +75,12 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
-def measure_bounds(out_json: str) -> dict:
+def measure_bounds(out_json: str, workload: list[str] = ()) -> dict:
     """The float32 matmul peak and read bandwidth, measured by machine_bounds.py in its own
-    process (grpo_jax's venv: `bench_step.matmul_peak`, `bench_decode.read_bandwidth`)."""
+    process (grpo_jax's venv: `bench_step.matmul_peak`, `bench_decode.read_bandwidth`); with
+    the workload's flags, also grpo_jax's step matmuls timed at their shapes."""
     cmd = [python_for("grpo_jax"), os.path.join(HERE, "machine_bounds.py"), f"--out={out_json}"]
+    cmd += list(workload)
     print(f"[run_all] machine bounds: {shlex.join(cmd)}", flush=True)
     rc = subprocess.run(cmd, cwd=common.REPO).returncode
     if rc or not os.path.isfile(out_json):
@@ -454,6 +456,24 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
             f"{fs['prefill_s']:.1f} s): **shared-prompt floor = {fs['step_s']:.1f} s per step**; "
             "the last rows of the table below compare such a system with it"
         )
+    mf = _matmul_floor(harness) if shared else None  # it counts the shared prompt's work
+    if mf:
+        ph = {r["phase"]: r["matmul_s"] + r["attention_s_at_peak"] for r in mf["phases"]}
+        ph["step"] = sum(ph.values())
+        t = mf["total"]
+        lines.append(
+            "- grpo_jax's own work with this backend's matmul kernels "
+            "(`benchmarks/bench_matmul_floor.py`, in machine_bounds.py's process: each distinct "
+            "dense matmul of its step, shared prompt and micro-batches as it runs them, timed "
+            f"alone at its shape; the faster of the two measurements): {len(mf['dots'])} "
+            f"shapes, {t['matmul_flops'] / 1e12:.2f} TFLOP in {t['matmul_s']:.1f} s "
+            f"({t['matmul_flops'] / t['matmul_s'] / 1e9:.0f} GFLOP/s; "
+            f"{t['matmul_s_at_peak']:.1f} s at the peak) + attention at the peak "
+            f"{t['attention_s_at_peak']:.1f} s: **matmul floor = {ph['step']:.1f} s per step** "
+            f"(generate {ph['generate']:.1f}, reference {ph['reference']:.1f}, update "
+            f"{ph['update']:.1f} s); everything else a step does (attention beyond its FLOPs, "
+            "softmax, norms, sampling, layout copies, the optimizer) is the time above it"
+        )
     lines += [
         "",
         "| system | median step s | step / floor | generate / its floor | reference / its floor "
@@ -483,7 +503,22 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
                 f"{_fmt(m['reference_s'] / fs['reference_s'])} | "
                 f"{_fmt(m['update_s'] / fs['update_s'])} |"
             )
+            if mf:
+                lines.append(
+                    f"| {s} vs the matmul floor | {_fmt(m['step_s'])} | "
+                    f"{_fmt(m['step_s'] / ph['step'])} | "
+                    f"{_fmt(m['generate_s'] / ph['generate'])} | "
+                    f"{_fmt(m['reference_s'] / ph['reference'])} | "
+                    f"{_fmt(m['update_s'] / ph['update'])} |"
+                )
     return lines + [""]
+
+
+def _matmul_floor(harness: dict) -> dict | None:
+    """The faster of the before/after `bench_matmul_floor` measurements (None if neither)."""
+    ms = [(harness.get(k) or {}).get("matmul_floor") for k in ("bounds_before", "bounds_after")]
+    ms = [m for m in ms if m and m.get("phases")]
+    return min(ms, key=lambda m: m["total"]["matmul_s"]) if ms else None
 
 
 def _shares_prompt(result: dict) -> bool:
@@ -675,8 +710,15 @@ def main(argv=None):
         )
         harness["prompt_len"] = max(len(p["ids"]) for p in common.load_prompts(args.prompts))
         harness["model_shape"] = common.model_shape()
+        workload = [
+            f"--prompts={args.prompts}",
+            f"--samples={args.samples}",
+            f"--prompt_len={harness['prompt_len']}",
+            f"--max_new_tokens={args.max_new_tokens}",
+            f"--micro_batch={common.micro_batch_rows(args)}",
+        ]
         harness["bounds_before"] = measure_bounds(
-            os.path.join(args.results_dir, f"{tag}_bounds_before.json")
+            os.path.join(args.results_dir, f"{tag}_bounds_before.json"), workload
         )
         for r in range(args.rounds):
             for s in systems:
@@ -688,7 +730,7 @@ def main(argv=None):
                     round_index=r,
                 )
         harness["bounds_after"] = measure_bounds(
-            os.path.join(args.results_dir, f"{tag}_bounds_after.json")
+            os.path.join(args.results_dir, f"{tag}_bounds_after.json"), workload
         )
         harness["ended_utc"] = _utc(time.time())
         with open(harness_path, "w", encoding="utf-8") as f:
