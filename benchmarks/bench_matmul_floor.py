@@ -31,24 +31,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from grpo_jax.models.config import SIZE_FIELDS
+
 # (kind, m, k, n): "fwd" [m, k] x [k, n]; "dx" [m, n] x [k, n]^T; "dw" [m, k]^T x [m, n]
 Dot = tuple
 
 
-DIMS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "vocab_size",
-)
-
-
 def dims(cfg) -> dict:
-    """The sizes the dots need (`DIMS`), from a `ModelConfig` or any object with those fields."""
-    return {k: int(getattr(cfg, k)) for k in DIMS}
+    """The sizes the dots need (`config.SIZE_FIELDS`), from a `ModelConfig` or any object with
+    those fields."""
+    return {k: int(getattr(cfg, k)) for k in SIZE_FIELDS}
 
 
 def layer_dots(d: dict, n: int, backward: bool) -> list[Dot]:

@@ -30,6 +30,18 @@ from configs import gsm8k_smollm2
 GGUF = gsm8k_smollm2.default_gguf()
 
 
+# common.model_shape() of SmolLM2-135M (the parts the floor uses)
+_SMOLLM2_SHAPE = {
+    "num_layers": 30,
+    "num_heads": 9,
+    "head_dim": 64,
+    "n_body": 106_168_320,
+    "n_head": 28_311_552,
+    "weight_bytes": 538_060_032,
+    "kv_bytes_per_position": 46_080,
+}
+
+
 def _step(step_s, gen_s, gen_tok, upd_s, upd_tok, ref_s=0.5):
     return {
         "step_s": step_s,
@@ -161,15 +173,7 @@ def test_floor_per_row_and_shared_prompt_hand_computed():
 
 
 def test_report_floor_section_compares_the_shared_prompt_system_with_its_own_floor():
-    shape = {
-        "num_layers": 30,
-        "num_heads": 9,
-        "head_dim": 64,
-        "n_body": 106_168_320,
-        "n_head": 28_311_552,
-        "weight_bytes": 538_060_032,
-        "kv_bytes_per_position": 46_080,
-    }
+    shape = dict(_SMOLLM2_SHAPE)
     bounds = {"matmul_peak_flops": 4e11, "read_bandwidth_Bps": 3e10, "started_utc": "x"}
     harness = {"bounds_before": bounds, "prompt_len": 159, "model_shape": shape}
     merged = {
@@ -252,15 +256,7 @@ def test_matmul_floor_measures_every_dot_and_the_report_compares_with_it():
         dict(r, matmul_s=s, attention_s_at_peak=1.0) for r, s in zip(mf["phases"], (9.0, 4.0, 14.0))
     ]
     mf["total"].update(matmul_s=27.0, attention_s_at_peak=3.0)
-    shape = {
-        "num_layers": 30,
-        "num_heads": 9,
-        "head_dim": 64,
-        "n_body": 106_168_320,
-        "n_head": 28_311_552,
-        "weight_bytes": 538_060_032,
-        "kv_bytes_per_position": 46_080,
-    }
+    shape = dict(_SMOLLM2_SHAPE)
     bounds = {"matmul_peak_flops": 4e11, "read_bandwidth_Bps": 3e10, "started_utc": "x"}
     harness = {
         "bounds_before": dict(bounds, matmul_floor=slow),

@@ -55,7 +55,9 @@ def main(argv=None):
     if args.prompt_len > 0:
         import bench_matmul_floor
 
-        sizes = {k: v for k, v in common.model_shape().items() if k in bench_matmul_floor.DIMS}
+        sizes = {
+            k: v for k, v in common.model_shape().items() if k in bench_matmul_floor.SIZE_FIELDS
+        }
         result["matmul_floor"] = bench_matmul_floor.measure(
             sizes,
             args.prompts,

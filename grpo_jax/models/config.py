@@ -15,6 +15,16 @@ _FAMILIES = ("llama", "qwen2", "qwen3")
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# The integer sizes of a ModelConfig (each a positive int).
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +72,7 @@ class ModelConfig:
     lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
 
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-        ):
+        for name in SIZE_FIELDS:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
