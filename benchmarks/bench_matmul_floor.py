@@ -5,18 +5,23 @@
 
 The peer harness's floor (`benchmarks/peers/run_all.py: floor`) prices every FLOP at the 2048^3
 float32 matmul peak. The step's matmuls are smaller and thinner than that (decode at 128 rows,
-a 159-token prompt, [576, N] x [N, 1536] weight gradients), and the backend runs them below
-its peak even alone. This script lists every dense matmul of one GRPO step of grpo_jax's
-peer workload as it computes it (each group's prompt run once, `shared_prompt_forward`; the
-tied LM head on completion positions only; the update in micro-batches of one group), jits each
-distinct shape alone (float32, random operands; the best of 2 sweeps x `--repeats` calls each)
-and sums time x count per phase. Not counted: attention (its FLOPs are reported at the peak),
+the prefill of 16 prompts, [576, N] x [N, 1536] weight gradients), and the backend runs them
+below its peak even alone. This script lists every dense matmul of one GRPO step of grpo_jax's
+peer workload as it computes it: each group's prompt run once and joined with the group's
+completion positions into one matmul per projection (`Decoder.shared_prefix`); the tied LM
+head on the completion positions only; the reference pass and the update in micro-batches of
+whole groups; the sampler's prefill of one row per group and max_new_tokens - 1 decode steps
+of all rows (an upper count: the loop stops once every row has ended). It jits each distinct
+shape alone (float32, random operands; the best of 2 sweeps x `--repeats` calls each) and sums
+time x count per phase. Not counted: attention (its causal FLOPs are reported at the peak),
 norms, softmax, sampling, the optimizer: the result is a lower bound on a step that uses this
 backend's matmul kernels, whatever else is optimised.
 
 Per layer and N positions, forward: x W for q [E, H D], k and v [E, K D], o [H D, E], gate and
 up [E, F], down [F, E]; backward of each y = x W: dx = dy W^T and dW = x^T dy. LM head (tied
-embedding [V, E]): forward h E^T; backward dh = dy E and dE = (h^T dy)^T.
+embedding [V, E], as in SmolLM2 and Qwen3 1.7B; an untied head has the same FLOPs): logits
+h E^T; backward dh = dy E and dE = dy^T h. The shapes and counts of one micro-batch's update
+equal the dots of its jaxpr (tests/test_peers.py).
 """
 
 from __future__ import annotations
@@ -55,24 +60,53 @@ def layer_dots(d: dict, n: int, backward: bool) -> list[Dot]:
 
 
 def head_dots(d: dict, n: int, backward: bool) -> list[Dot]:
-    """The tied LM head over n positions: h E^T, and dh = dy E, dE^T = h^T dy."""
+    """The tied LM head over n positions, in the layouts of XLA's optimised program: logits
+    h E^T against the [V, E] embedding ("dx" layout), dh = dy E ("fwd"), and dE = dy^T h
+    straight into [V, E] ("dw"; the VJP's transpose is folded away)."""
     e, v = d["hidden_size"], d["vocab_size"]
-    dots = [("fwd", n, e, v)]
+    dots = [("dx", n, v, e)]
     if backward:
-        dots += [("dx", n, e, v), ("dw", n, e, v)]
+        dots += [("fwd", n, v, e), ("dw", n, v, e)]
     return dots
 
 
-def step_dots(d: dict, prompts: int, samples: int, lp: int, lc: int, micro_batch: int) -> dict:
-    """phase -> Counter of dots for one step (shared prompt; micro-batches of whole groups)."""
-    if micro_batch % samples:
-        raise ValueError(f"micro_batch {micro_batch} is not a multiple of samples {samples}")
+def check_workload(prompts: int, samples: int, lp: int, lc: int, micro_batch: int) -> None:
+    """Raises ValueError unless the workload is one that grpo_jax runs with a shared prompt in
+    micro-batches of whole groups (what `step_dots` counts)."""
+    rows = prompts * samples
+    if min(prompts, samples, lp) < 1:
+        raise ValueError(f"prompts, samples and prompt_len must be >= 1: {prompts, samples, lp}")
+    if lc < 2:  # with one new token there is no completion position to share a prompt with
+        raise ValueError(f"max_new_tokens must be >= 2, got {lc}")
+    if not 0 < micro_batch <= rows or rows % micro_batch or micro_batch % samples:
+        raise ValueError(
+            f"micro_batch {micro_batch} must be a multiple of samples {samples} that divides "
+            f"the {rows} rows"
+        )
+
+
+def step_dots(
+    d: dict,
+    prompts: int,
+    samples: int,
+    lp: int,
+    lc: int,
+    micro_batch: int,
+    reference: bool = True,
+) -> dict:
+    """phase -> Counter of dots for one step (shared prompt; micro-batches of whole groups;
+    `reference=False`: no reference pass, as grpo_jax runs with kl_coef 0).
+
+    Raises:
+      ValueError: see `check_workload`.
+    """
+    check_workload(prompts, samples, lp, lc, micro_batch)
     groups = micro_batch // samples
-    n_micro = prompts // groups
+    n_micro = prompts * samples // micro_batch
     layers = d["num_layers"]
     out = {p: collections.Counter() for p in ("generate", "reference", "update")}
-    # generate: one prefill row per group, the last position through the head; then Lc - 1
-    # decode steps of all R rows (the first token comes from the prefill's logits)
+    # generate: one prefill row per group ([P, Lp] in one pass), the last position through the
+    # head; then Lc - 1 decode steps of all R rows (the first token comes from the prefill)
     for x in layer_dots(d, prompts * lp, False):
         out["generate"][x] += layers
     for x in head_dots(d, prompts, False):
@@ -82,26 +116,35 @@ def step_dots(d: dict, prompts: int, samples: int, lp: int, lc: int, micro_batch
     for x in head_dots(d, prompts * samples, False):
         out["generate"][x] += lc - 1
     # reference and update, per micro-batch: the groups' prompts (Lp positions each) and the
-    # completions' Lc - 1 input positions per row; the head on the Lc scored positions
-    for phase, backward in (("reference", False), ("update", True)):
-        for n in (groups * lp, micro_batch * (lc - 1)):
-            for x in layer_dots(d, n, backward):
-                out[phase][x] += layers * n_micro
+    # completions' Lc - 1 input positions per row, joined into one matmul per projection
+    # (`Decoder.shared_prefix`); the head on the Lc scored positions of each row
+    phases = (("reference", False), ("update", True)) if reference else (("update", True),)
+    for phase, backward in phases:
+        for x in layer_dots(d, groups * lp + micro_batch * (lc - 1), backward):
+            out[phase][x] += layers * n_micro
         for x in head_dots(d, micro_batch * lc, backward):
             out[phase][x] += n_micro
     return out
 
 
-def attention_flops(d: dict, prompts: int, samples: int, lp: int, lc: int) -> dict:
-    """Attention score + value FLOPs per phase (4 x layers x heads x head_dim per query-key pair;
-    the completion queries score Lp prompt keys and the causal completion keys)."""
+def attention_flops(
+    d: dict, prompts: int, samples: int, lp: int, lc: int, reference: bool = True
+) -> dict:
+    """Attention score + value FLOPs per phase: 4 x layers x heads x head_dim per query-key
+    pair, causal pairs only (the least any implementation must compute; `run_all.floor` counts
+    full score matrices); the completion queries score Lp prompt keys and the earlier
+    completion keys; the update is 3x the forward."""
     a = 4 * d["num_layers"] * d["num_heads"] * d["head_dim"]
     r = prompts * samples
     prompt_pairs = prompts * lp * (lp + 1) // 2
     completion_pairs = r * sum(lp + t for t in range(1, lc))
     forward = a * (prompt_pairs + completion_pairs)
     decode = a * r * sum(lp + t for t in range(1, lc))
-    return {"generate": a * prompt_pairs + decode, "reference": forward, "update": 3 * forward}
+    return {
+        "generate": a * prompt_pairs + decode,
+        "reference": forward if reference else 0,
+        "update": 3 * forward,
+    }
 
 
 def dot_flops(d: Dot) -> int:
@@ -154,11 +197,12 @@ def measure(
     micro_batch: int,
     peak: float,
     repeats: int = 5,
+    reference: bool = True,
 ) -> dict:
     """Times every distinct dot of one step alone; per phase and in total: dense-matmul FLOPs,
     seconds at their own shapes (`matmul_s`) and at the peak, attention FLOPs at the peak."""
-    phases = step_dots(d, prompts, samples, prompt_len, max_new_tokens, micro_batch)
-    attn = attention_flops(d, prompts, samples, prompt_len, max_new_tokens)
+    phases = step_dots(d, prompts, samples, prompt_len, max_new_tokens, micro_batch, reference)
+    attn = attention_flops(d, prompts, samples, prompt_len, max_new_tokens, reference)
     distinct = sorted({x for c in phases.values() for x in c})
     timed = time_dots(distinct, repeats)
     rows = []
@@ -185,6 +229,7 @@ def measure(
             "prompt_len": prompt_len,
             "max_new_tokens": max_new_tokens,
             "micro_batch": micro_batch,
+            "reference": reference,
         },
         "dims": d,
         "matmul_peak_flops": peak,
@@ -207,7 +252,7 @@ def table(result: dict) -> list[str]:
     for r in result["phases"] + [dict(result["total"], phase="step")]:
         lines.append(
             f"| {r['phase']} | {r['matmul_flops'] / 1e12:.2f} | {r['matmul_s_at_peak']:.1f} | "
-            f"{r['matmul_s']:.1f} | {r['matmul_flops'] / r['matmul_s'] / 1e9:.0f} | "
+            f"{r['matmul_s']:.1f} | {r['matmul_flops'] / max(r['matmul_s'], 1e-12) / 1e9:.0f} | "
             f"{r['attention_s_at_peak']:.1f} |"
         )
     return lines
@@ -221,6 +266,7 @@ def main(argv=None):
     p.add_argument("--prompt_len", type=int, default=159, help="the peers' full-size prompt")
     p.add_argument("--max_new_tokens", type=int, default=128)
     p.add_argument("--micro_batch", type=int, default=8, help="rows, whole groups")
+    p.add_argument("--reference", type=int, default=1, help="0: no reference pass (kl_coef 0)")
     p.add_argument("--repeats", type=int, default=5, help="calls per shape in each of 2 sweeps")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
@@ -232,7 +278,13 @@ def main(argv=None):
 
     peak = matmul_peak(dtype="float32")
     w = (a.prompts, a.samples, a.prompt_len, a.max_new_tokens, a.micro_batch)
-    result = measure(dims(get_preset(a.preset)), *w, peak=peak, repeats=a.repeats)
+    try:
+        check_workload(*w)
+    except ValueError as e:
+        p.error(str(e))
+    result = measure(
+        dims(get_preset(a.preset)), *w, peak=peak, repeats=a.repeats, reference=bool(a.reference)
+    )
     result.update(
         preset=a.preset,
         cpu=cpu_info(),

@@ -5,6 +5,7 @@ systems, the model-equivalence statistic, the memory watchdog's reader, and (slo
 GGUF -> float32 safetensors conversion that all three load, against the GGUF and transformers.
 """
 
+import collections
 import importlib.util
 import json
 import math
@@ -213,7 +214,7 @@ def test_matmul_floor_counts_the_shared_prompt_floors_dense_flops():
     n_body = d["num_layers"] * (2 * e * q + 2 * e * kv + 3 * e * f)
     shape = {
         "num_layers": 2,
-        "num_heads": 2,
+        "num_heads": 0,  # A = 0: the floor's FLOPs without attention
         "head_dim": 2,
         "n_body": n_body,
         "n_head": 10 * e,
@@ -222,8 +223,7 @@ def test_matmul_floor_counts_the_shared_prompt_floors_dense_flops():
     }
     w = {"prompts": 3, "samples": 4, "max_new_tokens": 5}
     lp = 7
-    shape0 = dict(shape, num_heads=0)  # A = 0: the floor's FLOPs without attention
-    fs = run_all.floor(w, lp, shape0, peak=1.0, bandwidth=1e30, shared_prompt=True)
+    fs = run_all.floor(w, lp, shape, peak=1.0, bandwidth=1e30, shared_prompt=True)
     for mb in (4, 12):  # one group per micro-batch, or all three
         phases = bench_matmul_floor.step_dots(d, 3, 4, lp, 5, mb)
         flops = {
@@ -234,12 +234,87 @@ def test_matmul_floor_counts_the_shared_prompt_floors_dense_flops():
         assert flops["update"] == fs["update_flops"]
         # generate: the prefill (P rows, head on the last position) + Lc - 1 decode steps
         assert flops["generate"] == fs["prefill_flops"] + 4 * 12 * (2 * n_body + 2 * 10 * e)
-    # attention: 4 L H D per query-key pair; the update is forward + backward (3x)
+    no_ref = bench_matmul_floor.step_dots(d, 3, 4, lp, 5, 4, reference=False)
+    assert not no_ref["reference"]
+    assert no_ref["update"] == bench_matmul_floor.step_dots(d, 3, 4, lp, 5, 4)["update"]
+    # attention: 4 L H D per causal query-key pair; the update is forward + backward (3x)
     att = bench_matmul_floor.attention_flops(d, 3, 4, lp, 5)
     pairs = 3 * lp * (lp + 1) // 2 + 12 * sum(lp + t for t in range(1, 5))
     assert att["reference"] == 4 * 2 * 2 * 2 * pairs and att["update"] == 3 * att["reference"]
-    with pytest.raises(ValueError, match="micro_batch 6"):
-        bench_matmul_floor.step_dots(d, 3, 4, lp, 5, 6)
+    assert bench_matmul_floor.attention_flops(d, 3, 4, lp, 5, reference=False)["reference"] == 0
+    # workloads it does not describe: named in the error, never a silent miscount
+    for mb in (6, 8, 24, 0):  # not whole groups / does not divide 12 rows / > rows / 0
+        with pytest.raises(ValueError, match=f"micro_batch {mb} must be"):
+            bench_matmul_floor.step_dots(d, 3, 4, lp, 5, mb)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 2"):
+        bench_matmul_floor.step_dots(d, 3, 4, lp, 1, 4)
+
+
+def _jaxpr_dots(jaxpr, mult=1, out=None):
+    """(contracted size, smaller, larger free size) -> count of the un-batched dot_generals of a
+    jaxpr, sub-jaxprs included (a scan's body counted `length` times)."""
+    import jax.extend.core as jcore
+
+    out = collections.Counter() if out is None else out
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
+            if not lb:  # the attention's dots are batched over rows and heads
+                ls, rs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+                m = math.prod(x for i, x in enumerate(ls) if i not in lc)
+                n = math.prod(x for i, x in enumerate(rs) if i not in rc)
+                out[(math.prod(ls[i] for i in lc), min(m, n), max(m, n))] += mult
+        sub = mult * eqn.params.get("length", 1) if eqn.primitive.name == "scan" else mult
+        for v in eqn.params.values():
+            for j in v if isinstance(v, (tuple, list)) else (v,):
+                if isinstance(j, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                    _jaxpr_dots(getattr(j, "jaxpr", j), sub, out)
+    return out
+
+
+def test_matmul_floor_lists_the_dots_of_one_micro_batchs_jaxpr():
+    # independent reference: the dot_generals of grpo_jax's own reference forward and update
+    # (loss + grad of steps.completion_logprobs, shared prompt) for one group
+    import jax
+    import jax.numpy as jnp
+    from bench_shared_prompt import grouped_batch
+    from flax import nnx
+
+    from grpo_jax import steps
+    from grpo_jax.models import transformer
+    from grpo_jax.models.config import ModelConfig
+
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    G, Lp, Lc = 3, 5, 4
+    tokens, mask, adv = grouped_batch(cfg.vocab_size, 1, G, Lp, Lc)
+
+    def logprobs(p):
+        return steps.completion_logprobs(graphdef, p, tokens, mask, Lp, 1.0, G)
+
+    def loss(p):
+        lp = logprobs(p)
+        return -(jnp.exp(lp - jax.lax.stop_gradient(lp)) * adv).mean()
+
+    def normalised(counter):  # (kind, m, k, n) -> (contracted, smaller, larger free size)
+        out = collections.Counter()
+        for (kind, m, k, n), c in counter.items():
+            key = {"fwd": (k, m, n), "dx": (n, m, k), "dw": (m, k, n)}[kind]
+            out[(key[0], min(key[1:]), max(key[1:]))] += c
+        return out
+
+    want = bench_matmul_floor.step_dots(bench_matmul_floor.dims(cfg), 1, G, Lp, Lc, G)
+    assert normalised(want["reference"]) == _jaxpr_dots(jax.make_jaxpr(logprobs)(params).jaxpr)
+    assert normalised(want["update"]) == _jaxpr_dots(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
 
 
 def test_matmul_floor_measures_every_dot_and_the_report_compares_with_it():
@@ -247,22 +322,22 @@ def test_matmul_floor_measures_every_dot_and_the_report_compares_with_it():
     assert len(mf["dots"]) == len({(x["kind"], x["m"], x["k"], x["n"]) for x in mf["dots"]})
     assert all(x["s"] > 0 for x in mf["dots"]) and mf["total"]["matmul_s"] > 0
     assert {x["kind"] for x in mf["dots"]} == {"fwd", "dx", "dw"}
-    # report: the faster measurement, a line and a row for the shared-prompt system
+    # report: the faster measurement of this run's workload, a line and a row for the
+    # shared-prompt system
+    mf["workload"] = dict(prompts=16, samples=8, prompt_len=159, max_new_tokens=128)
+    mf["workload"].update(micro_batch=8, reference=True)
     slow = json.loads(json.dumps(mf))
-    for r in slow["phases"]:
-        r["matmul_s"] += 100.0
     slow["total"]["matmul_s"] += 300.0
     mf["phases"] = [
         dict(r, matmul_s=s, attention_s_at_peak=1.0) for r, s in zip(mf["phases"], (9.0, 4.0, 14.0))
     ]
     mf["total"].update(matmul_s=27.0, attention_s_at_peak=3.0)
-    shape = dict(_SMOLLM2_SHAPE)
     bounds = {"matmul_peak_flops": 4e11, "read_bandwidth_Bps": 3e10, "started_utc": "x"}
     harness = {
         "bounds_before": dict(bounds, matmul_floor=slow),
         "bounds_after": dict(bounds, matmul_floor=mf),
         "prompt_len": 159,
-        "model_shape": shape,
+        "model_shape": dict(_SMOLLM2_SHAPE),
     }
     merged = {
         "grpo_jax": _result(
@@ -271,13 +346,21 @@ def test_matmul_floor_measures_every_dot_and_the_report_compares_with_it():
             notes=["algorithm.shared_prompt_forward: each group's prompt runs once"],
         )
     }
-    text = "\n".join(run_all._floor_section(merged, harness))
-    assert (
-        "**matmul floor = 30.0 s per step** (generate 10.0, reference 5.0, update 15.0 s)" in text
+    merged["grpo_jax"]["settings"] = {"micro_batch_rows": 8}
+
+    def section():
+        return "\n".join(run_all._floor_section(merged, harness))
+
+    assert "**matmul floor = 30.0 s per step** (generate 10.0, reference 5.0, update 15.0 s)" in (
+        section()
     )
-    assert "| grpo_jax vs the matmul floor | 60.00 | 2.00 | 2.00 | 2.00 | 2.00 |" in text
-    merged["grpo_jax"]["settings"] = {"shared_prompt": False}  # it counts shared-prompt work
-    assert "matmul floor" not in "\n".join(run_all._floor_section(merged, harness))
+    assert "| grpo_jax vs the matmul floor | 60.00 | 2.00 | 2.00 | 2.00 | 2.00 |" in section()
+    # a measurement of another workload is not compared with this run
+    merged["grpo_jax"]["settings"]["micro_batch_rows"] = 16
+    assert "matmul floor" not in section()
+    merged["grpo_jax"]["settings"]["micro_batch_rows"] = 8
+    merged["grpo_jax"]["settings"]["shared_prompt"] = False  # it counts shared-prompt work
+    assert "matmul floor" not in section()
 
 
 def test_micro_batch_rows_must_split_into_whole_prompt_groups():

@@ -456,7 +456,8 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
             f"{fs['prefill_s']:.1f} s): **shared-prompt floor = {fs['step_s']:.1f} s per step**; "
             "the last rows of the table below compare such a system with it"
         )
-    mf = _matmul_floor(harness) if shared else None  # it counts the shared prompt's work
+    # it counts the shared prompt's work, for the workload of this run
+    mf = _matmul_floor(harness, w, Lp, merged.get("grpo_jax", {})) if shared else None
     if mf:
         ph = {r["phase"]: r["matmul_s"] + r["attention_s_at_peak"] for r in mf["phases"]}
         ph["step"] = sum(ph.values())
@@ -506,18 +507,35 @@ def _floor_section(merged: dict[str, dict], harness: dict) -> list[str]:
             if mf:
                 lines.append(
                     f"| {s} vs the matmul floor | {_fmt(m['step_s'])} | "
-                    f"{_fmt(m['step_s'] / ph['step'])} | "
-                    f"{_fmt(m['generate_s'] / ph['generate'])} | "
-                    f"{_fmt(m['reference_s'] / ph['reference'])} | "
-                    f"{_fmt(m['update_s'] / ph['update'])} |"
+                    + " | ".join(
+                        _fmt(m[f"{k}_s"] / ph[k]) if ph[k] else "-"
+                        for k in ("step", "generate", "reference", "update")
+                    )
+                    + " |"
                 )
     return lines + [""]
 
 
-def _matmul_floor(harness: dict) -> dict | None:
-    """The faster of the before/after `bench_matmul_floor` measurements (None if neither)."""
+def _matmul_floor(harness: dict, workload: dict, prompt_len: int, ours: dict) -> dict | None:
+    """The faster of the before/after `bench_matmul_floor` measurements made for this run's
+    workload (prompts, samples, Lp, Lc, grpo_jax's micro-batch rows, a reference pass iff
+    kl_coef > 0); None if there is none."""
+    want = {
+        "prompts": workload["prompts"],
+        "samples": workload["samples"],
+        "prompt_len": prompt_len,
+        "max_new_tokens": workload["max_new_tokens"],
+        "micro_batch": ours.get("settings", {}).get("micro_batch_rows"),
+        "reference": workload.get("kl_coef", 0.001) > 0,
+    }
     ms = [(harness.get(k) or {}).get("matmul_floor") for k in ("bounds_before", "bounds_after")]
-    ms = [m for m in ms if m and m.get("phases")]
+    ms = [
+        m
+        for m in ms
+        if m
+        and m.get("phases")
+        and all(v is None or m.get("workload", {}).get(k, v) == v for k, v in want.items())
+    ]
     return min(ms, key=lambda m: m["total"]["matmul_s"]) if ms else None
 
 
@@ -716,6 +734,7 @@ def main(argv=None):
             f"--prompt_len={harness['prompt_len']}",
             f"--max_new_tokens={args.max_new_tokens}",
             f"--micro_batch={common.micro_batch_rows(args)}",
+            f"--kl_coef={args.kl_coef}",
         ]
         harness["bounds_before"] = measure_bounds(
             os.path.join(args.results_dir, f"{tag}_bounds_before.json"), workload
