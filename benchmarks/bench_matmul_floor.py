@@ -139,9 +139,10 @@ def attention_flops(
     prompt_pairs = prompts * lp * (lp + 1) // 2
     completion_pairs = r * sum(lp + t for t in range(1, lc))
     forward = a * (prompt_pairs + completion_pairs)
-    decode = a * r * sum(lp + t for t in range(1, lc))
+    # decode step t: each row's new query scores its Lp + t cached keys, the same pairs as the
+    # completion positions of the reference pass
     return {
-        "generate": a * prompt_pairs + decode,
+        "generate": a * (prompt_pairs + completion_pairs),
         "reference": forward if reference else 0,
         "update": 3 * forward,
     }
@@ -276,12 +277,12 @@ def main(argv=None):
 
     from grpo_jax.models.config import get_preset
 
-    peak = matmul_peak(dtype="float32")
     w = (a.prompts, a.samples, a.prompt_len, a.max_new_tokens, a.micro_batch)
     try:
         check_workload(*w)
     except ValueError as e:
         p.error(str(e))
+    peak = matmul_peak(dtype="float32")
     result = measure(
         dims(get_preset(a.preset)), *w, peak=peak, repeats=a.repeats, reference=bool(a.reference)
     )

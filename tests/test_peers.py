@@ -282,18 +282,9 @@ def test_matmul_floor_lists_the_dots_of_one_micro_batchs_jaxpr():
 
     from grpo_jax import steps
     from grpo_jax.models import transformer
-    from grpo_jax.models.config import ModelConfig
+    from grpo_jax.models.config import get_preset
 
-    cfg = ModelConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=24,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
+    cfg = get_preset("tiny")
     graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     G, Lp, Lc = 3, 5, 4
     tokens, mask, adv = grouped_batch(cfg.vocab_size, 1, G, Lp, Lc)

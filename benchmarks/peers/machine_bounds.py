@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
@@ -56,9 +57,7 @@ def main(argv=None):
     if args.prompt_len > 0:
         import bench_matmul_floor
 
-        sizes = {
-            k: v for k, v in common.model_shape().items() if k in bench_matmul_floor.SIZE_FIELDS
-        }
+        sizes = bench_matmul_floor.dims(types.SimpleNamespace(**common.model_shape()))
         try:  # the peak and bandwidth above are kept whatever happens here
             result["matmul_floor"] = bench_matmul_floor.measure(
                 sizes,

@@ -526,7 +526,7 @@ def _matmul_floor(harness: dict, workload: dict, prompt_len: int, ours: dict) ->
         "prompt_len": prompt_len,
         "max_new_tokens": workload["max_new_tokens"],
         "micro_batch": ours.get("settings", {}).get("micro_batch_rows"),
-        "reference": workload.get("kl_coef", 0.001) > 0,
+        "reference": workload["kl_coef"] > 0,
     }
     ms = [(harness.get(k) or {}).get("matmul_floor") for k in ("bounds_before", "bounds_after")]
     ms = [
