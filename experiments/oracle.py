@@ -52,7 +52,6 @@ from collections.abc import Sequence
 import numpy as np
 
 FRONTIER = (0.02, 0.5)  # per-sample success band counted as the frontier
-EDGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # true-p bins of `true_wse` (spec s.1)
 METHODS = ("uniform", "prompt_gdro", "sqrt", "oracle")
 
 
@@ -100,31 +99,20 @@ def oracle_allocation(p, total: int, n_min: int, n_max: int) -> np.ndarray:
     return n
 
 
-def true_wse(p, n, weights=None, edges: Sequence[float] = EDGES) -> float:
-    """True weighted standard error of a step's gradient-signal estimate (spec s.4 and s.7).
-
-    ``WSE = sum_b s_b sigma_b / sqrt(n_b)`` over the true-success bins ``b`` (``edges``, bin of
-    ``p_i`` as in the classifier, ``p = 1`` in the top bin) present in the step:
-
-    - ``s_b``: the bin's share of the step's prompts, ``|b| / P`` (with ``weights`` [P], the
-      bin's share of the prompt weights, ``sum_{i in b} w_i / sum_i w_i``: Prompt-GDRO's mix);
-    - ``sigma_b = mean_{i in b} sqrt(p_i (1 - p_i))``, the reward std from the *true* ``p_i``
-      (estimated from many samples, not from the allocator's own proxy: spec s.7);
-    - ``n_b = mean_{i in b} n_i``, the bin's mean rollouts per prompt.
+def true_wse(p, n, weights=None) -> float:
+    """True weighted standard error of a step's allocation (spec s.4 and s.7): the per-prompt
+    `grpo_jax.metrics.weighted_standard_error` from the *true* ``p_i`` (estimated from many
+    samples, not from the allocator's own proxy: spec s.7), ``mean_i w_i sqrt(p_i (1 - p_i)) /
+    sqrt(n_i)`` over the step's prompts (``weights`` [P]: e.g. Prompt-GDRO's per-prompt weights).
 
     Args: p [P] float, n [P] int (>= 1), weights optional [P] float >= 0.
-    Returns: float.
+    Returns: float (NaN when the weights sum to 0).
     """
-    p = np.asarray(p, np.float64)
-    n = np.asarray(n, np.float64)
-    w = np.ones_like(p) if weights is None else np.asarray(weights, np.float64)
-    bins = np.searchsorted(np.asarray(edges), p, side="right")
-    out = 0.0
-    for b in np.unique(bins):
-        m = bins == b
-        share = w[m].sum() / w.sum()
-        out += share * np.sqrt(p[m] * (1 - p[m])).mean() / np.sqrt(n[m].mean())
-    return float(out)
+    from grpo_jax.metrics import weighted_standard_error
+
+    if weights is not None and not np.sum(weights) > 0:
+        return float("nan")
+    return weighted_standard_error(n, p, weights)
 
 
 def kish_ess(weights) -> float:
@@ -455,8 +443,8 @@ def _report(res: dict, out: str) -> str:
         "",
         "Informative = expected groups with unequal rewards, sum_i 1 - p_i^n_i - (1-p_i)^n_i. "
         "Effective = realised informative groups (Prompt-GDRO: Kish ESS of its weights over "
-        "them). WSE = sum_b s_b sigma_b / sqrt(n_b) with true-p bins and sigma from the true "
-        "p (`true_wse`).",
+        "them). WSE = mean_i w_i sqrt(p_i (1 - p_i)) / sqrt(n_i) per prompt from the true p "
+        "(`true_wse`, `grpo_jax.metrics.weighted_standard_error`).",
         "",
         "| method | informative / step | vs uniform | effective / step | true WSE | WSE / uniform |",
         "|---|---|---|---|---|---|",

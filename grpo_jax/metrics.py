@@ -1,8 +1,9 @@
-"""Evaluation metrics over sampled answers: unbiased pass@k, mean@k, maj@k (host side, numpy).
+"""Evaluation metrics over sampled answers: unbiased pass@k, mean@k, maj@k (host side, numpy),
+and the per-prompt weighted standard error of a rollout allocation.
 
-All three return one value per prompt (`[P]` float64); a benchmark score is their mean over
-prompts. Source for pass@k: Chen et al. 2021, *Evaluating Large Language Models Trained on
-Code* (arXiv 2107.03374), Eq. 1 and the numerically stable product form of Fig. 3.
+pass@k, mean@k and maj@k return one value per prompt (`[P]` float64); a benchmark score is their
+mean over prompts. Source for pass@k: Chen et al. 2021, *Evaluating Large Language Models
+Trained on Code* (arXiv 2107.03374), Eq. 1 and the numerically stable product form of Fig. 3.
 """
 
 from __future__ import annotations
@@ -137,3 +138,47 @@ def maj_at_k(
         winner = next(a for a, n in counts.items() if n == best)
         out[p] = float(any(c for a, c in zip(ans, cor) if a == winner))
     return out
+
+
+def weighted_standard_error(rollouts_per_prompt, success, weights=None) -> float:
+    """Per-prompt weighted standard error of a step's reward estimates (WSE).
+
+    ``WSE = sum_i w_i sqrt(p_i (1 - p_i)) / sqrt(n_i) / sum_i w_i`` (a plain mean without
+    ``weights``): the standard error of prompt ``i``'s mean reward from ``n_i`` Bernoulli(``p_i``)
+    rollouts, averaged over the step's prompts. Source: Panaganti et al., arXiv 2601.19280, s.4
+    (the allocation objective, spec's WSE), evaluated per prompt from the *true* success rates.
+    It is not averaged within a stratum before the square root: ``sqrt(mean p(1-p))`` over a
+    stratum is >= the mean of the per-prompt ``sqrt`` (Jensen), so a stratified version
+    overstates the error of mixed strata.
+
+    Args:
+      rollouts_per_prompt: ``[P]`` int or float, ``n_i >= 1``.
+      success: ``[P]`` float in ``[0, 1]``, the true per-prompt success rates ``p_i``.
+      weights: optional ``[P]`` float ``>= 0`` with a positive sum (e.g. Prompt-GDRO's
+        per-prompt weights); None = equal weights.
+
+    Returns:
+      float64 WSE (0.0 for an empty step).
+
+    Raises:
+      ValueError: shapes differ or are not 1-D, ``n_i < 1``, ``p_i`` outside ``[0, 1]`` (NaN
+        included), negative weights or all-zero weights.
+    """
+    n = np.asarray(rollouts_per_prompt, np.float64)
+    p = np.asarray(success, np.float64)
+    w = np.ones_like(p) if weights is None else np.asarray(weights, np.float64)
+    if n.ndim != 1 or n.shape != p.shape or w.shape != p.shape:
+        raise ValueError(
+            "weighted_standard_error: rollouts_per_prompt, success (and weights) must be equal "
+            f"[P] arrays; got shapes {n.shape}, {p.shape}, {w.shape}"
+        )
+    if not p.size:
+        return 0.0
+    if not np.all(n >= 1):
+        raise ValueError(f"weighted_standard_error: need n_i >= 1, got min {n.min()}")
+    if not np.all((p >= 0) & (p <= 1)):
+        raise ValueError("weighted_standard_error: success rates must lie in [0, 1]")
+    if np.any(w < 0) or not w.sum() > 0:
+        raise ValueError("weighted_standard_error: weights must be >= 0 with a positive sum")
+    se = np.sqrt(p * (1.0 - p)) / np.sqrt(n)
+    return float(np.sum(w * se) / np.sum(w))

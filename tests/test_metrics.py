@@ -100,3 +100,30 @@ def test_maj_at_k_errors():
         metrics.maj_at_k([["1", "2"]], [[True]])
     with pytest.raises(ValueError):
         metrics.maj_at_k([[]], [[]])
+
+
+def test_weighted_standard_error_per_prompt_by_hand():
+    # p = 0.5, 0.1, 0.9, 0: sigma 0.5, 0.3, 0.3, 0; n = 4, 2, 8, 4
+    n, p = [4, 2, 8, 4], [0.5, 0.1, 0.9, 0.0]
+    se = [0.5 / 2, 0.3 / np.sqrt(2), 0.3 / np.sqrt(8), 0.0]  # 0.25, 0.21213, 0.10607, 0
+    assert metrics.weighted_standard_error(n, p) == pytest.approx(np.mean(se))  # 0.14205
+    assert metrics.weighted_standard_error(n, p) == pytest.approx(0.142050, abs=1e-6)
+    # weights: a weighted mean of the per-prompt errors
+    w = [1.0, 3.0, 0.0, 0.0]
+    assert metrics.weighted_standard_error(n, p, w) == pytest.approx((0.25 + 3 * se[1]) / 4)
+    # per prompt, not per stratum: {0.5, 0.55} with n 2 and 6 is the mean of the two errors,
+    # not sqrt(mean p(1-p)) / sqrt(mean n)
+    got = metrics.weighted_standard_error([2, 6], [0.5, 0.55])
+    assert got == pytest.approx((0.5 / np.sqrt(2) + np.sqrt(0.2475) / np.sqrt(6)) / 2)  # 0.27833
+    assert metrics.weighted_standard_error([], []) == 0.0
+
+
+def test_weighted_standard_error_errors():
+    with pytest.raises(ValueError, match="shapes"):
+        metrics.weighted_standard_error([4, 4], [0.5])
+    with pytest.raises(ValueError, match="n_i"):
+        metrics.weighted_standard_error([0, 4], [0.5, 0.5])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        metrics.weighted_standard_error([4], [np.nan])
+    with pytest.raises(ValueError, match="weights"):
+        metrics.weighted_standard_error([4, 4], [0.5, 0.5], [0.0, 0.0])

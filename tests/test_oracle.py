@@ -62,17 +62,19 @@ def test_oracle_allocation_at_least_uniform_and_budget():
 def test_true_wse_hand_example():
     p = np.array([0.5, 0.5, 0.1, 0.9])
     n = np.array([4, 4, 2, 8])
-    # bins (edges 0.1..0.9, right-closed like the classifier): 0.5 -> 5, 0.1 -> 1, 0.9 -> 9
-    # shares 1/2, 1/4, 1/4; sigma 0.5, 0.3, 0.3; n 4, 2, 8
-    expected = 0.5 * 0.5 / 2 + 0.25 * 0.3 / np.sqrt(2) + 0.25 * 0.3 / np.sqrt(8)
+    # per prompt: sigma 0.5, 0.5, 0.3, 0.3 over sqrt(n) 2, 2, sqrt 2, sqrt 8, then the mean
+    expected = (0.5 / 2 + 0.5 / 2 + 0.3 / np.sqrt(2) + 0.3 / np.sqrt(8)) / 4
     assert oracle.true_wse(p, n) == pytest.approx(expected)  # 0.20455
     assert oracle.true_wse(p, n) == pytest.approx(0.20455, abs=1e-5)
-    # a bin's n_b is its mean group size, sigma_b its mean sigma: one bin {0.5, 0.55}, n 2 and 6
+    # per prompt, not per stratum (the stratum-averaged one gave (0.5 + 0.4975) / 2 / 2 = 0.2494
+    # here): {0.5, 0.55} with n 2 and 6 -> (0.5 / sqrt 2 + sqrt(0.2475) / sqrt 6) / 2
     assert oracle.true_wse([0.5, 0.55], [2, 6]) == pytest.approx(
-        (0.5 + np.sqrt(0.55 * 0.45)) / 2 / 2
+        (0.5 / np.sqrt(2) + np.sqrt(0.55 * 0.45) / np.sqrt(6)) / 2
     )
-    # weights shift the bin shares: all weight on the p = 0.1 prompt
+    assert oracle.true_wse([0.5, 0.55], [2, 6]) == pytest.approx(0.27833, abs=1e-5)
+    # weights: a weighted mean over prompts; all weight on the p = 0.1 prompt
     assert oracle.true_wse(p, n, weights=[0, 0, 1, 0]) == pytest.approx(0.3 / np.sqrt(2))
+    assert np.isnan(oracle.true_wse(p, n, weights=[0, 0, 0, 0]))
     assert oracle.true_wse([0.0, 1.0], [4, 4]) == 0.0
 
 
