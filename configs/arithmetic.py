@@ -4,7 +4,8 @@ A short supervised warm start teaches the answer format, then RL raises held-out
 Usage: `python -m experiments.run --config=configs/arithmetic.py:grpo --workdir=/tmp/arith`
 Arguments: grpo (default) | prompt_gdro | rollout_gdro | ppo, optionally followed by
 `,heavy_tailed` (the heterogeneous mix used by experiments/compare.py), `,frontier` (the
-moving-frontier testbed, below) or `,smoke` (tiny).
+moving-frontier testbed, below), `,long` (the frontier testbed with 20 visits per prompt and two
+mini-batches per step: the GDRO mechanism test, `frontier_long`) or `,smoke` (tiny).
 
 `,frontier`: ladder addition (grpo_jax/data/arithmetic.py, `ladder_problem`), RL difficulty
 d = 2..5 uniform (d + 1 digits over two addends). The supervised warm start has its own pool
@@ -22,7 +23,7 @@ from configs import common
 
 def get_config(arg: str = "grpo"):
     algorithm, parts = common.parse_arg(
-        arg, flags=("heavy_tailed", "frontier", "smoke", "paper_gdro", "lora")
+        arg, flags=("heavy_tailed", "frontier", "long", "smoke", "paper_gdro", "lora")
     )
     c = common.base_config()
     c.steps = 100  # RL steps
@@ -75,8 +76,10 @@ def get_config(arg: str = "grpo"):
     if "heavy_tailed" in parts:
         c.data.arithmetic.levels = (1, 2, 3, 4, 5)
         c.data.arithmetic.heavy_tailed = True  # most problems easy, a long tail of hard levels
-    if "frontier" in parts:
+    if "frontier" in parts or "long" in parts:
         frontier(c)
+    if "long" in parts:
+        frontier_long(c)
     if "smoke" in parts:  # seconds-long run for tests
         c.steps = 3
         c.sft.steps = 5
@@ -113,4 +116,16 @@ def frontier(c):
     c.eval.num_samples = 32  # samples per held-out problem
     c.eval.batch_size = 1024
     c.checkpoint.every_steps = 50
+    return c
+
+
+def frontier_long(c):
+    """The frontier testbed with evidence for the controllers (`,long`; the GDRO mechanism test):
+    640 RL prompts x 200 steps of 64 = 20 visits per prompt, so the controller-free first pass
+    (every prompt unseen) is 10 steps, 5% of the run; two mini-batches per step (the paper's
+    verl runs take several optimizer steps per batch), which also gives the paper's
+    surrogate-loss signal something to measure (it is exactly 0 on the first, on-policy one)."""
+    c.steps = 200
+    c.data.arithmetic.num_train = 640  # RL pool: steps * P / 20
+    c.algorithm.mini_batch_size = 128  # R / 2: two optimizer steps per RL step
     return c

@@ -142,7 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
     # never-seen prompts in their own state (True) or in unseen_bin (paper: False)
     c.gdro.classifier.separate_unseen = config_dict.placeholder(bool)
     c.gdro.prompt = ml_collections.ConfigDict()
-    c.gdro.prompt.eta = 0.65  # exponential-weights step size (eta_q)
+    # exponential-weights step size (eta_q; 0 = GRPO). With the failure-rate signal the tilt
+    # between bins is at most exp(eta): 0.65 barely acts (reports/gdro_vs_grpo.md)
+    c.gdro.prompt.eta = 0.65
     c.gdro.prompt.gamma = 0.01  # uniform mixing
     c.gdro.prompt.beta = 0.12  # EMA rate of bin scores
     c.gdro.prompt.share_floor = 1e-3  # floor on a bin's batch share in Eq. 12's debiasing
@@ -150,14 +152,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.gdro.prompt.score_clip = 0.0  # clip C on scores before exp (0 = none)
     c.gdro.prompt.apply = "advantage_weight"  # advantage_weight | resample
     c.gdro.prompt.mode = "corrected"  # corrected | paper
-    # loss signal: failure_rate (corrected) | surrogate_loss (paper; 0 at ratio 1)
+    # loss signal: failure_rate (corrected) | surrogate_loss (paper; 0 at ratio 1, needs >= 2
+    # mini-batches per step) | informative (share of the bin's rollouts in informative groups)
     c.gdro.prompt.signal = config_dict.placeholder(str)
     # Eq. 12's division of a bin's mean signal by its batch share (paper: True)
     c.gdro.prompt.share_division = config_dict.placeholder(bool)
     # weights mean 1 over rollouts with non-zero advantage (paper: over all rollouts)
     c.gdro.prompt.renormalise_informative = config_dict.placeholder(bool)
+    # resample: bins drawn in proportion to population x weight, so eta = 0 is uniform
+    # (paper mode: bins drawn with q itself)
+    c.gdro.prompt.population_weighted = config_dict.placeholder(bool)
     c.gdro.rollout = ml_collections.ConfigDict()
-    c.gdro.rollout.allocator = "bandit"  # bandit | sqrt
+    # bandit | sqrt (bins' success rates) | shrunk (per-prompt counts shrunk to a Beta prior)
+    c.gdro.rollout.allocator = "bandit"
     c.gdro.rollout.n_min = 2  # fewest rollouts per prompt (>= 2)
     c.gdro.rollout.n_max = 12  # most rollouts per prompt
     c.gdro.rollout.eta = 0.65  # bandit step size (eta_n)
@@ -172,6 +179,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.gdro.rollout.feedback = config_dict.placeholder(str)
     # arm choice weighted by each bin's prompt count (paper: unweighted)
     c.gdro.rollout.count_weighted_dp = config_dict.placeholder(bool)
+    # shrunk allocator: objective informative (expected informative groups) | variance (Neyman)
+    c.gdro.rollout.objective = "informative"
+    c.gdro.rollout.evidence_decay = 0.8  # per-visit decay of a prompt's success/trial counts
+    c.gdro.rollout.min_trials = 8.0  # prompts with fewer (decayed) trials keep >= n_bar rollouts
+    c.gdro.rollout.prior_strength = 0.0  # a + b of the Beta prior (0 = fitted to the pool)
 
     # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
     c.ppo = ml_collections.ConfigDict()

@@ -296,7 +296,7 @@ def test_state_orbax_roundtrip_is_bit_exact(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        (dict(eta=0.0), "eta"),
+        (dict(eta=-0.1), "eta"),
         (dict(gamma=1.5), "gamma"),
         (dict(beta=0.0), "beta"),
         (dict(share_floor=0.0), "share_floor"),
@@ -444,7 +444,7 @@ def test_informative_weights_mean_one_before_cap_and_ess_in_unit_interval(scores
 
 
 def test_resample_q_keeps_unseen_prompts_drawable():
-    cfg = gdro.PromptGDROConfig(apply="resample", gamma=0.0)
+    cfg = gdro.PromptGDROConfig(apply="resample", gamma=0.0, population_weighted=False)
     s = gdro.prompt_gdro_init(cfg, 2).replace(score=jnp.array([1.0, 0.0]))
     all_bins = jnp.asarray([0, 1, 2, 2], jnp.int32)  # half the pool unseen (marker 2)
     q = np.asarray(gdro.resample_q(cfg, s, all_bins))
@@ -459,3 +459,53 @@ def test_resample_q_keeps_unseen_prompts_drawable():
     np.testing.assert_array_equal(
         gdro.resample_q(cfg, s, seen_bins)[:2], gdro.prompt_gdro_q(cfg, s, seen_bins)
     )
+
+
+# ----------------------------------------------------------------------------- acting controllers
+
+
+@given(st.integers(0, 10_000), st.sampled_from(["corrected", "paper"]))
+@settings(max_examples=30, deadline=None)
+def test_step_size_zero_gives_unit_weights_exactly(seed, mode):
+    rng = np.random.default_rng(seed)
+    cfg = gdro.PromptGDROConfig(eta=0.0, mode=mode)
+    s = gdro.prompt_gdro_init(cfg, 4).replace(
+        score=jnp.asarray(rng.normal(size=4), jnp.float32), seen=jnp.ones(4, bool)
+    )
+    bins = jnp.asarray(rng.integers(0, 5 if mode == "corrected" else 4, 32), jnp.int32)
+    adv = jnp.asarray(rng.normal(size=32) * (rng.uniform(size=32) > 0.3), jnp.float32)
+    w = np.asarray(gdro.prompt_gdro_weights(cfg, s, bins, advantages=adv))
+    np.testing.assert_array_equal(w, np.ones(32, np.float32))
+
+
+def test_population_weighted_resample_q_by_hand():
+    cfg = gdro.PromptGDROConfig(apply="resample", gamma=0.0, eta=1.0)
+    s = gdro.prompt_gdro_init(cfg, 2).replace(score=jnp.array([1.0, 0.0]))
+    # bin 0: 1 prompt, bin 1: 3 prompts, 2 unseen (marker 2); q = (e, 1) / (e + 1)
+    all_bins = jnp.asarray([0, 1, 1, 1, 2, 2], jnp.int32)
+    p = np.asarray(gdro.resample_q(cfg, s, all_bins))
+    e = math.e
+    # per-prompt weights u_b = q_b * 4 / (1 q_0 + 3 q_1): u_0 = 4e / (e + 3), u_1 = 4 / (e + 3)
+    u0, u1 = 4 * e / (e + 3), 4 / (e + 3)
+    np.testing.assert_allclose(p, [u0 / 6, 3 * u1 / 6, 2 / 6], rtol=1e-6)
+    # a prompt is drawn with probability proportional to its bin's weight, unseen ones weigh 1
+    ids = np.asarray(gdro.sample_prompts_by_bin(p, all_bins, jax.random.key(1), 60000))
+    freq = np.bincount(ids, minlength=6) / ids.size
+    np.testing.assert_allclose(freq, np.array([u0, u1, u1, u1, 1, 1]) / 6, atol=0.01)
+    # eta = 0: every prompt alike (the uniform sampler)
+    flat = gdro.PromptGDROConfig(apply="resample", eta=0.0)
+    np.testing.assert_allclose(gdro.resample_q(flat, s, all_bins), [1 / 6, 3 / 6, 2 / 6], rtol=1e-6)
+
+
+def test_weight_ratio_and_informative_signal_by_hand():
+    d = gdro.weight_diagnostics(
+        np.array([2.0, 0.5, 1.0, 9.0]), np.array([True, True, True, False]), weight_cap=15
+    )
+    assert d["gdro/weight_ratio"] == pytest.approx(4.0)  # max / min over informative rollouts
+    assert d["gdro/weight_max"] == 9.0
+    assert np.isnan(gdro.weight_diagnostics(np.ones(3), np.zeros(3, bool))["gdro/weight_ratio"])
+    cfg = gdro.PromptGDROConfig(signal="informative")
+    sig = gdro.loss_signal(cfg, correct=jnp.ones(4, bool), advantages=jnp.array([0.0, 1, -1, 0]))
+    np.testing.assert_array_equal(sig, [0, 1, 1, 0])
+    with pytest.raises(ValueError, match="advantages"):
+        gdro.loss_signal(cfg, correct=jnp.ones(4, bool))

@@ -102,6 +102,7 @@ _LORA = {"model.lora.rank": 2, "model.lora.alpha": 4.0}
         ("grpo", {}),
         ("prompt_gdro", {}),
         ("rollout_gdro", {}),
+        pytest.param("rollout_gdro", {"gdro.rollout.allocator": "shrunk"}, id="shrunk"),
         pytest.param("grpo", _BF16, id="grpo-bfloat16"),
         pytest.param("grpo", _LORA, id="grpo-lora"),
     ],
@@ -125,6 +126,28 @@ def test_resume_after_sigterm_reproduces_uninterrupted_run(tmp_path, algorithm, 
     # rows 0..6, then the final evaluation's row (step 6)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4, 5, 6]
     assert a == b  # bitwise: every loss, reward, bin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("apply", ["advantage_weight", "resample"])
+def test_prompt_gdro_at_step_size_zero_is_grpo(tmp_path, apply):
+    """eta = 0: the same prompts, weights and updates as GRPO (the bins' own diagnostics and the
+    classifier's hysteresis margin differ, nothing that trains)."""
+    # a pool of 16: prompts recur from step 3 on, so the controllers have bins to weigh; some
+    # groups are informative after 150 warm-start steps
+    common = {"steps": 4, "sft.steps": 150, "rollout.rollouts_per_prompt": 8}
+    common["data.arithmetic.num_train"] = 16
+    grpo = smoke_config("grpo", **common)
+    pg = smoke_config(
+        "prompt_gdro", **common, **{"gdro.prompt.eta": 0.0, "gdro.prompt.apply": apply}
+    )
+    train.train_and_evaluate(grpo, str(tmp_path / "grpo"))
+    train.train_and_evaluate(pg, str(tmp_path / "pg"))
+    a, b = deterministic_rows(str(tmp_path / "grpo")), deterministic_rows(str(tmp_path / "pg"))
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("gdro/", "bin_counts"))}
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    assert [drop(r) for r in a] == [drop(r) for r in b]
+    assert any(r.get("advantage_abs_mean", 0) > 0 for r in a)  # the runs had a gradient
 
 
 @pytest.mark.slow

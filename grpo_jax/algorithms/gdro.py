@@ -39,7 +39,9 @@ class PromptGDRO(Curriculum):
         return gdro.prompt_gdro_init(self.prompt_config, self.num_bins)
 
     def draw(self, state: CurriculumState, source, step: int) -> list[dict]:
-        if self.prompt_config.apply != "resample" or step == 0:
+        # eta = 0: every bin weighs alike, so the population-weighted draw is uniform; take
+        # GRPO's own stream (same prompts, same order)
+        if self.prompt_config.apply != "resample" or step == 0 or self.prompt_config.eta == 0:
             return source.next()
         all_ids = jnp.arange(self.num_prompts, dtype=jnp.int32)
         all_bins = np.asarray(gdro.classify(self.classifier_config, state.classifier, all_ids))
@@ -62,6 +64,7 @@ class PromptGDRO(Curriculum):
             self.prompt_config,
             per_rollout_loss=jnp.asarray(outcome.per_rollout_loss),
             correct=jnp.asarray(outcome.correct),
+            advantages=jnp.asarray(outcome.advantages),
         )
         rollout_bins = outcome.placement.bins[outcome.placement.segment_ids]
         return gdro.prompt_gdro_update(
@@ -92,7 +95,7 @@ class RolloutGDRO(Curriculum):
         }
 
     def init_controller(self):
-        return gdro.rollout_gdro_init(self.rollout_config, self.num_bins)
+        return gdro.rollout_gdro_init(self.rollout_config, self.num_bins, self.num_prompts)
 
     def allocate(self, state: CurriculumState, ids: np.ndarray) -> Placement:
         bins, success = self.classify(state, ids)
@@ -106,7 +109,7 @@ class RolloutGDRO(Curriculum):
             correct=jnp.asarray(outcome.correct),
         )
         p = outcome.placement
-        return gdro.rollout_gdro_update(
+        new, diag = gdro.rollout_gdro_update(
             self.rollout_config,
             controller,
             p.allocation,
@@ -115,4 +118,8 @@ class RolloutGDRO(Curriculum):
             outcome.rewards,
             p.segment_ids,
             bin_success=p.success,
+            prompt_ids=outcome.visits[-1].ids if outcome.visits else None,
         )
+        for v in outcome.visits:  # the shrunk allocator's per-prompt counts (no-op otherwise)
+            new = gdro.evidence_update(self.rollout_config, new, v.ids, v.correct, v.segment_ids)
+        return new, diag

@@ -27,6 +27,7 @@ three paper / released-code configs. Departures and fields: docs/gdro.md.
 ``ids = sample_prompts_by_bin(q, all_bins, key, P)``.
 """
 
+from grpo_jax.gdro import evidence
 from grpo_jax.gdro.classifier import (
     MODES,
     ClassifierConfig,
@@ -58,6 +59,7 @@ from grpo_jax.gdro.rollout_gdro import (
     RolloutGDROState,
     allocate,
     arm_probs,
+    evidence_update,
     fixed_allocation,
     rollout_gdro_diagnostics,
     rollout_gdro_init,
@@ -93,6 +95,7 @@ def paper_configs(
 
 __all__ = [
     "MODES",
+    "evidence",
     "paper_configs",
     "ClassifierConfig",
     "ClassifierState",
@@ -118,6 +121,7 @@ __all__ = [
     "RolloutGDROState",
     "Allocation",
     "rollout_gdro_init",
+    "evidence_update",
     "allocate",
     "arm_probs",
     "solve_arms_dp",

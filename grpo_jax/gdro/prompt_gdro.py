@@ -50,7 +50,7 @@ import numpy as np
 from grpo_jax.gdro.classifier import _config_from_dict, _resolve_mode
 
 APPLY_MODES = ("advantage_weight", "resample")
-SIGNALS = ("surrogate_loss", "failure_rate")
+SIGNALS = ("surrogate_loss", "failure_rate", "informative")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,10 @@ class PromptGDROConfig:
     """Static configuration of Prompt-GDRO (hashable: a jit static arg).
 
     Attributes:
-      eta: ``eta_q``, exponential-weights step size (0.65).
+      eta: ``eta_q``, exponential-weights step size (0.65), >= 0. ``eta = 0`` is GRPO exactly in
+        both apply modes (unit weights; the uniform prompt stream). With the failure-rate signal
+        (scores in [0, 1]) the tilt between bins is at most ``exp(eta)``: 0.65 gives <= 1.9x and
+        weights that hardly move (reports/gdro_vs_grpo.md); tilts that act need eta ~ 2-6.
       gamma: uniform mixing over the active bins (0.01), in [0, 1].
       beta: EMA rate of the bin scores (0.12), in (0, 1].
       share_floor: floor on a bin's batch share in the Eq. 12 division (1e-3), > 0; used only
@@ -66,14 +69,21 @@ class PromptGDROConfig:
       score_clip: ``C``, scores clipped to [-C, C] before the exponential; None or 0 = no clip.
       weight_cap: cap on the per-rollout advantage weights (15), >= 1.
       apply: ``"advantage_weight"`` (paper) or ``"resample"``.
-      signal: loss signal, ``"failure_rate"`` (default: ``1 - correct``) or ``"surrogate_loss"``
+      signal: loss signal, ``"failure_rate"`` (default: ``1 - correct``), ``"surrogate_loss"``
         (paper: per-rollout token-mean clipped surrogate with the unweighted advantages,
-        detached, no KL; exactly 0 with one on-policy update per step, spec s.7). None: from
-        ``mode``.
+        detached, no KL; exactly 0 with one on-policy update per step, spec s.7: needs >= 2
+        mini-batches per step) or ``"informative"`` (a learnability signal: 1 for a rollout of
+        a group with non-zero advantages, so a bin's score is its share of informative
+        rollouts). None: from ``mode``.
       share_division: divide a bin's mean signal by its batch share (Eq. 12). Default False,
         paper True. None: from ``mode``.
       renormalise_informative: mean-1 weights over the rollouts with non-zero advantage
         (default True) instead of over all rollouts (paper False). None: from ``mode``.
+      population_weighted: ``resample`` draws a bin with probability proportional to its
+        population times its weight, i.e. a prompt with probability ``∝ q_{b(i)}`` (default
+        True: ``eta = 0`` is the uniform sampler); False: bins drawn with ``q`` itself, so a
+        bin of one prompt is drawn as often as a bin of 500 (the earlier reading; paper mode).
+        None: from ``mode``.
       mode: ``"corrected"`` (default) or ``"paper"``: the value of every switch left at None.
 
     Raises:
@@ -90,6 +100,7 @@ class PromptGDROConfig:
     signal: str | None = None
     share_division: bool | None = None
     renormalise_informative: bool | None = None
+    population_weighted: bool | None = None
     mode: str = "corrected"
 
     def __post_init__(self):
@@ -99,9 +110,10 @@ class PromptGDROConfig:
                 "signal": ("failure_rate", "surrogate_loss"),
                 "share_division": (False, True),
                 "renormalise_informative": (True, False),
+                "population_weighted": (True, False),
             },
         )
-        for name in ("share_division", "renormalise_informative"):
+        for name in ("share_division", "renormalise_informative", "population_weighted"):
             object.__setattr__(self, name, bool(getattr(self, name)))
         for name in ("eta", "gamma", "beta", "share_floor", "weight_cap"):
             object.__setattr__(self, name, float(getattr(self, name)))
@@ -111,8 +123,8 @@ class PromptGDROConfig:
         self.validate()
 
     def validate(self) -> None:
-        if not self.eta > 0:
-            raise ValueError(f"PromptGDROConfig.eta must be > 0; got {self.eta}")
+        if not self.eta >= 0:
+            raise ValueError(f"PromptGDROConfig.eta must be >= 0; got {self.eta}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"PromptGDROConfig.gamma must be in [0, 1]; got {self.gamma}")
         if not 0.0 < self.beta <= 1.0:
@@ -167,7 +179,7 @@ def prompt_gdro_init(config: PromptGDROConfig, num_bins: int) -> PromptGDROState
     )
 
 
-def loss_signal(config, per_rollout_loss=None, correct=None) -> jax.Array:
+def loss_signal(config, per_rollout_loss=None, correct=None, advantages=None) -> jax.Array:
     """The per-rollout loss signal ``[R]`` float32 selected by ``config.signal``.
 
     Works for ``PromptGDROConfig`` and ``RolloutGDROConfig``.
@@ -176,6 +188,8 @@ def loss_signal(config, per_rollout_loss=None, correct=None) -> jax.Array:
       per_rollout_loss: ``[R]`` float, token-mean clipped surrogate per rollout computed with the
         unweighted advantages (``signal="surrogate_loss"``).
       correct: ``[R]`` bool, rollout correctness (``signal="failure_rate"``: returns ``1 - correct``).
+      advantages: ``[R]`` float, the unweighted advantages (``signal="informative"``: returns
+        ``1[advantage != 0]``).
 
     Raises:
       ValueError when the array the config asks for is missing.
@@ -184,6 +198,10 @@ def loss_signal(config, per_rollout_loss=None, correct=None) -> jax.Array:
         if per_rollout_loss is None:
             raise ValueError("signal='surrogate_loss' needs per_rollout_loss [R]")
         return jnp.asarray(per_rollout_loss, jnp.float32)
+    if config.signal == "informative":
+        if advantages is None:
+            raise ValueError("signal='informative' needs advantages [R]")
+        return (jnp.asarray(advantages) != 0).astype(jnp.float32)
     if correct is None:
         raise ValueError("signal='failure_rate' needs correct [R]")
     return 1.0 - jnp.asarray(correct).astype(jnp.float32)
@@ -246,7 +264,7 @@ def _weights(config, state, bins_per_rollout, valid, advantages, informative):
     """(capped weights, uncapped weights, informative mask), all ``[R]`` float32."""
     v = _valid(bins_per_rollout, valid)
     inf = _informative(bins_per_rollout, advantages, informative) * v
-    if config.apply == "resample":
+    if config.apply == "resample" or config.eta == 0:  # eta = 0: GRPO's unit weights exactly
         return v, v, inf
     b = state.score.shape[0]
     bins = jnp.asarray(bins_per_rollout, jnp.int32)
@@ -303,7 +321,9 @@ def weight_diagnostics(weights, informative=None, *, weight_cap=None) -> dict[st
 
     Keys: ``gdro/weight_ess`` = ``(sum w)^2 / (n sum w^2)`` over the ``n`` informative rollouts
     (Kish's effective sample size as a fraction, in (0, 1]; 1 = uniform weights; NaN when no
-    rollout is informative), ``gdro/weight_max``, and with ``weight_cap``:
+    rollout is informative), ``gdro/weight_max``, ``gdro/weight_ratio`` (max / min weight over
+    the informative rollouts: the tilt that acts on the gradient; NaN when none is informative
+    or the smallest is 0), and with ``weight_cap``:
     ``gdro/weight_cap_bound`` (1 when some weight reached the cap this step, else 0) and
     ``gdro/weight_capped_fraction`` (fraction of informative rollouts at the cap).
 
@@ -318,6 +338,8 @@ def weight_diagnostics(weights, informative=None, *, weight_cap=None) -> dict[st
     out: dict[str, Any] = {"gdro/weight_max": float(w.max()) if w.size else float("nan")}
     den = wi.size * float(np.sum(wi**2))
     out["gdro/weight_ess"] = float(np.sum(wi)) ** 2 / den if den > 0 else float("nan")
+    lo = float(wi.min()) if wi.size else 0.0
+    out["gdro/weight_ratio"] = float(wi.max()) / lo if lo > 0 else float("nan")
     if weight_cap is not None:
         at_cap = w >= float(np.float32(weight_cap))
         out["gdro/weight_cap_bound"] = int(bool(np.any(at_cap)))
@@ -475,14 +497,16 @@ def prompt_gdro_diagnostics(
 def resample_q(
     config: PromptGDROConfig, state: PromptGDROState, dataset_bins: jax.Array
 ) -> jax.Array:
-    """Sampling probabilities ``[B + 1]`` float32 for ``apply="resample"`` over all dataset
+    """Bin-drawing probabilities ``[B + 1]`` float32 for ``apply="resample"`` over all dataset
     prompts, slot ``B`` = unseen prompts.
 
-    ``P(unseen) = N_u / N`` (their share under the uniform sampler: with a large pool most
-    prompts are unseen and the draw stays near uniform), ``P(b) = (1 - N_u / N) q_b`` with ``q``
-    from ``prompt_gdro_q`` over the seen bins. Without unseen prompts (paper mode) this is
-    ``prompt_gdro_q`` with a 0 appended. Feed it with ``dataset_bins`` to
-    ``sample_prompts_by_bin`` or ``PromptSource.next_by_bin``.
+    ``population_weighted`` (default): ``P(b) = N_b u_b / N`` with ``u_b = q_b / (sum_b' N_b'
+    q_b' / N_seen)`` the per-prompt weight of seen bin ``b`` (mean 1 over the seen prompts) and
+    ``u = 1`` for unseen prompts, so a prompt is drawn with probability ``∝ u_{b(i)}``; with
+    equal ``q`` (``eta = 0``) that is the uniform sampler. Otherwise (the earlier reading):
+    ``P(unseen) = N_u / N``, ``P(b) = (1 - N_u / N) q_b``; without unseen prompts (paper mode)
+    ``prompt_gdro_q`` with a 0 appended. ``q`` is ``prompt_gdro_q`` over the seen bins. Feed it
+    with ``dataset_bins`` to ``sample_prompts_by_bin`` or ``PromptSource.next_by_bin``.
 
     Args:
       dataset_bins: ``[N]`` int32 in ``[0, B]``, ``classify`` over all ids ``0 .. N-1``.
@@ -492,6 +516,12 @@ def resample_q(
     seen = bins < b
     q = prompt_gdro_q(config, state, jnp.where(seen, bins, 0), seen)
     frac_unseen = 1.0 - jnp.mean(seen.astype(jnp.float32))
+    if config.population_weighted:
+        size = jax.ops.segment_sum(seen.astype(jnp.float32), jnp.where(seen, bins, 0), b)
+        n_seen = jnp.sum(size)
+        u = q * n_seen / jnp.maximum(jnp.sum(size * q), 1e-30)
+        p = size * u / jnp.maximum(n_seen, 1.0) * (1.0 - frac_unseen)
+        return jnp.concatenate([p, frac_unseen[None]])
     q = jnp.where(jnp.any(seen), q * (1.0 - frac_unseen), q)
     return jnp.concatenate([q, frac_unseen[None]])
 

@@ -86,11 +86,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.gdro import evidence
 from grpo_jax.gdro.classifier import _config_from_dict, _resolve_mode
 from grpo_jax.gdro.prompt_gdro import SIGNALS, _entropy, prompt_gdro_diagnostics
 
-ALLOCATORS = ("bandit", "sqrt")
+ALLOCATORS = ("bandit", "sqrt", "shrunk")
 FEEDBACKS = ("variance", "loss")
+OBJECTIVES = ("informative", "variance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,9 @@ class RolloutGDROConfig:
     """Static configuration of Rollout-GDRO (hashable: a jit static arg).
 
     Attributes:
-      allocator: ``"bandit"`` (paper) or ``"sqrt"`` (closed-form Neyman rule).
+      allocator: ``"bandit"`` (paper), ``"sqrt"`` (closed-form Neyman rule on the bins' success
+        rates) or ``"shrunk"`` (per prompt, from its own counts shrunk toward a Beta prior
+        fitted to the pool: ``grpo_jax.gdro.evidence``).
       n_min: fewest rollouts per prompt, >= 2 (a single rollout has no group baseline). Default 2.
       n_max: most rollouts per prompt, >= n_min. Default 12.
       n_bar: mean rollouts per prompt (integer in [n_min, n_max]); ``R = P * n_bar``. Default 4.
@@ -116,6 +120,16 @@ class RolloutGDROConfig:
         signal). None: from ``mode``.
       count_weighted_dp: the DP maximises ``sum_b N_b log p_b(a_b)`` (default True) instead of
         ``sum_b log p_b(a_b)`` (paper False). None: from ``mode``.
+      objective: ``shrunk`` only: ``"informative"`` (default: maximise the expected number of
+        informative groups under each prompt's posterior) or ``"variance"`` (the integer Neyman
+        rule ``min sum_i (E[p_i (1 - p_i)] + v_floor) / n_i``).
+      evidence_decay: ``shrunk`` only: a visited prompt's counts are multiplied by this before
+        the visit's successes and trials are added (0.8: evidence ~5 visits old weighs a third;
+        the policy moves), in (0, 1].
+      min_trials: ``shrunk`` only: prompts whose (decayed) trials are below this keep at least
+        ``n_bar`` rollouts (little evidence: no reason to take rollouts away) (8.0), >= 0.
+      prior_strength: ``shrunk`` only: fixed ``a + b`` of the Beta prior; None (default) = fitted
+        by moments (``evidence.fit_beta_prior``).
       mode: ``"corrected"`` (default) or ``"paper"``: the value of every switch left at None.
 
     Raises:
@@ -136,6 +150,10 @@ class RolloutGDROConfig:
     signal: str | None = None
     feedback: str | None = None
     count_weighted_dp: bool | None = None
+    objective: str = "informative"
+    evidence_decay: float = 0.8
+    min_trials: float = 8.0
+    prior_strength: float | None = None
     mode: str = "corrected"
 
     def __post_init__(self):
@@ -155,6 +173,11 @@ class RolloutGDROConfig:
             object.__setattr__(self, name, int(v))
         for name in ("eta", "gamma", "ema_decay", "alpha_mu", "mu_0", "v_floor"):
             object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("evidence_decay", "min_trials"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if self.prior_strength is not None:
+            k = float(self.prior_strength)
+            object.__setattr__(self, "prior_strength", None if k == 0 else k)
         self.validate()
 
     def validate(self) -> None:
@@ -194,6 +217,20 @@ class RolloutGDROConfig:
             raise ValueError(
                 f"RolloutGDROConfig.feedback must be one of {FEEDBACKS}; got {self.feedback!r}"
             )
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"RolloutGDROConfig.objective must be one of {OBJECTIVES}; got {self.objective!r}"
+            )
+        if not 0.0 < self.evidence_decay <= 1.0:
+            raise ValueError(
+                f"RolloutGDROConfig.evidence_decay must be in (0, 1]; got {self.evidence_decay}"
+            )
+        if not self.min_trials >= 0:
+            raise ValueError(f"RolloutGDROConfig.min_trials must be >= 0; got {self.min_trials}")
+        if self.prior_strength is not None and not self.prior_strength > 0:
+            raise ValueError(
+                f"RolloutGDROConfig.prior_strength must be > 0 or None; got {self.prior_strength}"
+            )
 
     @property
     def arms(self) -> np.ndarray:
@@ -220,11 +257,15 @@ class RolloutGDROState:
         (``K = n_max - n_min + 1``).
       mu: ``[]`` float32, the compute price.
       step: ``[]`` int32, number of updates.
+      successes, trials: ``[N]`` float32, every prompt's decayed correct and total rollouts
+        (updated for ``allocator="shrunk"`` only; ``N = 1`` when no pool size was given).
     """
 
     scores: jax.Array
     mu: jax.Array
     step: jax.Array
+    successes: jax.Array
+    trials: jax.Array
 
 
 @flax.struct.dataclass
@@ -250,15 +291,64 @@ class Allocation:
     fallback: jax.Array
 
 
-def rollout_gdro_init(config: RolloutGDROConfig, num_bins: int) -> RolloutGDROState:
-    """Zero arm scores (uniform learners) and ``mu = mu_0`` for ``num_bins`` bins."""
+def rollout_gdro_init(
+    config: RolloutGDROConfig, num_bins: int, num_prompts: int = 0
+) -> RolloutGDROState:
+    """Zero arm scores (uniform learners), ``mu = mu_0`` for ``num_bins`` bins, and zero
+    evidence for ``num_prompts`` prompts (required by ``allocator="shrunk"``; ignored otherwise).
+
+    Raises:
+      ValueError: ``num_bins < 1``, or ``allocator="shrunk"`` with ``num_prompts < 1``.
+    """
     if int(num_bins) < 1:
         raise ValueError(f"num_bins must be >= 1; got {num_bins}")
+    n = int(num_prompts)
+    if config.allocator == "shrunk" and n < 1:
+        raise ValueError(f"allocator='shrunk' needs num_prompts >= 1; got {num_prompts}")
     return RolloutGDROState(
         scores=jnp.zeros((int(num_bins), config.num_arms), jnp.float32),
         mu=jnp.asarray(config.mu_0, jnp.float32),
         step=jnp.zeros((), jnp.int32),
+        successes=jnp.zeros((max(n, 1),), jnp.float32),  # Orbax saves no zero-size arrays
+        trials=jnp.zeros((max(n, 1),), jnp.float32),
     )
+
+
+def evidence_update(
+    config: RolloutGDROConfig, state: RolloutGDROState, prompt_ids, correct, segment_ids
+) -> RolloutGDROState:
+    """Adds one visit's rollouts to the visited prompts' counts (host numpy; ``shrunk`` only,
+    a no-op otherwise): ``s <- decay s + correct``, ``t <- decay t + rollouts``; a prompt id
+    that occurs twice in the visit is decayed once and takes both groups.
+
+    Args:
+      prompt_ids: ``[P]`` int dataset ids of the visit's prompts; correct: ``[R]`` bool;
+      segment_ids: ``[R]`` int, rollout -> position in ``prompt_ids``.
+    """
+    if config.allocator != "shrunk":
+        return state
+    ids = np.asarray(prompt_ids, np.int64)
+    seg = np.asarray(segment_ids, np.int64)
+    c = np.asarray(correct, np.float64)
+    s = np.asarray(state.successes, np.float64).copy()
+    t = np.asarray(state.trials, np.float64).copy()
+    uniq = np.unique(ids)
+    s[uniq] *= config.evidence_decay
+    t[uniq] *= config.evidence_decay
+    np.add.at(s, ids[seg], c)
+    np.add.at(t, ids[seg], 1.0)
+    return state.replace(successes=jnp.asarray(s, jnp.float32), trials=jnp.asarray(t, jnp.float32))
+
+
+def shrunk_posterior(config: RolloutGDROConfig, state: RolloutGDROState, prompt_ids):
+    """``(prior (a, b), a_i [P], b_i [P])``: the pool's fitted Beta prior and the posterior of
+    each of ``prompt_ids`` (``evidence.fit_beta_prior`` over every prompt with >= 1 trial)."""
+    s = np.asarray(state.successes, np.float64)
+    t = np.asarray(state.trials, np.float64)
+    prior = evidence.fit_beta_prior(s, t, strength=config.prior_strength)
+    ids = np.asarray(prompt_ids, np.int64)
+    a, b = evidence.posterior(s[ids], t[ids], prior)
+    return prior, a, b
 
 
 def arm_probs(config: RolloutGDROConfig, state: RolloutGDROState) -> np.ndarray:
@@ -481,6 +571,28 @@ def sqrt_allocation(
     return round_to_budget(x, total, tie_key, lo=config.n_min, hi=config.n_max)
 
 
+def shrunk_allocation(
+    config: RolloutGDROConfig, state: RolloutGDROState, prompt_ids, total: int | None = None
+) -> np.ndarray:
+    """``shrunk`` allocator: rollouts per prompt ``[P]`` int32, exactly optimal for
+    ``config.objective`` under each prompt's posterior (``evidence.greedy_allocation``), every
+    prompt in ``[n_min, n_max]``, prompts with ``trials < min_trials`` (incl. unseen ones) at
+    least ``n_bar``, summing to ``total`` (default ``P * n_bar``) exactly.
+
+    Args:
+      prompt_ids: ``[P]`` int dataset ids (index ``state.successes``; ties go to the smaller id).
+    """
+    ids = np.asarray(prompt_ids, np.int64)
+    total = ids.size * config.n_bar if total is None else int(total)
+    _, a, b = shrunk_posterior(config, state, ids)
+    gains = evidence.marginal_gains(
+        a, b, config.n_max, objective=config.objective, v_floor=config.v_floor
+    )
+    little = np.asarray(state.trials, np.float64)[ids] < config.min_trials
+    lower = np.where(little, max(config.n_min, min(config.n_bar, total // ids.size)), config.n_min)
+    return evidence.greedy_allocation(gains, lower, config.n_max, total, ids)
+
+
 def allocate(
     config: RolloutGDROConfig,
     state: RolloutGDROState,
@@ -527,6 +639,11 @@ def allocate(
     seen = bins < num_bins
     counts = np.bincount(bins[seen], minlength=num_bins)
     n_unseen = int(num - seen.sum())
+
+    if config.allocator == "shrunk":
+        if prompt_ids is None:
+            raise ValueError("allocator='shrunk' needs prompt_ids [P] (dataset ids)")
+        return _finish(shrunk_allocation(config, state, key, r), bins, num_bins, r, None, False)
 
     if config.allocator == "sqrt":
         if bin_success is None:
@@ -613,7 +730,7 @@ def _update(
     share = prompt_count / jnp.maximum(jnp.sum(prompt_count), 1.0)
     n_hat = jnp.sum(share * (probs @ arms))
     mu = state.mu + config.alpha_mu * (n_hat - config.n_bar)
-    return RolloutGDROState(scores=scores, mu=mu.astype(jnp.float32), step=state.step + 1)
+    return state.replace(scores=scores, mu=mu.astype(jnp.float32), step=state.step + 1)
 
 
 def rollout_gdro_update(
@@ -626,6 +743,7 @@ def rollout_gdro_update(
     segment_ids=None,
     *,
     bin_success=None,
+    prompt_ids=None,
 ) -> tuple[RolloutGDROState, dict[str, Any]]:
     """Bandit update after the step (Eq. 20-21); returns ``(state, diagnostics)``.
 
@@ -645,6 +763,11 @@ def rollout_gdro_update(
       segment_ids: optional ``[R]``; must equal ``allocation.segment_ids`` if given.
       bin_success: optional ``[B]`` float, the per-bin success rate given to ``allocate`` (for the
         paper's WSE proxy; pass it for every allocator).
+      prompt_ids: optional ``[P]`` int, the step's dataset ids; with ``allocator="shrunk"`` the
+        diagnostics add the prior (``rollout_gdro/prior_mean``, ``prior_strength``) and the
+        expected informative groups under the posteriors that made the allocation, for it and
+        for ``n_bar`` each (``rollout_gdro/expected_informative``, ``..._uniform``). The counts
+        themselves are added by ``evidence_update`` (per visit), not here.
 
     Raises:
       ValueError when ``prompt_bins`` / ``segment_ids`` are not the allocation's own, or
@@ -687,6 +810,17 @@ def rollout_gdro_update(
     diag = rollout_gdro_diagnostics(
         config, new, allocation, rewards=rewards, bin_success=bin_success
     )
+    if config.allocator == "shrunk" and prompt_ids is not None:
+        (pa, pb), a, b_ = shrunk_posterior(config, state, prompt_ids)
+        n = np.asarray(allocation.rollouts_per_prompt)
+        diag["rollout_gdro/prior_mean"] = pa / (pa + pb)
+        diag["rollout_gdro/prior_strength"] = pa + pb
+        diag["rollout_gdro/expected_informative"] = float(
+            evidence.expected_informative(a, b_, n).sum()
+        )
+        diag["rollout_gdro/expected_informative_uniform"] = float(
+            evidence.expected_informative(a, b_, np.full(n.shape, config.n_bar)).sum()
+        )
     return new, diag
 
 
@@ -783,6 +917,9 @@ __all__ = [
     "RolloutGDROState",
     "Allocation",
     "rollout_gdro_init",
+    "evidence_update",
+    "shrunk_allocation",
+    "shrunk_posterior",
     "allocate",
     "arm_probs",
     "solve_arms_dp",
@@ -796,4 +933,5 @@ __all__ = [
     "weighted_standard_error",
     "ALLOCATORS",
     "FEEDBACKS",
+    "OBJECTIVES",
 ]
