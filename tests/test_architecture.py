@@ -147,7 +147,7 @@ def test_setup_is_written_once():
     """Everything that starts a run calls the public set-up (steps.make_steps / init_run)."""
     users = [
         "grpo_jax/train.py",
-        "experiments/compare.py",
+        "experiments/compare/jobs.py",
         "benchmarks/bench_step.py",
         "benchmarks/peers/run_grpo_jax.py",
         "tests/test_soak.py",

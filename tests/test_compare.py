@@ -1,6 +1,8 @@
-"""experiments/compare.py: the validation/test split, lr selection (never from test results), the
-paired bootstrap on hand-made inputs, the true-WSE diagnostic, the oracle file, the report from
-hand-made job files, and a toy end-to-end run (sweep -> selection -> final seeds -> report)."""
+"""experiments/compare: the validation/test split, lr selection (never from test results), the
+paired bootstrap (pooled and over a level mix) on hand-made inputs, the diagnostics and the
+true WSE by hand, the oracle file, the report from hand-made job files, the criterion and the
+pre-registration, resume (settings checks, --max_minutes, a resumed toy run equal to an
+uninterrupted one) and a toy end-to-end run (sweep -> selection -> final seeds -> report)."""
 
 import json
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import compare
+from grpo_jax import metrics
 
 
 def _correct(pass_rates, n=40, k=8, seeds=3):
@@ -126,7 +129,7 @@ def test_bootstrap_mean_at_k_and_evaluation_averaging():
 
 def test_pass_at_8_is_the_unbiased_estimator_from_more_samples():
     # Chen et al. 2021: 1 - C(n - c, k) / C(n, k); by hand for n = 10, k = 8
-    got = compare.pass_at_k_unbiased(np.array([0, 1, 2, 3, 10]), 10, 8)
+    got = metrics.pass_at_k(10, np.array([0, 1, 2, 3, 10]), 8)
     assert got == pytest.approx([0.0, 1 - 9 / 45, 1 - 1 / 45, 1.0, 1.0])  # C(9,8)=9, C(10,8)=45
     # from 32 samples: the mean over the C(32, 8) subsets of 1[any correct], by simulation
     rng = np.random.default_rng(0)
@@ -143,8 +146,9 @@ def test_pass_at_8_is_the_unbiased_estimator_from_more_samples():
     assert compare.per_problem_scores(four, "pass_at_k") == pytest.approx(
         four.any(-1).astype(float)
     )
-    with pytest.raises(ValueError, match="pass@9"):
-        compare.pass_at_k_unbiased(np.array([1]), 8, 9)
+    with pytest.raises(ValueError, match="k = 9 > n = 8"):
+        metrics.pass_at_k(8, np.array([1]), 9)
+    assert not hasattr(compare, "pass_at_k_unbiased")  # one definition: grpo_jax.metrics
 
 
 def test_bootstrap_identical_methods_have_a_degenerate_interval_at_zero():
@@ -520,3 +524,359 @@ def test_toy_comparison_sweep_selection_final_report(tmp_path):
     assert again["wall_seconds"] == pytest.approx(res["wall_seconds"], rel=0.05)
     assert again["sweep"] == res["sweep"]
     assert "## Headline" in (tmp_path / "gdro_vs_grpo.md").read_text()
+
+
+# ----------------------------------------------------------------------------- level mixes
+
+
+def test_paired_bootstrap_level_mix_by_hand():
+    from grpo_jax.data.arithmetic import mix_mean
+
+    levels = np.array([2, 2, 3, 3])
+    a = np.array([[1.0, 0.0, 1.0, 1.0]])
+    b = np.array([[1.0, 0.0, 0.0, 1.0]])
+    w = {2: 1.0, 3: 2.0}
+    g = compare.paired_bootstrap(a, b, n_boot=300, levels=levels, level_weights=w)
+    # method: (1 * 0.5 + 2 * 1.0) / 3 = 5/6; base: (1 * 0.5 + 2 * 0.5) / 3 = 1/2
+    assert g["mean"] == pytest.approx(5 / 6) and g["base"] == pytest.approx(1 / 2)
+    assert g["mean"] == pytest.approx(mix_mean({2: 0.5, 3: 1.0}, w))
+    assert g["gain"] == pytest.approx((5 / 6) / (1 / 2) - 1) and g["diff"] == pytest.approx(1 / 3)
+    assert g["lo"] <= g["gain"] <= g["hi"]
+    # equal weights on equal-sized levels: the pooled mean, and the same point estimates
+    pooled = compare.paired_bootstrap(a, b, n_boot=300)
+    mixed = compare.paired_bootstrap(a, b, n_boot=300, levels=levels, level_weights={2: 1, 3: 1})
+    assert mixed["gain"] == pytest.approx(pooled["gain"]) == pytest.approx(3 / 2 - 1)
+    # identical arms: a degenerate interval at 0
+    same = compare.paired_bootstrap(a, a.copy(), n_boot=100, levels=levels, level_weights=w)
+    assert same["gain"] == same["lo"] == same["hi"] == 0
+
+
+def test_per_problem_pass_at_1_and_32():
+    rng = np.random.default_rng(2)
+    c = rng.random((2, 5, 32)) < 0.2
+    assert compare.per_problem_scores(c, "pass_at_k", pass_k=1) == pytest.approx(c.mean(-1))
+    assert compare.per_problem_scores(c, "pass_at_k", pass_k=32) == pytest.approx(
+        c.any(-1).astype(float)
+    )
+    one = np.zeros((1, 1, 32), bool)
+    one[..., :2] = True  # 2 of 32 correct: pass@8 = 1 - C(30, 8) / C(32, 8) = 1 - 0.5685...
+    expected = 1 - (24 * 23) / (32 * 31)  # C(30,8)/C(32,8) = (24*23)/(32*31)
+    assert compare.per_problem_scores(one, "pass_at_k")[0, 0] == pytest.approx(expected)
+
+
+def test_parse_level_weights_and_method_order():
+    assert compare.parse_level_weights("2:1,3:2,4:3,5:4") == compare.HARD_WEIGHTS
+    with pytest.raises(ValueError, match="level:weight"):
+        compare.parse_level_weights("2=1")
+    from experiments.compare import plan
+
+    assert plan.ordered_methods(["rollout_gdro_sqrt", "grpo"]) == ["grpo", "rollout_gdro_sqrt"]
+    with pytest.raises(ValueError, match="grpo"):
+        plan.ordered_methods(["rollout_gdro_sqrt"])
+
+
+def test_method_overrides_are_dotted_config_paths():
+    for algo, over in compare.METHODS.values():
+        assert algo in ("grpo", "prompt_gdro", "rollout_gdro")
+        assert all(k.count(".") >= 1 for k in over)
+    c = compare.method_config("grpo", 0, config_arg="heavy_tailed,smoke")
+    compare.apply_overrides(c, {"gdro.prompt.eta": 2.0, "algorithm.mini_batch_size": 8})
+    assert c.gdro.prompt.eta == 2.0 and c.algorithm.mini_batch_size == 8
+    with pytest.raises(ValueError, match="no field 'nope'"):
+        compare.apply_overrides(c, {"gdro.prompt.nope": 1})
+
+
+# ----------------------------------------------------------------------------- diagnostics
+
+
+def test_p_strata_and_rollouts_by_stratum_by_hand():
+    p = [0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 1.0, np.nan]
+    assert compare.p_stratum(p).tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 5, -1]
+    assert compare.P_STRATA_EDGES == (0.1, 0.3, 0.7) and len(compare.P_STRATA_LABELS) == 6
+    # step 0: ids 0 (p=0, n 2), 1 (p=.05, n 4), 2 (p=.5, n 6); step 1: 2 (n 8), 3 (p=1, n 4),
+    # 4 (unknown p: left out)
+    pool = np.array([0.0, 0.05, 0.5, 1.0, np.nan])
+    got = compare.rollouts_by_stratum([[0, 1, 2], [2, 3, 4]], [[2, 4, 6], [8, 4, 4]], pool)
+    np.testing.assert_allclose(got, [2, 4, np.nan, 7, np.nan, 4])
+
+
+def test_expected_informative_and_controller_data_by_hand():
+    exp, uni = compare.expected_informative([[0, 1]], [[2, 4]], np.array([0.5, 0.1]), 3)
+    # p .5, n 2: 1 - .25 - .25 = .5; p .1, n 4: 1 - .0001 - .6561 = .3438
+    assert exp == pytest.approx([0.8438]) and uni == pytest.approx([0.75 + 0.27])
+    bins = np.array([[10, 10], [3, 10], [10, 10], [0, 1]])  # 10 bins: 10 = unseen
+    assert compare.controller_data_share(bins, 10) == 0.5
+    assert np.isnan(compare.controller_data_share(np.zeros((0, 0)), 10))
+    rows = [
+        {"advantages/num_groups": 8, "advantages/num_zero_std_groups": 3},
+        {"advantages/num_groups": 8, "advantages/num_zero_std_groups": 8},
+    ]
+    assert compare.measured_informative(rows).tolist() == [5.0, 0.0]
+
+
+def test_per_prompt_true_wse_vs_uniform_by_hand():
+    p = np.array([0.5, 0.1])
+    r = compare.true_wse([0, 1], [0, 0], [6, 2], p, 4)
+    assert r["wse"] == pytest.approx((0.5 / np.sqrt(6) + 0.3 / np.sqrt(2)) / 2)  # 0.20813
+    assert r["wse_uniform"] == pytest.approx((0.5 / 2 + 0.3 / 2) / 2)  # 0.2
+    assert r["wse"] / r["wse_uniform"] == pytest.approx(1.04064, abs=1e-5)
+    # the stratum-averaged form (one bin: sigma = sqrt(mean p(1-p)) = sqrt(.17)) is larger
+    assert r["wse_bins_uniform"] == pytest.approx(np.sqrt(0.17) / 2)  # 0.2062 > 0.2
+    assert r["wse_bins_uniform"] > r["wse_uniform"]
+
+
+def _tiny_job(rows, **kw):
+    job = {
+        "ids": np.array([[0, 1], [0, 1]]),
+        "bins": np.array([[10, 10], [0, 10]]),
+        "n": np.array([[6, 2], [4, 4]]),
+        "n_bar": 4,
+        "num_bins": 10,
+        "rows": rows,
+    }
+    return job | kw
+
+
+def test_arm_diagnostics_by_hand():
+    p = np.array([0.5, 0.1])
+    rows = [
+        {"step": 1, "pass_rate": 0.2, "advantages/num_groups": 2,
+         "advantages/num_zero_std_groups": 1, "gdro/weight_ratio": 2.0, "gdro/weight_ess": 0.9},
+        {"step": 2, "pass_rate": 0.4, "advantages/num_groups": 2,
+         "advantages/num_zero_std_groups": 0, "gdro/weight_ratio": 4.0, "gdro/weight_ess": 0.7},
+    ]  # fmt: skip
+    d = compare.arm_diagnostics("prompt_gdro_aw", {0: _tiny_job(rows)}, lambda s: p)
+    assert d["weight_ratio"] == pytest.approx(3.0) and d["weight_ess"] == pytest.approx(0.8)
+    assert d["informative_groups"] == pytest.approx(1.5)
+    assert d["controller_data_share"] == pytest.approx(0.5)  # step 2 has a seen prompt
+    w0 = (0.5 / np.sqrt(6) + 0.3 / np.sqrt(2)) / 2  # step 1: n (6, 2)
+    assert d["wse_true_ratio"] == pytest.approx((w0 + 0.2) / (0.2 + 0.2))
+    f = lambda q, n: 1 - q**n - (1 - q) ** n
+    expected = f(0.5, 6) + f(0.1, 2) + f(0.5, 4) + f(0.1, 4)
+    assert d["expected_informative_ratio"] == pytest.approx(
+        expected / (2 * (f(0.5, 4) + f(0.1, 4)))
+    )
+    # strata of p: 0.5 -> (0.3, 0.7] with n 6, 4; 0.1 -> (0, 0.1] with n 2, 4
+    np.testing.assert_allclose(d["rollouts_by_stratum"], [np.nan, 3, np.nan, 5, np.nan, np.nan])
+    # without the controller's weight_ratio key: NaN (the report shows a dash)
+    bare = [{k: v for k, v in r.items() if k != "gdro/weight_ratio"} for r in rows]
+    assert np.isnan(
+        compare.arm_diagnostics("prompt_gdro_aw", {0: _tiny_job(bare)}, lambda s: p)["weight_ratio"]
+    )
+    g = compare.arm_diagnostics("grpo", {0: _tiny_job(rows)}, lambda s: None)
+    assert "weight_ratio" not in g and "wse_true_ratio" not in g
+
+
+def test_criterion_and_the_sentence():
+    from experiments.compare import report
+
+    gains = {
+        "prompt_gdro_aw": {"pass_at_k": {"gain": 0.05, "lo": 0.01, "hi": 0.10}},
+        "rollout_gdro_sqrt": {"pass_at_k": {"gain": 0.02, "lo": -0.01, "hi": 0.04}},
+    }
+    res = {"gains": gains, "pass_k": 8}
+    c = report.criterion(res)
+    assert c == {
+        "meets": {"prompt_gdro_aw": True, "rollout_gdro_sqrt": False},
+        "supports": True,
+        "best": "prompt_gdro_aw",
+    }
+    res["criterion"] = c
+    s = report.criterion_sentence(res)
+    assert "supports the paper's +10% claim" in s and "+5.0% [+1.0, +10.0]" in s
+    gains["prompt_gdro_aw"]["pass_at_k"]["lo"] = -0.02
+    res["criterion"] = report.criterion(res)
+    assert "does not support" in report.criterion_sentence(res)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def _fake_report_kw(tmp_path):
+    methods, lrs, seeds = ("grpo", "rollout_gdro_sqrt"), (1e-4, 1e-3), (0, 1, 2)
+    runs_dir = tmp_path / "gdro_vs_grpo" / "runs"
+    runs_dir.mkdir(parents=True)
+    best = {"grpo": 1e-3, "rollout_gdro_sqrt": 1e-4}
+    _fake_runs(runs_dir, methods=methods, lrs=lrs, seeds=seeds, val_best=best, test_best=best)
+    argv = [
+        f"--out={tmp_path}",
+        "--seeds=0,1,2",
+        "--sweep_seeds=2",
+        "--lrs=1e-4,1e-3",
+        "--methods=grpo,rollout_gdro_sqrt",
+        "--config_arg=heavy_tailed,smoke",
+        "--steps=2",
+        "--eval_every=1",
+        "--last_evals=2",
+        "--oracle_samples=0",
+        "--n_boot=50",
+        "--report_only",
+    ]
+    return runs_dir, argv
+
+
+def test_preregistration_and_criterion_in_the_report(tmp_path, capsys):
+    _, argv = _fake_report_kw(tmp_path)
+    prereg = tmp_path / "prereg.md"
+    prereg.write_text("Primary endpoint: relative test pass@8.\n\n- 20 seeds, fixed in advance.\n")
+    assert compare.main(argv + [f"--preregistration={prereg}", "--criterion"]) == 0
+    report = (tmp_path / "gdro_vs_grpo.md").read_text()
+    head = report.index("## Pre-registered protocol and criterion")
+    assert head < report.index("## Setup")
+    assert prereg.read_text().strip() in report  # verbatim
+    assert "--report_only" not in report and "--preregistration" in report
+    # one plain sentence at the top of the results, and the per-arm criterion
+    top = report.index("## Headline")
+    assert "the paper's +10% claim" in report[top : top + 600]
+    assert "Rollout-GDRO (sqrt): " in report and (
+        "meets the criterion" in report or ": does not." in report
+    )
+    data = json.loads((tmp_path / "gdro_vs_grpo.json").read_text())
+    assert set(data["criterion"]["meets"]) == {"rollout_gdro_sqrt"}
+    mix = data["mix_gains"]
+    assert mix["ks"] == [1, 8]  # 8 samples: no pass@32
+    pooled = mix["gains"]["rollout_gdro_sqrt"]["train"]["8"]
+    assert pooled["gain"] == pytest.approx(data["gains"]["rollout_gdro_sqrt"]["pass_at_k"]["gain"])
+    assert "hard mix pass@8" in report
+
+
+def test_mismatched_settings_one_line_and_nonzero_exit(tmp_path, capsys):
+    runs_dir, argv = _fake_report_kw(tmp_path)
+    assert compare.main(argv) == 0  # files without recorded settings: accepted
+    path = runs_dir / f"{compare.job_name('grpo', 1e-4, 1)}.json"
+    meta = json.loads(path.read_text())
+    meta["settings"] = {
+        "method": "grpo",
+        "lr": 1e-4,
+        "steps": 3,
+        "config_arg": "heavy_tailed,smoke",
+    }
+    path.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert compare.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "steps=3" in err[0] and "steps=2" in err[0]
+    # the method's overrides are recorded and checked too
+    meta["settings"] = {"steps": 2, "overrides": {"gdro.prompt.apply": "resample"}}
+    path.write_text(json.dumps(meta))
+    with pytest.raises(compare.SettingsMismatch, match="overrides"):
+        compare.run_comparison(
+            str(tmp_path), seeds=[0, 1, 2], sweep_seeds=2, lrs=(1e-4, 1e-3),
+            methods=("grpo", "rollout_gdro_sqrt"), config_arg="heavy_tailed,smoke", steps=2,
+            eval_every=1, last_evals=2, oracle_samples=0, n_boot=50, report_only=True,
+        )  # fmt: skip
+    # through `python -m`: the same line, no traceback
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.compare", *argv], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "overrides" in proc.stderr
+
+
+def test_runner_stops_launching_at_the_deadline(monkeypatch):
+    from experiments.compare import jobs
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(jobs.time, "perf_counter", lambda: clock["t"])
+
+    def job(i):
+        clock["t"] += 1.0  # each job takes one "second"
+        return {"i": i}
+
+    done = []
+    runner = jobs.Runner(1, deadline=2.5)
+    left = runner.run([(job, (i,), {}) for i in range(5)], lambda r: done.append(r["i"]))
+    assert done == [0, 1, 2] and left == 2  # launched at t = 0, 1, 2; not at t = 3
+
+
+def test_max_minutes_exits_zero_and_says_how_many_remain(tmp_path, capsys):
+    argv = [
+        f"--out={tmp_path}",
+        "--seeds=1",
+        "--sweep_seeds=1",
+        "--lrs=1e-4",
+        "--methods=grpo",
+        "--config_arg=heavy_tailed,smoke",
+        "--steps=2",
+        "--eval_every=0",
+        "--last_evals=1",
+        "--workers=1",
+        "--jax_cache=",
+        "--max_minutes=1e-9",  # already past when the first job would start
+    ]
+    assert compare.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "0 jobs done, 2 remaining" in out
+    assert "2 jobs remain; rerun the same command to resume" in out
+    assert not (tmp_path / "gdro_vs_grpo.md").exists()
+
+
+def _masked(text: str) -> str:
+    """The report without the lines that depend on the clock (date, wall time, job seconds)."""
+    keep = []
+    for line in text.split("## Timing")[0].splitlines():
+        if not line.startswith("Generated "):
+            keep.append(line)
+    return "\n".join(keep)
+
+
+@pytest.mark.slow
+def test_resume_skips_finished_jobs_and_matches_an_uninterrupted_run(tmp_path, capsys):
+    kw = dict(
+        methods=("grpo", "rollout_gdro_sqrt"),
+        config_arg="heavy_tailed,smoke",
+        steps=4,
+        eval_every=2,
+        last_evals=2,
+        rl_prompts=64,
+        oracle_samples=2,
+        n_boot=100,
+        command="TOY",
+        workers=1,
+        jax_cache=str(tmp_path / "jax_cache"),
+    )
+    full = dict(seeds=2, sweep_seeds=1, lrs=(1e-4, 1e-3))
+    ref = compare.run_comparison(str(tmp_path / "ref"), **full, **kw)
+    # session 1: a subset (one lr, one seed) of the same jobs
+    out = tmp_path / "resumed"
+    compare.run_comparison(str(out), seeds=1, sweep_seeds=1, lrs=(1e-4,), **kw)
+    runs = out / "gdro_vs_grpo" / "runs"
+    first = {p.name: p.stat().st_mtime_ns for p in runs.iterdir() if p.name != "wall.json"}
+    assert "warm_s0_params.pkl" in first and "grpo_lr0.0001_s0.jsonl" in first
+    capsys.readouterr()
+    # session 2: the whole plan; the finished jobs are loaded, not rerun
+    res = compare.run_comparison(str(out), **full, **kw)
+    log = capsys.readouterr().out
+    assert "3 jobs done, 5 remaining" in log  # warm s0 + 2 sweep jobs done of 2 + 4 + 2
+    assert log.count("this session]") == 4  # 2 sweep jobs at 1e-3 + 2 final jobs (seed 1)
+    assert "seed 0: warm start" not in log  # its params came from warm_s0_params.pkl
+    for name, mtime in first.items():
+        assert (runs / name).stat().st_mtime_ns == mtime, name
+    same = lambda x, y: (
+        json.dumps(x, sort_keys=True, default=str) == json.dumps(y, sort_keys=True, default=str)
+    )  # NaN-safe
+    for key in ("sweep", "gains", "tables", "mix_gains", "compute"):
+        assert same(res[key], ref[key]), key
+    # every job's results equal the uninterrupted run's (resumed jobs ran from saved params)
+    ref_runs = tmp_path / "ref" / "gdro_vs_grpo" / "runs"
+    clock = ("time/", "tokens_per_s", "reward/seconds")
+    for npz in sorted(ref_runs.glob("*.npz")):
+        a, b = np.load(npz), np.load(runs / npz.name)
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{npz.name} {k}")
+        rows = npz.with_suffix(".jsonl")
+        if rows.exists():
+            strip = lambda p: [
+                {k: v for k, v in json.loads(l).items() if not k.startswith(clock)}
+                for l in p.read_text().splitlines()
+            ]
+            assert same(strip(rows), strip(runs / rows.name)), rows.name
+    a = (out / "gdro_vs_grpo.md").read_text()
+    b = (tmp_path / "ref" / "gdro_vs_grpo.md").read_text()
+    assert _masked(a) == _masked(b)
+    # a third run has nothing left to do
+    compare.run_comparison(str(out), **full, **kw)
+    assert "8 jobs done, 0 remaining" in capsys.readouterr().out

@@ -1,0 +1,513 @@
+"""The jobs of a comparison (warm starts, RL runs), their per-job files and the worker pool.
+
+A job's files in ``<out>/gdro_vs_grpo/runs/``: ``<name>.json`` (metadata, its ``settings``),
+``<name>.npz`` (per-problem evaluations, placements) and, for RL jobs, ``<name>.jsonl`` (or a
+committed ``.jsonl.gz``: the metrics rows). Each is written atomically (temp file +
+``os.replace``), the ``.json`` last, so a killed run leaves complete jobs or none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from experiments.compare.plan import METHODS, eval_steps, job_name, method_config
+
+ARRAYS = ("correct", "levels", "eval_steps", "ids", "bins", "n", "oracle_p")
+PARAMS_SUFFIX = "_params.pkl"  # a warm start's parameters (host numpy pytree; for resume)
+
+
+class SettingsMismatch(ValueError):
+    """A job file recorded other settings than the current command's."""
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+class _RecordingReward:
+    """Wraps a reward function and keeps the ``correct`` array of every call (in call order)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls: list[np.ndarray] = []
+
+    def __call__(self, completions, golds):
+        out = self.fn(completions, golds)
+        self.calls.append(np.asarray(out[1], bool))
+        return out
+
+
+def evaluate_per_problem(
+    exp, params, rng, *, examples=None, reward_fn=None, sampling=None, k: int = 0
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``evaluation.evaluate_policy`` keeping per-problem results (the same key split as
+    ``evaluation.evaluate``). Default: the experiment's first held-out set with the evaluation
+    protocol; ``examples`` / ``reward_fn`` / ``sampling`` / ``k`` override (e.g. the RL pool at
+    the training sampling settings, for success-rate estimates).
+
+    Returns:
+      (summary dict of ``evaluate_policy``, correct ``[N, k]`` bool, levels ``[N]`` int).
+
+    Raises:
+      RuntimeError: when the per-problem matrix does not reproduce the library's pass@k / mean@1.
+    """
+    import jax
+
+    from grpo_jax import evaluation
+
+    cfg = exp.config.eval
+    k = int(k or cfg.num_samples)
+    name, held_out = next(iter(exp.eval_sets.items()))
+    if examples is None:
+        examples = held_out
+    rec = _RecordingReward(reward_fn or exp.eval_reward_fns[name])
+    _, key = jax.random.split(rng)
+    summary = evaluation.evaluate_policy(
+        exp.graphdef,
+        params,
+        examples,
+        tokenizer=exp.tokenizer,
+        reward_fn=rec,
+        sampling_config=sampling or exp.eval_sampling,
+        render=exp.render,
+        prompt_len=exp.prompt_len,
+        k=k,
+        batch_size=cfg.batch_size,
+        rng=key,
+        mesh=exp.mesh,
+    )
+    num = len(examples)
+    per_call = max(cfg.batch_size // k, 1)
+    correct = np.zeros((num, k), bool)
+    for j, ok in enumerate(rec.calls):
+        start = j * per_call
+        valid = min(per_call, num - start)
+        correct[start : start + valid] = ok.reshape(per_call, k)[:valid]
+    levels = np.asarray([int(ex.get("level", -1)) for ex in examples])
+    if (
+        abs(correct.mean() - summary["mean_at_1"]) > 1e-6
+        or abs(correct.any(1).mean() - summary[f"pass_at_{k}"]) > 1e-6
+    ):
+        raise RuntimeError("per-problem evaluation does not match evaluation.evaluate_policy")
+    return summary, correct, levels
+
+
+def eval_key(seed: int, step: int):
+    """The evaluation key of (seed, step): the same for every method and lr (paired)."""
+    import jax
+
+    return jax.random.fold_in(jax.random.PRNGKey(int(seed) + 7), int(step))
+
+
+class _RecordingCurriculum:
+    """Delegates to the experiment's curriculum and keeps each ``allocate`` result's prompt ids,
+    bins and rollouts per prompt (the placements the true-WSE diagnostic needs)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def allocate(self, state, ids):
+        pl = self._inner.allocate(state, ids)
+        ids = np.asarray(ids, np.int32)
+        n = np.bincount(np.asarray(pl.segment_ids), minlength=len(ids)).astype(np.int32)
+        self.calls.append((ids, np.asarray(pl.bins, np.int32), n))
+        return pl
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+def warm_settings(config_arg, paper_gdro, oracle_samples, rl_prompts) -> dict:
+    """What a warm start's results depend on (recorded in its ``.json``, checked on resume)."""
+    return {
+        "config_arg": config_arg,
+        "paper_gdro": bool(paper_gdro),
+        "oracle_samples": int(oracle_samples),
+        "rl_prompts": int(rl_prompts) if oracle_samples else 0,
+    }
+
+
+def rl_settings(
+    method, lr, *, config_arg, steps, rl_prompts, paper_gdro, prompts_per_step, eval_every
+) -> dict:
+    """What an RL job's results depend on (recorded in its ``.json``, checked on resume)."""
+    return {
+        "method": method,
+        "algorithm": METHODS[method][0],
+        "overrides": dict(METHODS[method][1]),
+        "lr": float(lr),
+        "config_arg": config_arg,
+        "steps": int(steps),
+        "rl_prompts": int(rl_prompts),
+        "paper_gdro": bool(paper_gdro),
+        "prompts_per_step": int(prompts_per_step),
+        "eval_every": int(eval_every),
+    }
+
+
+def warm_start_job(
+    seed: int,
+    config_arg: str,
+    paper_gdro: bool = False,
+    oracle_samples: int = 0,
+    rl_prompts: int = 0,
+) -> dict:
+    """SFT warm start (on the config's training or SFT pool) + "before" evaluation of one seed;
+    with ``oracle_samples`` > 0 also the warm-start model's success rate on each of the first
+    ``rl_prompts`` training problems (the RL pool) from that many samples at the training
+    sampling settings."""
+    from grpo_jax import steps as steps_lib
+    from grpo_jax import transfer
+    from grpo_jax.experiment import build_experiment
+
+    t0 = time.perf_counter()
+    cfg = method_config("grpo", seed, config_arg=config_arg, paper_gdro=paper_gdro)
+    exp = build_experiment(cfg)
+    oracle_p = np.zeros(0)
+    pool: list[str] = []
+    try:
+        state = steps_lib.init_train_state(exp)
+        params, sft = steps_lib.supervised_warmstart(exp, state.params)
+        summary, correct, levels = evaluate_per_problem(exp, params, eval_key(seed, 0))
+        if oracle_samples > 0:
+            pool_ex = exp.examples[: rl_prompts or len(exp.examples)]
+            pool = [ex["problem"] for ex in pool_ex]
+            _, ok, _ = evaluate_per_problem(
+                exp,
+                params,
+                eval_key(seed, 2**30),  # a key no evaluation uses
+                examples=pool_ex,
+                reward_fn=exp.reward_fn,
+                sampling=exp.train_sampling,
+                k=oracle_samples,
+            )
+            oracle_p = ok.mean(1)
+    finally:
+        exp.close()
+    return {
+        "seed": seed,
+        "params": transfer.to_host(params),
+        "sft": sft,
+        "eval": summary,
+        "correct": correct,
+        "levels": levels,
+        "oracle_p": oracle_p,
+        "oracle_problems": pool,
+        "seconds": time.perf_counter() - t0,
+        "settings": warm_settings(config_arg, paper_gdro, oracle_samples, rl_prompts),
+    }
+
+
+def _placements(placements) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-step (ids, bins, n) -> three ``[steps, P]`` arrays (empty when a step allocated more
+    than once or not at all)."""
+    if placements and all(p is not None for p in placements):
+        return tuple(np.stack([p[j] for p in placements]) for j in range(3))
+    empty = np.zeros((0, 0), np.int32)
+    return empty, empty, empty
+
+
+def rl_job(
+    method: str,
+    seed: int,
+    params,
+    *,
+    lr: float,
+    config_arg: str = "heavy_tailed",
+    steps: int = 0,
+    rl_prompts: int = 512,
+    paper_gdro: bool = False,
+    prompts_per_step: int = 0,
+    eval_every: int = 0,
+) -> dict:
+    """RL from the seed's warm-start ``params`` with ``method`` at learning rate ``lr``,
+    evaluated on the whole held-out set after each step of ``eval_steps(steps, eval_every)``.
+
+    Returns the job dict: ``correct [T, N, k]``, ``eval_steps [T]``, per-step placements
+    ``ids``/``bins``/``n`` ``[steps, P]``, metrics ``rows``, compute counts, ``settings``.
+    """
+    import jax
+
+    from grpo_jax import steps as steps_lib  # `steps` is the argument (RL steps)
+    from grpo_jax import train, writers
+    from grpo_jax.experiment import build_experiment
+
+    t0 = time.perf_counter()
+    kw = dict(
+        config_arg=config_arg,
+        steps=steps,
+        rl_prompts=rl_prompts,
+        paper_gdro=paper_gdro,
+        prompts_per_step=prompts_per_step,
+    )
+    cfg = method_config(method, seed, lr=lr, **kw)
+    exp = build_experiment(cfg)
+    rec = _RecordingCurriculum(exp.curriculum)
+    rexp = dataclasses.replace(exp, curriculum=rec)
+    when = eval_steps(cfg.steps, eval_every)
+    rows, evals, summaries, placements = [], [], [], []
+    eval_seconds = 0.0
+    try:
+        source = rexp.make_source()
+        params = jax.tree.map(lambda x: jax.numpy.asarray(x), params)
+        run, _ = steps_lib.init_run(rexp, params=params)
+        fns = steps_lib.make_steps(rexp)
+        while int(run.train.step) < cfg.steps:
+            rec.calls.clear()
+            run, row = train.rl_step(rexp, fns, run, source)
+            step = int(run.train.step)
+            rows.append(writers.to_jsonable({"step": step, **row}))
+            placements.append(rec.calls[0] if len(rec.calls) == 1 else None)
+            if step in when:
+                te = time.perf_counter()
+                summary, correct, levels = evaluate_per_problem(
+                    rexp, run.train.params, eval_key(seed, step)
+                )
+                eval_seconds += time.perf_counter() - te
+                evals.append(correct)
+                summaries.append({"step": step, **summary})
+        pool = [ex["problem"] for ex in exp.examples]
+    finally:
+        exp.close()
+    ids, bins, n = _placements(placements)
+    R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
+    per_step = int(cfg.algorithm.num_iterations) * (R // int(exp.mini_batch_size))
+    return {
+        "method": method,
+        "seed": seed,
+        "lr": float(lr),
+        "rows": rows,
+        "eval": summaries[-1],
+        "eval_summaries": summaries,
+        "eval_steps": np.asarray(when),
+        "correct": np.stack(evals),
+        "levels": levels,
+        "ids": ids,
+        "bins": bins,
+        "n": n,
+        "seconds": time.perf_counter() - t0,
+        "eval_seconds": eval_seconds,
+        "num_prompt_ids": exp.curriculum.num_prompts,
+        "num_bins": int(exp.num_bins),
+        "n_bar": int(cfg.rollout.rollouts_per_prompt),
+        "rollouts_per_step": R,
+        "rollouts": R * len(rows),
+        "generated_tokens": int(sum(r["generated_tokens"] for r in rows)),
+        "updates": per_step * len(rows) - int(sum(r.get("skipped_updates", 0) for r in rows)),
+        "pool_problems": pool if len(pool) <= 4096 else [],  # checked against an oracle file
+        "settings": rl_settings(method, lr, eval_every=eval_every, **kw),
+    }
+
+
+# ----------------------------------------------------------------------------- job files
+
+
+def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` then ``os.replace(tmp, path)``: readers see the old file or the new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _write_text(path: str, text: str) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    _atomic_write(path, write)
+
+
+def save_job(runs_dir: str, r: dict, *, save_params: bool = True) -> None:
+    """A job's files (module docstring), each atomic, the ``.json`` last; a warm start's
+    parameters too (``warm_s<seed>_params.npz``, so a resumed run need not redo it)."""
+    from grpo_jax import writers
+
+    os.makedirs(runs_dir, exist_ok=True)
+    name = job_name(r.get("method"), r.get("lr"), r["seed"])
+    base = os.path.join(runs_dir, name)
+    if r.get("method") and "rows" in r:
+        _write_text(base + ".jsonl", "".join(json.dumps(row) + "\n" for row in r["rows"]))
+    _save_npz(base + ".npz", {k: np.asarray(r[k]) for k in ARRAYS if k in r})
+    if save_params and r.get("method") is None and "params" in r:
+        _atomic_write(base + PARAMS_SUFFIX, lambda tmp: _pickle(tmp, r["params"]))
+    meta = {k: v for k, v in r.items() if k not in ("params", "rows") + ARRAYS}
+    _write_text(base + ".json", json.dumps(writers.to_jsonable(meta), indent=1, sort_keys=True))
+
+
+def _pickle(path: str, obj) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _save_npz(path: str, arrays: dict) -> None:
+    def write(tmp):
+        with open(tmp, "wb") as f:  # a file object: a bare path would get ".npz" appended
+            np.savez_compressed(f, **arrays)
+
+    _atomic_write(path, write)
+
+
+def load_params(runs_dir: str, seed: int):
+    """A warm start's saved parameters (`save_job`), or None when there is no file."""
+    path = os.path.join(runs_dir, job_name(None, None, seed) + PARAMS_SUFFIX)
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def rows_path(runs_dir: str, name: str) -> str | None:
+    """The job's metrics rows file (``.jsonl``, else a committed ``.jsonl.gz``), or None."""
+    for path in (
+        os.path.join(runs_dir, f"{name}.jsonl"),
+        os.path.join(runs_dir, f"{name}.jsonl.gz"),
+    ):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def job_complete(runs_dir: str, method: str | None, lr: float | None, seed: int) -> bool:
+    """Whether the job's ``.json`` + ``.npz`` (+ rows for an RL job) exist."""
+    name = job_name(method, lr, seed)
+    base = os.path.join(runs_dir, name)
+    if not (os.path.exists(base + ".json") and os.path.exists(base + ".npz")):
+        return False
+    return method is None or rows_path(runs_dir, name) is not None
+
+
+def check_settings(path: str, recorded: dict | None, expected: dict) -> None:
+    """Raises `SettingsMismatch` naming ``path`` and the first differing field (files written
+    before settings were recorded pass unchecked)."""
+    if recorded is None:
+        return
+    for key, want in expected.items():
+        if key in recorded and _norm(recorded[key]) != _norm(want):
+            raise SettingsMismatch(
+                f"{path}: recorded {key}={recorded[key]!r} but this command has {key}={want!r} "
+                "(use another --out, or delete the file to rerun the job)"
+            )
+
+
+def _norm(x):
+    return json.loads(json.dumps(x))  # tuples -> lists, numpy scalars -> numbers
+
+
+def load_job(
+    runs_dir: str, method: str | None, lr: float | None, seed: int, expected: dict | None = None
+) -> dict:
+    """A job from its files; with ``expected`` settings, `check_settings` first.
+
+    Raises:
+      FileNotFoundError: a missing file. SettingsMismatch: see `check_settings`.
+    """
+    from grpo_jax import writers
+
+    name = job_name(method, lr, seed)
+    path = os.path.join(runs_dir, f"{name}.json")
+    with open(path) as f:
+        r = json.load(f)
+    if expected is not None:
+        check_settings(path, r.get("settings"), expected)
+    with np.load(os.path.join(runs_dir, f"{name}.npz")) as z:
+        r.update({k: z[k] for k in z.files})
+    if method:
+        rows = rows_path(runs_dir, name)
+        if rows is None:
+            raise FileNotFoundError(f"{os.path.join(runs_dir, name)}.jsonl: no such file")
+        if rows.endswith(".gz"):  # a committed run: the rows gzipped (`gzip runs/*.jsonl`)
+            with gzip.open(rows, "rt") as f:
+                r["rows"] = [json.loads(line) for line in f if line.strip()]
+        else:
+            r["rows"] = writers.read_jsonl(rows)
+    return r
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def enable_compilation_cache(cache_dir: str) -> None:
+    """JAX's persistent compilation cache in ``cache_dir`` ("" = leave JAX's setting): every job
+    rebuilds the same jitted functions, and the cache turns ~20 s of XLA compiles per job into
+    about one."""
+    if not cache_dir:
+        return
+    import jax
+
+    os.makedirs(cache_dir, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _worker_init(cache_dir: str = ""):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    enable_compilation_cache(cache_dir)
+
+
+def _call(fn_args):
+    fn, args, kwargs = fn_args
+    return fn(*args, **kwargs)
+
+
+class Runner:
+    """Runs ``(fn, args, kwargs)`` jobs in this process (``workers`` <= 1) or in a spawn pool,
+    launching no new job once ``deadline`` (a ``time.perf_counter()`` value) has passed."""
+
+    def __init__(self, workers: int, jax_cache: str = "", deadline: float | None = None):
+        self.workers, self.deadline = max(int(workers), 1), deadline
+        self.pool = None
+        if self.workers > 1:
+            import multiprocessing as mp
+
+            self.pool = mp.get_context("spawn").Pool(
+                self.workers, initializer=_worker_init, initargs=(jax_cache,)
+            )
+        else:
+            enable_compilation_cache(jax_cache)
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def run(self, jobs: Iterable, on_done: Callable[[dict], None]) -> int:
+        """Calls ``on_done(result)`` as each job finishes (any order); returns how many jobs
+        were not launched because the deadline passed."""
+        pending = list(jobs)
+        if self.pool is None:
+            while pending and not self.expired():
+                on_done(_call(pending.pop(0)))
+            return len(pending)
+        in_flight: list = []
+        while pending or in_flight:
+            while pending and len(in_flight) < self.workers and not self.expired():
+                in_flight.append(self.pool.apply_async(_call, (pending.pop(0),)))
+            if not in_flight:
+                break
+            ready = [a for a in in_flight if a.ready()]
+            if not ready:
+                in_flight[0].wait(0.5)
+                continue
+            for a in ready:
+                in_flight.remove(a)
+                on_done(a.get())
+        return len(pending)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
