@@ -228,7 +228,7 @@ def test_eval_steps_plan_and_estimate():
     assert compare.eval_steps(80, 20) == [20, 40, 60, 80]
     assert compare.eval_steps(50, 20) == [20, 40, 50]
     assert compare.eval_steps(5, 0) == [5]
-    plan = compare.plan_jobs(range(10), 3, list(compare.METHODS), compare.DEFAULT_LRS)
+    plan = compare.plan_jobs(range(10), 3, list(compare.METHODS)[:5], compare.DEFAULT_LRS)
     assert plan["sweep_seeds"] == [0, 1, 2] and plan["final_only_seeds"] == list(range(3, 10))
     assert (plan["n_sweep"], plan["n_final"], plan["n_warm"]) == (45, 35, 10)
     disjoint = compare.plan_jobs([0, 1], [7, 8], ["grpo"], [1e-4, 3e-4])
@@ -678,12 +678,19 @@ def test_criterion_and_the_sentence():
     c = report.criterion(res)
     assert c == {
         "meets": {"prompt_gdro_aw": True, "rollout_gdro_sqrt": False},
+        "size": {"prompt_gdro_aw": True, "rollout_gdro_sqrt": False},  # hi = +10% reaches it
         "supports": True,
+        "supports_size": True,
         "best": "prompt_gdro_aw",
     }
     res["criterion"] = c
     s = report.criterion_sentence(res)
     assert "supports the paper's +10% claim" in s and "+5.0% [+1.0, +10.0]" in s
+    assert "size (+10%) is within" in s
+    gains["prompt_gdro_aw"]["pass_at_k"]["hi"] = 0.08  # above 0, but +10% excluded
+    res["criterion"] = report.criterion(res)
+    assert not res["criterion"]["supports_size"] and res["criterion"]["supports"]
+    assert "excluded by every such interval" in report.criterion_sentence(res)
     gains["prompt_gdro_aw"]["pass_at_k"]["lo"] = -0.02
     res["criterion"] = report.criterion(res)
     assert "does not support" in report.criterion_sentence(res)

@@ -25,6 +25,7 @@ from experiments.compare.plan import (
     DEFAULT_LRS,
     EXTRA_PASS_K,
     HARD_WEIGHTS,
+    MECHANISM_METHODS,
     METHODS,
     METRICS,
     PASS_K,
@@ -750,7 +751,11 @@ def _parser() -> argparse.ArgumentParser:
     a("--seeds", default="10", help="final paired seeds: N (= 0..N-1) or a list '3,5' / '5,'")
     a("--sweep_seeds", default="3", help="lr-sweep seeds: N = the first N final seeds, or a list")
     a("--lrs", default=",".join(f"{x:g}" for x in DEFAULT_LRS), help="lr sweep")
-    a("--methods", default=",".join(METHODS), help=f"a subset of {','.join(METHODS)}")
+    a(
+        "--methods",
+        default=",".join(MECHANISM_METHODS),
+        help=f"a subset of {','.join(METHODS)} (default: the mechanism test's arms)",
+    )
     a("--config", default=DEFAULT_CONFIG, help="config file; get_config('<algo>,<config_arg>')")
     a("--config_arg", default="heavy_tailed", help="config argument after algo")
     a("--paper_gdro", action="store_true", help="the paper's GDRO controllers")

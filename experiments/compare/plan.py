@@ -17,13 +17,50 @@ METHODS: dict[str, tuple[str, dict]] = {
     "prompt_gdro_rs": ("prompt_gdro", {"gdro.prompt.apply": "resample"}),
     "rollout_gdro_bandit": ("rollout_gdro", {"gdro.rollout.allocator": "bandit"}),
     "rollout_gdro_sqrt": ("rollout_gdro", {"gdro.rollout.allocator": "sqrt"}),
+    # the pre-registered mechanism test (reports/gdro_mechanism/preregistration.md)
+    "prompt_gdro_eta5": ("prompt_gdro", {"gdro.prompt.eta": 5.0}),
+    "prompt_gdro_eta10": ("prompt_gdro", {"gdro.prompt.eta": 10.0}),
+    "prompt_gdro_paper": (
+        "prompt_gdro",
+        {"gdro.classifier.mode": "paper", "gdro.prompt.mode": "paper"},
+    ),
+    "rollout_gdro_sqrt_any": (
+        "rollout_gdro",
+        {"gdro.rollout.allocator": "sqrt", "gdro.classifier.statistic": "any_correct"},
+    ),
+    "rollout_gdro_shrunk": ("rollout_gdro", {"gdro.rollout.allocator": "shrunk"}),
+    "rollout_gdro_bandit_paper": (
+        "rollout_gdro",
+        {
+            "gdro.rollout.allocator": "bandit",
+            "gdro.classifier.mode": "paper",
+            "gdro.rollout.mode": "paper",
+        },
+    ),
 }
+# the arms of the mechanism test, in its report's order
+MECHANISM_METHODS = (
+    "grpo",
+    "prompt_gdro_eta5",
+    "prompt_gdro_eta10",
+    "prompt_gdro_paper",
+    "rollout_gdro_sqrt",
+    "rollout_gdro_sqrt_any",
+    "rollout_gdro_shrunk",
+    "rollout_gdro_bandit_paper",
+)
 LABELS = {
     "grpo": "GRPO",
     "prompt_gdro_aw": "Prompt-GDRO (advantage_weight)",
     "prompt_gdro_rs": "Prompt-GDRO (resample)",
     "rollout_gdro_bandit": "Rollout-GDRO (bandit)",
     "rollout_gdro_sqrt": "Rollout-GDRO (sqrt)",
+    "prompt_gdro_eta5": "Prompt-GDRO (eta 5)",
+    "prompt_gdro_eta10": "Prompt-GDRO (eta 10)",
+    "prompt_gdro_paper": "Prompt-GDRO (paper)",
+    "rollout_gdro_sqrt_any": "Rollout-GDRO (sqrt, any-correct)",
+    "rollout_gdro_shrunk": "Rollout-GDRO (shrunk)",
+    "rollout_gdro_bandit_paper": "Rollout-GDRO (paper bandit)",
 }
 PAPER = "+10.6% (Prompt-GDRO) / +10.1% (Rollout-GDRO) relative pass@8 over GRPO on Qwen3-Base"
 REPORT_NAME = "gdro_vs_grpo"
