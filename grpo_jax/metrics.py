@@ -140,7 +140,9 @@ def maj_at_k(
     return out
 
 
-def weighted_standard_error(rollouts_per_prompt, success, weights=None) -> float:
+def weighted_standard_error(
+    rollouts_per_prompt, success=None, weights=None, *, sigma=None
+) -> float:
     """Per-prompt weighted standard error of a step's reward estimates (WSE).
 
     ``WSE = sum_i w_i sqrt(p_i (1 - p_i)) / sqrt(n_i) / sum_i w_i`` (a plain mean without
@@ -156,6 +158,9 @@ def weighted_standard_error(rollouts_per_prompt, success, weights=None) -> float
       success: ``[P]`` float in ``[0, 1]``, the true per-prompt success rates ``p_i``.
       weights: optional ``[P]`` float ``>= 0`` with a positive sum (e.g. Prompt-GDRO's
         per-prompt weights); None = equal weights.
+      sigma: optional ``[P]`` float ``>= 0``, per-prompt reward standard deviations used in
+        place of ``sqrt(p_i (1 - p_i))`` (the controllers' diagnostics: a bin's proxy or its
+        measured within-group std); give ``success`` or ``sigma``, not both.
 
     Returns:
       float64 WSE (0.0 for an empty step).
@@ -165,20 +170,28 @@ def weighted_standard_error(rollouts_per_prompt, success, weights=None) -> float
         included), negative weights or all-zero weights.
     """
     n = np.asarray(rollouts_per_prompt, np.float64)
-    p = np.asarray(success, np.float64)
-    w = np.ones_like(p) if weights is None else np.asarray(weights, np.float64)
-    if n.ndim != 1 or n.shape != p.shape or w.shape != p.shape:
+    if (success is None) == (sigma is None):
+        raise ValueError("weighted_standard_error: give exactly one of success and sigma")
+    if sigma is None:
+        p = np.asarray(success, np.float64)
+        if not np.all((p >= 0) & (p <= 1)):
+            raise ValueError("weighted_standard_error: success rates must lie in [0, 1]")
+        sd = np.sqrt(p * (1.0 - p))
+    else:
+        sd = np.asarray(sigma, np.float64)
+        if not np.all(sd >= 0):
+            raise ValueError("weighted_standard_error: sigma must be >= 0 (no NaN)")
+    w = np.ones_like(sd) if weights is None else np.asarray(weights, np.float64)
+    if n.ndim != 1 or n.shape != sd.shape or w.shape != sd.shape:
         raise ValueError(
-            "weighted_standard_error: rollouts_per_prompt, success (and weights) must be equal "
-            f"[P] arrays; got shapes {n.shape}, {p.shape}, {w.shape}"
+            "weighted_standard_error: rollouts_per_prompt, success or sigma (and weights) must "
+            f"be equal [P] arrays; got shapes {n.shape}, {sd.shape}, {w.shape}"
         )
-    if not p.size:
+    if not sd.size:
         return 0.0
     if not np.all(n >= 1):
         raise ValueError(f"weighted_standard_error: need n_i >= 1, got min {n.min()}")
-    if not np.all((p >= 0) & (p <= 1)):
-        raise ValueError("weighted_standard_error: success rates must lie in [0, 1]")
     if np.any(w < 0) or not w.sum() > 0:
         raise ValueError("weighted_standard_error: weights must be >= 0 with a positive sum")
-    se = np.sqrt(p * (1.0 - p)) / np.sqrt(n)
+    se = sd / np.sqrt(n)
     return float(np.sum(w * se) / np.sum(w))

@@ -127,3 +127,17 @@ def test_weighted_standard_error_errors():
         metrics.weighted_standard_error([4], [np.nan])
     with pytest.raises(ValueError, match="weights"):
         metrics.weighted_standard_error([4, 4], [0.5, 0.5], [0.0, 0.0])
+
+
+def test_weighted_standard_error_with_given_sigmas_by_hand():
+    # sigma 0.5 / sqrt(4) and 0.3 / sqrt(9): mean of 0.25 and 0.1
+    assert metrics.weighted_standard_error([4, 9], sigma=[0.5, 0.3]) == pytest.approx(0.175)
+    # sigma = sqrt(p (1 - p)) is the success-rate form
+    p = np.array([0.2, 0.5])
+    assert metrics.weighted_standard_error([2, 6], sigma=np.sqrt(p * (1 - p))) == pytest.approx(
+        metrics.weighted_standard_error([2, 6], p)
+    )
+    with pytest.raises(ValueError, match="exactly one"):
+        metrics.weighted_standard_error([2], [0.5], sigma=[0.5])
+    with pytest.raises(ValueError, match="sigma"):
+        metrics.weighted_standard_error([2], sigma=[float("nan")])

@@ -86,6 +86,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import metrics
 from grpo_jax.gdro import evidence
 from grpo_jax.gdro.classifier import _config_from_dict, _resolve_mode
 from grpo_jax.gdro.prompt_gdro import SIGNALS, _entropy, prompt_gdro_diagnostics
@@ -845,15 +846,14 @@ def pooled_bin_std(rewards, segment_ids, prompt_bins, num_bins: int) -> np.ndarr
 def weighted_standard_error(rollouts_per_prompt, prompt_bins, bin_sigma) -> float:
     """WSE proxy ``sum_b share_b sigma_b / sqrt(n_b)`` (spec s.4), per prompt:
     ``mean_i sigma_{b(i)} / sqrt(n_i)`` over the seen prompts (bins ``< len(bin_sigma)``; NaN if
-    none)."""
+    none); ``grpo_jax.metrics.weighted_standard_error`` with each prompt's bin sigma."""
     sigma = np.asarray(bin_sigma, np.float64)
     bins = np.asarray(prompt_bins)
     m = bins < len(sigma)
     if not m.any():
         return float("nan")
     n = np.asarray(rollouts_per_prompt, np.float64)[m]
-    s = np.nan_to_num(sigma[bins[m]])
-    return float(np.mean(s / np.sqrt(n)))
+    return metrics.weighted_standard_error(n, sigma=np.nan_to_num(sigma[bins[m]]))
 
 
 def rollout_gdro_diagnostics(
