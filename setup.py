@@ -1,7 +1,8 @@
 """grpo_jax: critic-free RL (GRPO) and the GDRO controllers in JAX/Flax.
 
 Install: `pip install -e .` (core), `pip install -e ".[test]"` (tests),
-`pip install -e ".[test,parity]"` (plus the PyTorch/transformers parity tests).
+`pip install -e ".[test,parity]"` (plus the PyTorch/transformers parity tests),
+`pip install -e ".[tpu_aot]"` (libtpu: compile for TPU slices on a CPU machine).
 BUILD.md says why each dependency is here.
 """
 
@@ -44,6 +45,9 @@ EXTRAS_REQUIRE = {
         "transformers>=4.56",
     ],
     "wandb": ["wandb>=0.17"],  # optional: config.logging.wandb_project
+    # the real TPU compiler on a machine without a TPU (experiments/aot.py --topology=v5p-128):
+    # jax[tpu] pins the libtpu that matches this jax (0.10.2 -> libtpu 0.0.42.*); BUILD.md
+    "tpu_aot": ["jax[tpu]==0.10.2"],
 }
 
 setuptools.setup(
