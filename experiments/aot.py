@@ -22,10 +22,20 @@ optimizer state while sampling, the frozen reference parameters while updating),
 the peak with the chip's memory (``CHIPS``). Exit status 1, with a message saying what to
 change, when the config does not fit; 0 when it does.
 
-The numbers come from XLA's CPU compiler (no TPU/GPU is needed): the partitioning (what each
-device holds) is the real one, the temporaries are the CPU compiler's buffer assignment, which
-fuses and schedules differently from the TPU/GPU compilers; read them as an estimate of the
-order of magnitude, not as the last GiB.
+Two compilers:
+
+  TPU slices (v5e-8, v5p-128, v6e-256, ... ``TPU_TOPOLOGIES``; ``--num_slices=2`` for two
+  slices over DCN), when libtpu is installed (``pip install -e ".[tpu_aot]"``): the mesh is made
+  of the slice's devices from ``jax.experimental.topologies`` and every program is compiled by
+  the real TPU compiler (as MaxText's ``train_compile.py`` does; no TPU needed, JAX's default
+  backend stays the CPU). Its memory_analysis and cost_analysis per device are reported, with a
+  roofline time per chip (``roofline``: peak bf16 FLOP/s and HBM bandwidth of ``CHIPS``), an
+  estimated RL step time and MFU: all "compiled for TPU, not run" (``_run_tpu``).
+  GPUs (and TPUs with ``--compiler=cpu`` or without libtpu): XLA's CPU compiler on virtual CPU
+  devices, since there is no deviceless GPU compiler. The partitioning (what each device holds)
+  is the real one; the temporaries are the CPU compiler's buffer assignment, which fuses and
+  schedules differently from the TPU/GPU compilers; read them as an estimate of the order of
+  magnitude, not as the last GiB.
 
 ``--sweep=reports/aot.md`` runs the three Qwen3 sizes x grpo / prompt_gdro / rollout_gdro,
 each in its own subprocess, and appends the markdown table (and the JSON rows to
@@ -57,6 +67,7 @@ class Chip:
     cores_per_chip: int = 1  # TPU v4/v5p names count TensorCores: v5p-8 is 4 chips (4 JAX devices)
     bandwidth_Bps: float = 0.0  # published HBM bandwidth per chip, bytes/s (same source page)
     device_kinds: tuple[str, ...] = ()  # jax.Device.device_kind strings of this chip
+    peak_bf16_flops: float = 0.0  # published peak dense bf16 FLOP/s per chip (same source page)
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
@@ -66,66 +77,74 @@ CHIPS = {
     "v4": Chip(
         "TPU v4",
         32 * GiB,
-        "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2, 1,200 GBps per chip)",
+        "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2, 1,200 GBps, 275 bf16 TFLOPs per chip)",
         2,
         1200e9,
         ("TPU v4",),
+        275e12,
     ),
     "v5e": Chip(
         "TPU v5e",
         16 * GiB,
-        "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2, 819 GBps per chip)",
+        "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2, 819 GBps, 197 bf16 TFLOPs per chip)",
         1,
         819e9,
         ("TPU v5 lite", "TPU v5e"),
+        197e12,
     ),
     "v5p": Chip(
         "TPU v5p",
         95 * GiB,
-        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps per chip)",
+        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps, 459 bf16 TFLOPs per chip)",
         2,
         2765e9,
         ("TPU v5p", "TPU v5"),
+        459e12,
     ),
     "v6e": Chip(
         "TPU v6e",
         32 * GiB,
-        "https://cloud.google.com/tpu/docs/v6e (32 GiB HBM, 1,640 GBps per chip)",
+        "https://cloud.google.com/tpu/docs/v6e (32 GiB HBM, 1,640 GBps, 918 bf16 TFLOPs per chip)",
         1,
         1640e9,
         ("TPU v6 lite", "TPU v6e"),
+        918e12,
     ),
     "h100": Chip(
         "NVIDIA H100 SXM",
         80 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3, 3.35 TB/s)",
+        "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3, 3.35 TB/s, 989 dense bf16 TFLOPS)",
         1,
         3.35e12,
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
+        989e12,
     ),
     "h200": Chip(
         "NVIDIA H200 SXM",
         141 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s)",
+        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s, 989 dense bf16 TFLOPS)",
         1,
         4.8e12,
         ("NVIDIA H200",),
+        989e12,
     ),
     "a100-40": Chip(
         "NVIDIA A100 40GB",
         40 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/a100/ (40 GB HBM2, 1,555 GB/s)",
+        "https://www.nvidia.com/en-us/data-center/a100/ (40 GB HBM2, 1,555 GB/s, 312 bf16 TFLOPS)",
         1,
         1555e9,
         ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
+        312e12,
     ),
     "a100-80": Chip(
         "NVIDIA A100 80GB",
         80 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/a100/ (80 GB HBM2e, 2,039 GB/s SXM)",
+        "https://www.nvidia.com/en-us/data-center/a100/ (80 GB HBM2e, 2,039 GB/s SXM, 312 bf16 TFLOPS)",
         1,
         2039e9,
         ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+        312e12,
     ),
 }
 
@@ -170,6 +189,144 @@ def parse_topology(topology: str) -> tuple[Chip, int]:
     )
 
 
+# ----------------------------------------------------------------------------- TPU compiler
+
+# Slice name -> the topology string of jax.experimental.topologies (chips as AxB or AxBxC).
+TPU_TOPOLOGIES = {
+    "v5e-4": "v5e:2x2",
+    "v5e-8": "v5e:2x4",
+    "v5e-16": "v5e:4x4",
+    "v5e-64": "v5e:8x8",
+    "v5e-256": "v5e:16x16",
+    "v5p-8": "v5p:2x2x1",
+    "v5p-16": "v5p:2x2x2",
+    "v5p-32": "v5p:2x2x4",
+    "v5p-128": "v5p:4x4x4",
+    "v5p-512": "v5p:8x8x4",
+    "v6e-4": "v6e:2x2",
+    "v6e-8": "v6e:2x4",
+    "v6e-16": "v6e:4x4",
+    "v6e-64": "v6e:8x8",
+    "v6e-256": "v6e:16x16",
+}
+
+
+def libtpu_missing() -> str:
+    """Why the TPU compiler cannot run here ("" when it can): libtpu is the optional extra
+    ``pip install -e ".[tpu_aot]"``; no TPU is needed."""
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        return 'libtpu is not installed (pip install -e ".[tpu_aot]"; no TPU needed)'
+    return ""
+
+
+def tpu_topology_name(topology: str) -> str:
+    """``v5p-128`` -> ``v5p:4x4x4`` (also accepts the ``v5e:2x2`` form itself)."""
+    t = topology.strip().lower().replace("v5litepod", "v5e")
+    if ":" in t:
+        return t
+    if t not in TPU_TOPOLOGIES:
+        raise ValueError(
+            f"--topology={topology}: no TPU topology known for it; known: {sorted(TPU_TOPOLOGIES)}"
+            " (or give the topology itself, e.g. v5p:4x4x8)"
+        )
+    return TPU_TOPOLOGIES[t]
+
+
+def tpu_devices(topology: str, num_slices: int = 1) -> list:
+    """The devices of a TPU slice (``num_slices`` > 1: a multi-slice job over DCN), from
+    libtpu's topology description: no TPU is needed, and JAX's default backend stays the CPU.
+    Programs whose mesh is made of these devices are compiled by the real TPU compiler
+    (MaxText's ``train_compile.py`` does the same)."""
+    from jax.experimental import topologies
+
+    kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
+    desc = topologies.get_topology_desc(
+        topology_name=tpu_topology_name(topology), platform="tpu", **kwargs
+    )
+    return list(desc.devices)
+
+
+def _calls_per_step(result: dict, name: str) -> int:
+    b = result["batch"]
+    return {
+        "update": b["R"] // b["mini_batch"],
+        "sampler": b["R"] // b["generate_batch"],
+        "prefill": b["R"] // b["generate_batch"],
+        "decode": b["R"] // b["generate_batch"] * b["new_tokens"],
+        "logprobs": 1,
+    }[name]
+
+
+def _model_flops(result: dict, name: str, rows: int) -> float:
+    """Matmul FLOPs of one call, all devices (2 N per token forward, 6 N forward + backward;
+    attention's T^2 term and remat's recomputation left out, as MFU conventionally counts)."""
+    b, n = result["batch"], result["params"]
+    T = b["prompt_tokens"] + b["new_tokens"]
+    per_token = {"update": 6, "sampler": 2, "logprobs": 2, "prefill": 2, "decode": 2}[name]
+    tokens = {"prefill": b["prompt_tokens"], "decode": 1}.get(name, T)
+    return per_token * n * rows * tokens
+
+
+def roofline(result: dict, chip: Chip) -> dict:
+    """Roofline time per chip of each compiled step and of one RL step, and the MFU.
+
+    Per call and device: ``max(flops / peak_bf16, bytes / hbm_bandwidth)``, with flops the larger
+    of the compiler's count and the model FLOPs / devices, bytes the compiler's count, and for
+    the sampler at least its decode loop's reads (every new token reads the bf16 parameters and
+    the rows' KV cache; XLA counts the loop body once). Communication is not modelled. A lower
+    bound on the time of a program that was compiled, not run.
+    """
+    dev = result["devices"]
+    out, step_s, model_total = {}, 0.0, 0.0
+    for name, s in result["steps"].items():
+        model = _model_flops(result, name, s["rows"])
+        flops = max(s.get("flops", 0.0), model / dev)
+        nbytes = s.get("bytes", 0.0)
+        if name == "sampler":
+            b = result["batch"]
+            decode_reads = b["new_tokens"] * (
+                2 * result["params"] + s["rows"] * result["kv_bytes_per_row"] / dev
+            )
+            nbytes = max(nbytes, decode_reads)
+        t = max(flops / chip.peak_bf16_flops, nbytes / chip.bandwidth_Bps)
+        calls = _calls_per_step(result, name)
+        out[name] = {
+            "calls": calls,
+            "model_flops": model,
+            "seconds_per_call": t,
+            "bound": "compute"
+            if flops / chip.peak_bf16_flops >= nbytes / chip.bandwidth_Bps
+            else "memory",
+        }
+        step_s += calls * t
+        model_total += calls * model
+    mfu = model_total / (step_s * dev * chip.peak_bf16_flops) if step_s else 0.0
+    return {"steps": out, "step_seconds": step_s, "mfu": mfu}
+
+
+def format_roofline(result: dict, chip: Chip) -> str:
+    r = roofline(result, chip)
+    lines = [
+        f"roofline per chip ({chip.name}: {chip.peak_bf16_flops / 1e12:.0f} bf16 TFLOP/s, "
+        f"{chip.bandwidth_Bps / 1e9:.0f} GB/s HBM; compiled for TPU, not run):",
+        f"{'step':<10}{'TFLOP/dev':>11}{'GB/dev':>9}{'s/call':>9}{'calls':>7}{'s/step':>9}  bound",
+    ]
+    for name, x in r["steps"].items():
+        s = result["steps"][name]
+        lines.append(
+            f"{name:<10}{s.get('flops', 0) / 1e12:>11.2f}{s.get('bytes', 0) / 1e9:>9.1f}"
+            f"{x['seconds_per_call']:>9.3f}{x['calls']:>7}{x['calls'] * x['seconds_per_call']:>9.2f}"
+            f"  {x['bound']}"
+        )
+    lines.append(
+        f"estimated RL step {r['step_seconds']:.1f} s, MFU {r['mfu']:.0%} (roofline: "
+        "no communication, no overlap losses; compiled for TPU, not run)"
+    )
+    return "\n".join(lines)
+
+
 def _bytes_per_device(tree) -> int:
     """Per-device bytes of a pytree of ShapeDtypeStruct/arrays with shardings (largest shard)."""
     import jax
@@ -203,9 +360,22 @@ def _memory(compiled) -> dict:
 _FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _compile(fn, *args, mesh=None, **kwargs):
+def _cost(compiled) -> dict:
+    """The compiler's FLOP and byte counts per device (``compiled.cost_analysis()``); zeros
+    when the backend gives none. XLA counts a ``while`` loop's body once: for the sampler's
+    decode loop (and scanned layers, where the compiler does not unroll them) these are lower
+    bounds, which is why the roofline also uses the analytic model FLOPs (``_model_flops``)."""
+    c = compiled.cost_analysis()
+    if isinstance(c, (list, tuple)):
+        c = c[0] if c else {}
+    c = c or {}
+    return {"flops": float(c.get("flops", 0.0)), "bytes": float(c.get("bytes accessed", 0.0))}
+
+
+def _compile_for(fn, *args, mesh=None, platform="cpu", **kwargs):
     """Lowers (with ``mesh`` as the abstract-mesh context, as ``sharding.under_mesh`` sets it in
-    training) and compiles ``fn``; returns (compiled, {"lower_s", "compile_s"})."""
+    training) and compiles ``fn`` for ``platform`` (the mesh's devices: virtual CPUs, or a TPU
+    topology's devices, compiled by libtpu); returns (compiled, {"lower_s", "compile_s"})."""
     import jax
 
     t0 = time.perf_counter()
@@ -215,14 +385,19 @@ def _compile(fn, *args, mesh=None, **kwargs):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             lowered = fn.lower(*args, **kwargs)
     t1 = time.perf_counter()
-    cpu = jax.devices()[0].platform == "cpu"
+    cpu = platform == "cpu"
     compiled = lowered.compile(compiler_options=_FAST_CPU_COMPILE) if cpu else lowered.compile()
     t2 = time.perf_counter()
     return compiled, {"lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)}
 
 
 def compile_steps(
-    config, *, sampler: str = "full", update: bool = True, logprobs: bool = True
+    config,
+    *,
+    sampler: str = "full",
+    update: bool = True,
+    logprobs: bool = True,
+    devices=None,
 ) -> dict:
     """Lowers and compiles the update, sampler and log-prob steps of ``config`` abstractly.
 
@@ -235,6 +410,8 @@ def compile_steps(
       sampler: "full" (``sampling.generate``: prefill + while-loop decode), "decode" (one prefill
         call and one decode call on the full-size KV cache) or "none".
       update, logprobs: whether to compile the update and the log-prob pass.
+      devices: the mesh's devices (default ``jax.devices()``); ``tpu_devices(...)`` compiles
+        with the TPU compiler for a slice that is not here.
 
     Returns:
       ``{"mesh", "batch", "params", "state_bytes", "ref_bytes", "steps": {name: {memory..., lower_s,
@@ -254,10 +431,16 @@ def compile_steps(
     config = config.copy_and_resolve_references()
     config.model.hf_checkpoint = ""
     config.model.gguf_path = ""
-    exp = build_experiment(config, with_data=False)
+    exp = build_experiment(config, with_data=False, devices=devices)
     state = exp.abstract_state  # ShapeDtypeStructs with the run's shardings
     fns = steps_lib.make_steps(exp)
     mesh = exp.mesh
+    platform = mesh.devices.flat[0].platform
+
+    def _compile(fn, *args, **kwargs):
+        compiled, times = _compile_for(fn, *args, platform=platform, **kwargs)
+        return compiled, {**times, **_cost(compiled)}
+
     P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
     R, mb = P * n_bar, exp.mini_batch_size
     Lp, Lc = exp.prompt_len, exp.max_new_tokens
@@ -385,6 +568,8 @@ def compile_steps(
     return {
         "mesh": dict(mesh.shape),
         "devices": mesh.size,
+        "platform": platform,
+        "device_kind": mesh.devices.flat[0].device_kind,
         "batch": {
             "R": R,
             "mini_batch": mb,
@@ -394,6 +579,12 @@ def compile_steps(
             "new_tokens": Lc,
         },
         "params": exp.model_config.num_params,
+        "kv_bytes_per_row": 2
+        * exp.model_config.num_layers
+        * (Lp + Lc)
+        * exp.model_config.num_kv_heads
+        * exp.model_config.head_dim
+        * jnp.dtype(exp.model_config.dtype).itemsize,
         "state_bytes": state_bytes,
         "params_bytes": params_bytes,
         "ref_bytes": ref_bytes,
@@ -482,9 +673,25 @@ def _early_device_count(argv) -> int | None:
 
     if value("sweep"):
         return None  # each config runs in its own subprocess
+    if _use_tpu_compiler(value("topology") or _DEFAULT_TOPOLOGY, value("compiler") or "auto"):
+        return None  # the TPU topology's devices come from libtpu, not from virtual CPUs
     if value("devices"):
         return int(value("devices"))
     return parse_topology(value("topology") or _DEFAULT_TOPOLOGY)[1]
+
+
+def _use_tpu_compiler(topology: str, compiler: str) -> bool:
+    """``--compiler=auto``: the TPU compiler for a TPU slice when libtpu is installed; the
+    virtual-CPU stand-in otherwise (always for GPUs: there is no deviceless GPU compiler)."""
+    is_tpu = topology.strip().lower().startswith(("v4", "v5", "v6"))
+    if compiler == "cpu" or not is_tpu:
+        if compiler == "tpu":
+            raise SystemExit(f"--compiler=tpu: --topology={topology} is not a TPU slice")
+        return False
+    missing = libtpu_missing()
+    if compiler == "tpu" and missing:
+        raise SystemExit(f"--compiler=tpu: {missing}")
+    return not missing
 
 
 def _set_virtual_devices(n: int) -> None:
@@ -500,6 +707,8 @@ def main(argv=None):
     n = _early_device_count(argv[1:])
     if n:
         _set_virtual_devices(n)  # before JAX creates its CPU client
+    else:
+        os.environ["JAX_PLATFORMS"] = "cpu"  # TPU path: the default backend stays the CPU
     from absl import app, flags
     from ml_collections import config_flags
 
@@ -510,6 +719,15 @@ def main(argv=None):
         "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, 8xh100, ...",
     )
     flags.DEFINE_integer("devices", 0, "Virtual devices (default: the topology's chips).")
+    flags.DEFINE_enum(
+        "compiler",
+        "auto",
+        ["auto", "tpu", "cpu"],
+        "tpu: the real TPU compiler (libtpu, no TPU needed) on the slice's devices; cpu: "
+        "XLA:CPU on virtual devices (the only way for GPUs); auto: tpu for TPU slices when "
+        "libtpu is installed.",
+    )
+    flags.DEFINE_integer("num_slices", 1, "TPU slices (multi-slice over DCN; TPU compiler only).")
     flags.DEFINE_string(
         "mesh", "", "data,fsdp,tensor override, e.g. 1,-1,1 or 1,4,2 (default: the config's)."
     )
@@ -556,6 +774,8 @@ def _run(FLAGS):
 
     from grpo_jax import config_utils
 
+    if _use_tpu_compiler(FLAGS.topology, FLAGS.compiler):
+        return _run_tpu(FLAGS, config, chip)
     if len(jax.devices()) != (FLAGS.devices or count):
         raise SystemExit(
             f"JAX sees {len(jax.devices())} devices, the topology needs {FLAGS.devices or count}: "
@@ -588,6 +808,47 @@ def _run(FLAGS):
         sys.exit(1)
 
 
+def _run_tpu(FLAGS, config, chip):
+    """``_run`` with the TPU compiler: the mesh is made of the slice's devices (libtpu's
+    topology description), every program is compiled by libtpu for them, and the roofline
+    estimate is added. Nothing runs: every figure is "compiled for TPU, not run"."""
+    from grpo_jax import config_utils
+
+    devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
+    label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
+    try:
+        config_utils.validate(config)
+        result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
+    except config_utils.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    est = roofline(result, chip)
+    result.update(
+        topology=label,
+        compiler="tpu (libtpu; compiled for TPU, not run)",
+        chip=chip.name,
+        chip_bytes=chip.memory_bytes,
+        headroom=FLAGS.headroom,
+        verdict=verdict(result["peak"], chip, FLAGS.headroom),
+        sampler_mode=FLAGS.sampler,
+        roofline=est,
+    )
+    print(f"TPU compiler (libtpu), {len(devices)} x {result['device_kind']}: compiled, not run")
+    print(format_result(result, chip, FLAGS.headroom, label=label), flush=True)
+    print(format_roofline(result, chip), flush=True)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(result, f, indent=2)
+    if result["verdict"] != "fits":
+        print(
+            f"error: does not fit on {label} ({chip.name}, TPU compiler): peak "
+            f"{_fmt(result['peak'])} GiB per device > {_fmt(chip.memory_bytes * FLAGS.headroom)} "
+            f"GiB usable. {advice(result)}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
 def _sweep(FLAGS, chip):
     """One subprocess per (size, algorithm); collects the JSON results into a markdown table."""
     import tempfile
@@ -613,6 +874,7 @@ def _sweep(FLAGS, chip):
             cmd += [f"--micro_batch={FLAGS.micro_batch}"] if FLAGS.micro_batch else []
             cmd += [f"--generate_batch={FLAGS.generate_batch}"] if FLAGS.generate_batch else []
             cmd += [f"--devices={FLAGS.devices}"] if FLAGS.devices else []
+            cmd += [f"--compiler={FLAGS.compiler}", f"--num_slices={FLAGS.num_slices}"]
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout_s)
             wall = time.perf_counter() - t0

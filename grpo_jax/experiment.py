@@ -462,8 +462,13 @@ def make_reward_fn(config, dataset: str | None = None):
     return fn
 
 
-def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = True) -> Experiment:
+def build_experiment(
+    config: ml_collections.ConfigDict, *, with_data: bool = True, devices=None
+) -> Experiment:
     """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run.
+
+    ``devices`` (default ``jax.devices()``) are the mesh's devices: ``experiments.aot`` passes a
+    TPU topology's devices (``jax.experimental.topologies``) to compile for a slice it lacks.
 
     ``with_data=False`` builds the compile-only pieces: no data, no reward workers and (except
     for the built-in arithmetic tokenizer) no tokenizer: the vocabulary is the preset's (or
@@ -473,7 +478,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, with_data: bool = Tru
         algo = algorithms.get(config.algorithm.name)
     except ValueError as e:
         raise ConfigError(f"config.algorithm.name: {e}") from None
-    devices = jax.devices()[: config.mesh.num_devices or None]
+    devices = list(jax.devices() if devices is None else devices)[: config.mesh.num_devices or None]
     try:
         mesh = sharding.make_mesh(
             {"data": config.mesh.data, "fsdp": config.mesh.fsdp, "tensor": config.mesh.tensor},

@@ -154,6 +154,7 @@ def test_cli_exits_non_zero_with_a_message_when_it_does_not_fit():
             "experiments.aot",
             "--config=configs/arithmetic.py:grpo,smoke",
             "--topology=v5e-8",
+            "--compiler=cpu",  # the virtual-CPU path (tests/test_aot_tpu.py: the TPU compiler)
             "--mesh=1,-1,1",
             "--sampler=none",
             "--headroom=0.000001",
