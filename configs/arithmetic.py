@@ -3,7 +3,7 @@
 A short supervised warm start teaches the answer format, then RL raises held-out accuracy.
 Usage: `python -m experiments.run --config=configs/arithmetic.py:grpo --workdir=/tmp/arith`
 Arguments: grpo (default) | prompt_gdro | rollout_gdro | ppo, optionally followed by
-`,heavy_tailed` (the heterogeneous mix used by experiments/compare.py), `,frontier` (the
+`,heavy_tailed` (the heterogeneous mix used by experiments.compare), `,frontier` (the
 moving-frontier testbed, below), `,long` (the frontier testbed with 20 visits per prompt and two
 mini-batches per step: the GDRO mechanism test, `frontier_long`) or `,smoke` (tiny).
 

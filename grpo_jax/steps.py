@@ -4,7 +4,7 @@ Everything here runs on device. `make_steps` returns one typed `Steps` bundle (t
 advantage estimator, the log-prob pass, the policy update and the on-device training loop over
 mini-batches); `init_run` builds a run's initial `RunState` (parameters in their sharding, the
 optional supervised warm start, the frozen reference, the curriculum's state). The trainer
-(`grpo_jax.train`), `experiments/compare.py`, the benchmarks and the tests all start a run with
+(`grpo_jax.train`), `experiments/compare`, the benchmarks and the tests all start a run with
 these two functions.
 """
 
