@@ -35,11 +35,18 @@ def checkout_root() -> str:
 
 
 def commands(root: str) -> list[str]:
-    return sorted(
-        f[:-3]
-        for f in os.listdir(os.path.join(root, "experiments"))
-        if f.endswith(".py") and not f.startswith("_")
-    )
+    """The experiment scripts: `experiments/<name>.py` modules and `experiments/<name>/`
+    packages with a `__main__.py`, names starting with `_` excluded."""
+    folder = os.path.join(root, "experiments")
+    names = []
+    for f in os.listdir(folder):
+        if f.startswith("_"):
+            continue
+        if f.endswith(".py"):
+            names.append(f[:-3])
+        elif os.path.isfile(os.path.join(folder, f, "__main__.py")):
+            names.append(f)
+    return sorted(names)
 
 
 def main(argv: list[str] | None = None) -> None:
