@@ -336,6 +336,100 @@ def estimate_success(exp, params, num_samples: int, seed: int = 0, batch_size: i
     return hits / num_samples
 
 
+# ----------------------------------------------------------------------------- pre-checked subset
+
+
+class SubsetError(ValueError):
+    """The pool cannot give the subset asked for (`select_subset`)."""
+
+
+def select_subset(
+    p: np.ndarray, num_train: int, num_eval: int, frontier_share: float = 0.5, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of a testbed drawn from a pool with oracle success rates ``p``.
+
+    ``k = min(round(frontier_share * n), #frontier)`` of the ``n = num_train + num_eval`` rows
+    come from the frontier (``p`` in `FRONTIER`), the other ``n - k`` uniformly from the rest
+    (keeping the pool's own mix of unsolved and solved prompts); the frontier rows are split
+    between train and eval in proportion, so both halves have the same share. Seeded.
+
+    Args:
+      p: [N] float per-sample success per pool row; num_train, num_eval: rows wanted (>= 0).
+      frontier_share: wanted share of frontier rows in [0, 1].
+    Returns:
+      (train [num_train] int64, eval [num_eval] int64) disjoint row indices, each sorted.
+    Raises:
+      SubsetError: (a ValueError) more rows wanted than the pool holds (after the frontier is
+        used up), a negative size or a share outside [0, 1].
+    """
+    p = np.asarray(p, np.float64)
+    n = int(num_train) + int(num_eval)
+    if not 0.0 <= frontier_share <= 1.0 or min(num_train, num_eval) < 0:
+        raise SubsetError(
+            f"subset: want rows >= 0 and a frontier share in [0, 1], got {num_train} + "
+            f"{num_eval} rows at {frontier_share}"
+        )
+    inside = np.flatnonzero((p >= FRONTIER[0]) & (p <= FRONTIER[1]))
+    outside = np.flatnonzero(~((p >= FRONTIER[0]) & (p <= FRONTIER[1])))
+    k = min(int(round(frontier_share * n)), inside.size)
+    if n - k > outside.size:
+        raise SubsetError(
+            f"subset: the pool has {p.size} rows ({inside.size} in the frontier): too few for "
+            f"{num_train} + {num_eval} rows at frontier share {frontier_share}"
+        )
+    rng = np.random.default_rng(seed)
+    f = rng.permutation(inside)[:k]
+    o = rng.permutation(outside)[: n - k]
+    kf = int(round(k * num_eval / n)) if n else 0
+    ev = np.concatenate([f[:kf], o[: num_eval - kf]])
+    tr = np.concatenate([f[kf:], o[num_eval - kf :]])
+    return np.sort(tr), np.sort(ev)
+
+
+def write_subset(
+    examples: Sequence[dict],
+    p: np.ndarray,
+    out_dir: str,
+    num_train: int,
+    num_eval: int,
+    frontier_share: float = 0.5,
+    seed: int = 0,
+) -> dict:
+    """Writes ``out_dir/train.jsonl`` and ``out_dir/test.jsonl`` (the directory layout that
+    ``data.path`` reads: split "train", ``data.eval_split`` "test"): the `select_subset` rows
+    of ``examples`` (every field kept) with ``oracle_p`` (the row's estimated success) and
+    ``oracle_stratum`` (0: p = 0, 1: below the frontier, 2: frontier, 3: above, 4: p = 1)
+    added. Read back with ``data.name = "custom"``, ``data.path = out_dir`` (docs/byo.md);
+    ``data.level_column = "oracle_stratum"`` reports per stratum. Files are written
+    atomically. Returns {"train": n, "eval": n, "frontier_share": realised share}."""
+    tr, ev = select_subset(p, num_train, num_eval, frontier_share, seed)
+    p = np.asarray(p, np.float64)
+    stratum = np.select([p == 0, p < FRONTIER[0], p <= FRONTIER[1], p < 1], [0, 1, 2, 3], default=4)
+    os.makedirs(out_dir, exist_ok=True)
+    for name, idx in (("train", tr), ("test", ev)):
+        path = os.path.join(out_dir, f"{name}.jsonl")
+        with open(path + ".tmp", "w") as f:
+            for i in idx:
+                row = {k: v for k, v in dict(examples[i]).items() if not k.startswith("_")}
+                row.update(oracle_p=float(p[i]), oracle_stratum=int(stratum[i]))
+                f.write(json.dumps(row, default=_json_default) + "\n")
+        os.replace(path + ".tmp", path)
+    both = np.concatenate([tr, ev])
+    return {
+        "train": int(tr.size),
+        "eval": int(ev.size),
+        "frontier_share": float(np.mean(stratum[both] == 2)) if both.size else 0.0,
+    }
+
+
+def _json_default(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -463,6 +557,16 @@ def _report(res: dict, out: str) -> str:
         "![simulation](oracle/simulation.png)",
         "",
     ]
+    if res.get("subset"):
+        sub = res["subset"]
+        L += [
+            "## Pre-checked subset",
+            "",
+            f"`{sub['path']}`: {sub['train']} training + {sub['eval']} held-out rows, "
+            f"{sub['frontier_share']:.1%} in the frontier (`select_subset`; read with "
+            f"`data.name=custom`, `data.path={sub['path']}`).",
+            "",
+        ]
     if res.get("tries"):
         L += ["## Tuning tries", ""] + [f"- {t}" for t in res["tries"]] + [""]
     text = "\n".join(L)
@@ -481,9 +585,11 @@ def run_oracle(
     seed: int = 0,
     command: str = "",
     tries: Sequence[str] = (),
+    subset: dict | None = None,
 ) -> dict:
     """Warm start, true success, simulation, report. Returns the result dict (also
-    ``out/oracle.json``)."""
+    ``out/oracle.json``). ``subset``: keyword arguments of `write_subset` (``out_dir``,
+    ``num_train``, ``num_eval``, ``frontier_share``) to also write a pre-checked testbed."""
     from grpo_jax import experiment
 
     t0 = time.perf_counter()
@@ -497,6 +603,7 @@ def run_oracle(
     try:
         p = estimate_success(exp, params, num_samples, seed=seed)
         levels = np.asarray(exp.levels)
+        examples = list(exp.examples)
     finally:
         exp.close()
     t2 = time.perf_counter()
@@ -559,6 +666,7 @@ def run_oracle(
         "levels_per_prompt": levels.tolist(),
         "machine": _machine(),
         "tries": list(tries),
+        "subset": None,
     }
     os.makedirs(out, exist_ok=True)
     _plots(os.path.join(out, "oracle"), p, levels, sim)
@@ -571,6 +679,14 @@ def run_oracle(
     _report(res, out)
     with open(os.path.join(out, "oracle.json"), "w") as f:
         json.dump(res, f, indent=1)
+    if subset:  # after oracle.json: a bad size loses no estimate
+        res["subset"] = {
+            **write_subset(examples, p, seed=seed, **subset),
+            "path": subset["out_dir"],
+        }
+        _report(res, out)
+        with open(os.path.join(out, "oracle.json"), "w") as f:
+            json.dump(res, f, indent=1)
     return res
 
 
@@ -584,6 +700,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tries", action="append", default=[], help="tuning notes for the report")
     ap.add_argument("--set", action="append", default=[], help="config override key=value")
+    ap.add_argument("--subset_out", default="", help="write a pre-checked testbed to this dir")
+    ap.add_argument("--subset_train", type=int, default=0, help="its training rows")
+    ap.add_argument("--subset_eval", type=int, default=0, help="its held-out rows")
+    ap.add_argument("--subset_frontier_share", type=float, default=0.5, help="frontier share")
     args = ap.parse_args(argv)
     from ml_collections.config_flags import config_flags as cf
 
@@ -602,17 +722,40 @@ def main(argv: Sequence[str] | None = None) -> dict:
     command = "python -m experiments.oracle " + " ".join(
         a for a in given if not a.startswith("--tries")
     )
-    res = run_oracle(
-        config,
-        args.out,
-        num_samples=args.num_samples,
-        max_prompts=args.max_prompts,
-        sim_steps=args.sim_steps,
-        seed=args.seed,
-        command=command,
-        tries=args.tries,
-    )
+    if args.subset_out:  # the cheap checks before the expensive estimate
+        try:
+            select_subset(np.zeros(0), 0, 0, args.subset_frontier_share)
+            if args.subset_train < 0 or args.subset_eval < 0 or not args.subset_train:
+                raise SubsetError("subset: --subset_train must be > 0 and --subset_eval >= 0")
+        except SubsetError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    try:
+        res = run_oracle(
+            config,
+            args.out,
+            num_samples=args.num_samples,
+            max_prompts=args.max_prompts,
+            sim_steps=args.sim_steps,
+            seed=args.seed,
+            command=command,
+            tries=args.tries,
+            subset=dict(
+                out_dir=args.subset_out,
+                num_train=args.subset_train,
+                num_eval=args.subset_eval,
+                frontier_share=args.subset_frontier_share,
+            )
+            if args.subset_out
+            else None,
+        )
+    except SubsetError as e:  # oracle.json / oracle.md are written by then
+        print(f"error: {e} (the estimate is kept in {args.out}/oracle.json)", file=sys.stderr)
+        raise SystemExit(2) from None
     s = res["summary"]
+    if res.get("subset"):
+        sub = res["subset"]
+        print(f"subset: {sub['train']} + {sub['eval']} rows -> {sub['path']}")
     print(
         f"frontier share {res['frontier_share']:.1%} (>= 40% needed); oracle gain "
         f"{s['oracle_gain']:+.1%} (>= 25% needed); sqrt {s['sqrt']['informative_gain']:+.1%}; "

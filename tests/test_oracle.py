@@ -5,6 +5,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments import oracle
 
@@ -124,6 +126,9 @@ def test_oracle_cli_toy(tmp_path):
             "--max_prompts=16",
             "--sim_steps=3",
             "--set=mesh.num_devices=1",
+            f"--subset_out={tmp_path}/subset",
+            "--subset_train=2",
+            "--subset_eval=1",
         ]
     )
     assert (tmp_path / "oracle.md").exists()
@@ -135,3 +140,79 @@ def test_oracle_cli_toy(tmp_path):
     s = res["summary"]
     assert s["oracle"]["informative"] >= s["uniform"]["informative"] - 1e-9
     assert "Oracle gain" in (tmp_path / "oracle.md").read_text()
+    rows = [json.loads(x) for x in open(tmp_path / "subset" / "train.jsonl")]
+    assert len(rows) == 2 and data["subset"]["train"] == 2 and data["subset"]["eval"] == 1
+    assert all(r["oracle_p"] in data["p"] and r["problem"] and r["answer"] for r in rows)
+    assert "Pre-checked subset" in (tmp_path / "oracle.md").read_text()
+
+
+def test_select_subset_hand_example():
+    # frontier rows: 2, 3, 4, 5 (p in [0.02, 0.5]); outside: 0, 1, 6, 7
+    p = np.array([0.0, 0.0, 0.1, 0.2, 0.3, 0.5, 0.9, 1.0])
+    tr, ev = oracle.select_subset(p, num_train=4, num_eval=2, frontier_share=0.5, seed=0)
+    assert tr.size == 4 and ev.size == 2 and not set(tr) & set(ev)
+    inside = lambda idx: int(np.sum((p[idx] >= 0.02) & (p[idx] <= 0.5)))
+    assert inside(np.concatenate([tr, ev])) == 3  # round(0.5 * 6)
+    assert inside(ev) == 1 and inside(tr) == 2  # split in proportion: round(3 * 2 / 6)
+    # frontier share 1 with only 4 frontier rows: all 4, the other 2 from outside
+    tr, ev = oracle.select_subset(p, 5, 1, frontier_share=1.0)
+    assert inside(np.concatenate([tr, ev])) == 4
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.01, 0.1, 0.4, 0.7, 1.0]), min_size=1, max_size=60),
+    st.integers(0, 30),
+    st.integers(0, 30),
+    st.floats(0, 1),
+    st.integers(0, 3),
+)
+@settings(max_examples=60, deadline=None)
+def test_select_subset_sizes_disjoint_and_share(p, num_train, num_eval, share, seed):
+    p = np.array(p)
+    n = num_train + num_eval
+    inside = (p >= 0.02) & (p <= 0.5)
+    k = min(round(share * n), int(inside.sum()))
+    if n - k > int((~inside).sum()):
+        with pytest.raises(oracle.SubsetError, match="too few"):
+            oracle.select_subset(p, num_train, num_eval, share, seed)
+        return
+    tr, ev = oracle.select_subset(p, num_train, num_eval, share, seed)
+    both = np.concatenate([tr, ev])
+    assert tr.size == num_train and ev.size == num_eval
+    assert np.unique(both).size == n  # disjoint, no repeats
+    assert int(inside[both].sum()) == k
+
+
+def test_write_subset_reads_back_as_a_custom_table(tmp_path):
+    from configs import common
+    from grpo_jax import experiment
+
+    examples = [{"problem": f"{i}+1", "answer": str(i + 1), "level": 1} for i in range(10)]
+    p = np.array([0.0, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 1.0, 0.0, 0.25])
+    info = oracle.write_subset(examples, p, str(tmp_path), num_train=4, num_eval=2, seed=1)
+    assert info["train"] == 4 and info["eval"] == 2 and info["frontier_share"] == 0.5
+    c = common.base_config()
+    c.data.name = "custom"
+    c.data.path = str(tmp_path)  # train.jsonl by the directory layout
+    c.data.prompt_column, c.data.answer_column = "problem", "answer"
+    c.data.level_column = "oracle_stratum"
+    rows = experiment._load_examples(c, "custom", "train")
+    assert len(rows) == 4
+    for r in rows:
+        i = int(r["problem"].split("+")[0])
+        assert r["answer"] == str(i + 1) and r["oracle_p"] == p[i]
+        want = 0 if p[i] == 0 else 1 if p[i] < 0.02 else 2 if p[i] <= 0.5 else 3 if p[i] < 1 else 4
+        assert r["level"] == want  # the stratum, through level_column
+    ev = [json.loads(line) for line in open(tmp_path / "test.jsonl")]
+    assert len(ev) == 2 and not {e["problem"] for e in ev} & {r["problem"] for r in rows}
+
+
+def test_oracle_cli_rejects_a_bad_subset_before_sampling(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        oracle.main(["--config=configs/arithmetic.py:grpo,frontier,smoke",
+                     f"--subset_out={tmp_path}/s", "--subset_train=4",
+                     "--subset_frontier_share=1.5"])  # fmt: skip
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: subset:") and "1.5" in line
+    assert not (tmp_path / "s").exists()
