@@ -101,6 +101,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.algorithm.mini_batch_size = 0  # rollouts per gradient step (0 = the whole batch R)
     c.algorithm.micro_batch_size = 0  # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
     c.algorithm.shared_prompt_forward = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
+    # positions per chunk of the LM head + log-softmax in the log-prob passes and the update: the
+    # [R, Lc, V] logits and their gradient never exist whole (same values; 0 = whole logits)
+    c.algorithm.logprob_chunk_size = 0
     # the policy objective (grpo_jax.losses.policy_loss): clip (PPO/GRPO) | cispo (MiniMax-M1:
     # clipped, detached IS weight x advantage x log-prob) | sapo (a sigmoid gate, no hard clip)
     c.algorithm.policy_loss_type = "clip"

@@ -214,6 +214,8 @@ def _validate_ranges(config) -> None:
         ("reward.float_rounding", 0, True),
     ):
         _num(config, path, lo, integer=integer)
+    if "logprob_chunk_size" in config.algorithm:  # older configs (a workdir's) lack it
+        _num(config, "algorithm.logprob_chunk_size", 0, integer=True)
     # learning rates: >= 0 (inf is allowed: it is how the non-finite-update guard is tested)
     for path in ("optimizer.learning_rate", "sft.learning_rate"):
         _num(config, path, 0, inf)

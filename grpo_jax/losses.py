@@ -101,17 +101,17 @@ def _chunked_forward(fn, chunk_size, logits, temperature, *others):
         return None, fn(lc.astype(jnp.float32) / temperature, *oc)
 
     _, outs = lax.scan(step, None, jnp.asarray(starts, jnp.int32))
+    return tuple(_assemble(o, r, t, c, n) for o in outs)
 
-    def assemble(o):  # [n, R, c] -> [R, T]
-        o = jnp.moveaxis(o, 0, 1)
-        if n * c == t:
-            return o.reshape(r, t)
-        tail = t - (n - 1) * c
-        return jnp.concatenate(
-            [o[:, : n - 1].reshape(r, (n - 1) * c), o[:, n - 1, c - tail :]], axis=1
-        )
 
-    return tuple(assemble(o) for o in outs)
+def _assemble(o: jax.Array, r: int, t: int, c: int, n: int) -> jax.Array:
+    """Per-chunk outputs `[n, R, c]` (layout of `_chunk_layout`) -> `[R, T]`; the last chunk
+    contributes only the positions the previous chunks did not cover."""
+    o = jnp.moveaxis(o, 0, 1)
+    if n * c == t:
+        return o.reshape(r, t)
+    tail = t - (n - 1) * c
+    return jnp.concatenate([o[:, : n - 1].reshape(r, (n - 1) * c), o[:, n - 1, c - tail :]], axis=1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -304,6 +304,210 @@ def entropy_from_logits(
 
     (out,) = _chunked(_entropy_chunk, int(chunk_size), logits, _f32(temperature))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probs straight from the final hidden state: the [R, T, V] logits are never whole.
+# ----------------------------------------------------------------------------------------------
+
+HEAD_LAYOUTS = ("ev", "ve")
+
+
+def _head_logits(h: jax.Array, w: jax.Array, layout: str) -> jax.Array:
+    """`h [R, c, E]` times the head (already in `h.dtype`) -> logits `[R, c, V]` in `h.dtype`.
+
+    The same products as `Transformer.logits`: `h @ lm_head` (`"ev"`, `[E, V]`) or the tied
+    `einsum("...e,ve->...v", h, embed)` (`"ve"`, `[V, E]`).
+    """
+    if layout == "ev":
+        return jnp.matmul(h, w)
+    return jnp.einsum("...e,ve->...v", h, w)
+
+
+def _hidden_cfg_forward(cfg, hidden, head, temperature, targets):
+    """Chunked forward of `logprobs_from_hidden`: `(outputs, (lse, entropy or None))`."""
+    chunk_size, layout, with_entropy = cfg
+    r, t = hidden.shape[:2]
+    c, n, starts = _chunk_layout(t, chunk_size)
+    w = head.astype(hidden.dtype)
+    view, restore = _sliceable_view(hidden)
+
+    def step(_, start):
+        hc = restore(lax.dynamic_slice_in_dim(view, start, c, axis=1))
+        tc = lax.dynamic_slice_in_dim(targets, start, c, axis=1)
+        x = _head_logits(hc, w, layout).astype(jnp.float32) / temperature
+        lse = jax.nn.logsumexp(x, axis=-1)
+        tgt = jnp.take_along_axis(x, tc[..., None], axis=-1)[..., 0]
+        outs = (tgt - lse, lse)
+        if with_entropy:
+            (ent,) = _entropy_chunk(x)
+            outs += (ent,)
+        return None, outs
+
+    _, outs = lax.scan(step, None, jnp.asarray(starts, jnp.int32))
+    outs = [_assemble(o, r, t, c, n) for o in outs]
+    lp, lse = outs[0], outs[1]
+    ent = outs[2] if with_entropy else None
+    return ((lp, ent) if with_entropy else (lp,)), (lse, ent)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _from_hidden(cfg, hidden, head, temperature, targets):
+    """`(log-probs [R, T],)` or `(log-probs, entropies)`, float32; see `logprobs_from_hidden`.
+
+    `cfg = (chunk_size, layout, with_entropy)` (static). Custom VJP: residuals are the inputs
+    plus the float32 `[R, T]` log-sum-exp (and entropy); the backward scan recomputes each
+    chunk's logits once.
+    """
+    return _hidden_cfg_forward(cfg, hidden, head, temperature, targets)[0]
+
+
+def _from_hidden_fwd(cfg, hidden, head, temperature, targets):
+    outs, (lse, ent) = _hidden_cfg_forward(cfg, hidden, head, temperature, targets)
+    return outs, (hidden, head, temperature, targets, lse, ent)
+
+
+def _from_hidden_bwd(cfg, res, g):
+    chunk_size, layout, with_entropy = cfg
+    hidden, head, temperature, targets, lse, ent = res
+    t = hidden.shape[1]
+    c, _, starts = _chunk_layout(t, chunk_size)
+    dt = hidden.dtype
+    w = head.astype(dt)
+    view, restore = _sliceable_view(hidden)
+    g_lp = g[0].astype(jnp.float32)
+    g_ent = g[1].astype(jnp.float32) if with_entropy else None
+
+    def step(carry, xs):
+        d_view, d_w = carry
+        i, start = xs
+        sl = functools.partial(lax.dynamic_slice_in_dim, start_index=start, slice_size=c, axis=1)
+        hc = restore(sl(view))
+        tc, gc, lse_c = sl(targets), sl(g_lp), sl(lse)
+        x = _head_logits(hc, w, layout).astype(jnp.float32) / temperature
+        logp = x - lse_c[..., None]
+        p = jnp.exp(logp)
+        # d log p_y / d x_k = [k = y] - p_k  (gradient of the log-softmax)
+        onehot = lax.broadcasted_iota(jnp.int32, x.shape, 2) == tc[..., None]
+        dx = gc[..., None] * (onehot.astype(jnp.float32) - p)
+        live = gc != 0
+        if with_entropy:
+            ge = sl(g_ent)
+            # d H / d x_k = -p_k (log p_k + H),  H = -sum_v p_v log p_v
+            dx = dx - ge[..., None] * p * (logp + sl(ent)[..., None])
+            live = live | (ge != 0)
+        # positions with zero cotangent: exactly zero gradient, even for NaN/inf hidden states
+        dx = jnp.where(live[..., None], dx / temperature, 0.0).astype(dt)
+        if layout == "ev":
+            dh = jnp.einsum("rcv,ev->rce", dx, w)
+        else:
+            dh = jnp.einsum("rcv,ve->rce", dx, w)
+        d_view = lax.dynamic_update_slice_in_dim(
+            d_view, _sliceable_view(dh.astype(dt))[0], start, axis=1
+        )
+        # the head's gradient: each position once (the last chunk may overlap the previous one)
+        own = live & (start + jnp.arange(c) >= i * c)[None, :]
+        hc = jnp.where(own[..., None], hc, jnp.zeros((), dt))
+        if layout == "ev":
+            d_w = d_w + jnp.einsum("rce,rcv->ev", hc, dx, preferred_element_type=jnp.float32)
+        else:
+            d_w = d_w + jnp.einsum("rcv,rce->ve", dx, hc, preferred_element_type=jnp.float32)
+        return (d_view, d_w), None
+
+    n = len(starts)
+    idx = (jnp.arange(n, dtype=jnp.int32), jnp.asarray(starts, jnp.int32))
+    init = (jnp.zeros_like(view), jnp.zeros(head.shape, jnp.float32))
+    (d_view, d_w), _ = lax.scan(step, init, idx)
+    return restore(d_view), d_w.astype(head.dtype), jnp.zeros_like(temperature), None
+
+
+_from_hidden.defvjp(_from_hidden_fwd, _from_hidden_bwd)
+
+
+def logprobs_from_hidden(
+    hidden: chex.Array,
+    head: chex.Array,
+    targets: chex.Array,
+    temperature: float = 1.0,
+    *,
+    head_layout: str = "ev",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    return_entropy: bool = False,
+):
+    """`logprobs_from_logits(hidden @ head, targets, temperature)` without the whole logits.
+
+    `out[r, t] = log_softmax(logits[r, t] / temperature)[targets[r, t]]` with
+    `logits = hidden @ head` computed in `hidden.dtype` (the head is cast to it, as
+    `Transformer.logits` does) and the log-softmax in float32: the same values as the
+    unchunked path up to the rounding of the matmul.
+
+    Memory: a `lax.scan` over chunks of `chunk_size` positions projects one chunk
+    `[R, c, E] -> [R, c, V]` at a time and keeps only its float32 log-sum-exp and target
+    logit, so neither the `[R, T, V]` logits nor their gradient ever exist whole (at
+    `V = 151,936`, `T = 4,096` the logits alone are 2.5 GB per row in bfloat16; their float32
+    gradient twice that). A custom VJP recomputes each chunk's logits in the backward scan and
+    forms `d logits = g (onehot(y) - softmax(x)) / temperature` (the log-softmax gradient;
+    with the entropy `H = -sum_v p_v log p_v` also `-g_H p (log p + H) / temperature`) in
+    float32, cast to `hidden.dtype`; it writes the chunk's `d hidden = d logits @ head^T` and
+    adds `hidden_c^T d logits` into a float32 `head`-shaped accumulator (cast to `head.dtype`
+    at the end). Peak extra memory: a few float32 `[R, c, V]` chunk buffers plus the float32
+    `[E, V]` head-gradient accumulator. Residuals: the inputs and two float32 `[R, T]` arrays.
+    The idea is the fused linear + cross-entropy of Liger Kernel (Hsu et al. 2024, arXiv
+    2410.10989) and Cut Cross-Entropy (Wijmans et al. 2024, arXiv 2411.09009), written here
+    with XLA ops.
+
+    Positions whose output cotangents are all zero (masked by the caller) get exactly zero
+    gradient w.r.t. `hidden` and contribute nothing to the head's, even if their hidden states
+    are NaN/inf garbage (their forward values are then garbage too, as they would be from the
+    logits). No gradient flows to `temperature` or `targets`. Works under `jit`, `grad`/`vjp`
+    and inside `lax.map`/`scan`; not forward-mode `jvp`.
+
+    Args:
+      hidden: `[R, T, E]` float (bfloat16/float16/float32), e.g. the final-norm hidden states
+        already aligned with `targets` (position `t` scores `targets[:, t]`).
+      head: the LM head, `[E, V]` (`head_layout="ev"`, an untied `lm_head`) or `[V, E]`
+        (`"ve"`, a tied embedding matrix), any float dtype. Its gradient has its dtype.
+      targets: `[R, T]` integer token ids; ids outside `[0, V)` are clamped into range (such
+        positions are expected to be masked out by the caller).
+      temperature: sampling temperature (> 0), as in `logprobs_from_logits`.
+      head_layout: `"ev"` or `"ve"` (static), see `head`.
+      chunk_size: positions per chunk (static int >= 1); need not divide `T` (the last chunk
+        then overlaps the previous one; each position is counted once).
+      return_entropy: also return the entropy of `softmax(logits / temperature)` per position
+        (differentiable, like `entropy_from_logits`).
+
+    Returns:
+      `[R, T]` float32 log-probs (nats, <= 0); with `return_entropy`, `(log-probs, entropies)`
+      (entropies float32 `[R, T]` in `[0, log V]`).
+
+    Raises:
+      ValueError: `temperature <= 0`, `chunk_size < 1`, an unknown `head_layout`, or a head
+        whose embedding axis does not match `hidden`'s.
+      AssertionError: (chex) wrong ranks/shapes/dtypes.
+    """
+    hidden = jnp.asarray(hidden)
+    head = jnp.asarray(head)
+    targets = jnp.asarray(targets)
+    chex.assert_rank([hidden, head, targets], [3, 2, 2])
+    chex.assert_type([hidden, head, targets], [float, float, int])
+    chex.assert_equal_shape_prefix([hidden, targets], 2)
+    if head_layout not in HEAD_LAYOUTS:
+        raise ValueError(f"head_layout must be one of {HEAD_LAYOUTS}, got {head_layout!r}")
+    _check_temperature(temperature)
+    _check_chunk_size(chunk_size)
+    r, t, e = hidden.shape
+    e_head, v = head.shape if head_layout == "ev" else head.shape[::-1]
+    if e_head != e:
+        raise ValueError(
+            f"head {head.shape} (layout {head_layout!r}) does not match hidden size {e}"
+        )
+    if t == 0:
+        z = jnp.zeros((r, 0), jnp.float32)
+        return (z, z) if return_entropy else z
+    targets = jnp.clip(targets, 0, v - 1).astype(jnp.int32)
+    cfg = (int(chunk_size), head_layout, bool(return_entropy))
+    outs = _from_hidden(cfg, hidden, head, _f32(temperature), targets)
+    return outs if return_entropy else outs[0]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ def completion_logprobs(
     prompt_len: int,
     temperature: float,
     group_size: int = 1,
+    logprob_chunk_size: int = 0,
 ):
     """Log-probs of the completion tokens under the policy, float32 [R, Lc].
 
@@ -52,6 +53,11 @@ def completion_logprobs(
       group_size: G > 1 when rows come in consecutive groups of G with identical prompt tokens
         and mask (a GRPO group): the prompt is then run once per group (`Decoder.shared_prefix`),
         the same values up to float rounding for less compute. 1 = every row on its own.
+      logprob_chunk_size: 0 = project the hidden states to the whole [R, Lc, V] logits
+        (`model.logits`) and take the log-softmax from them; > 0 = `losses.logprobs_from_hidden`
+        with chunks of this many positions: the LM head, log-softmax and their backward run a
+        chunk at a time, so neither the [R, Lc, V] logits nor their gradient ever exist whole
+        (the same values up to float rounding; config.algorithm.logprob_chunk_size).
     Raises:
       ValueError: R is not a multiple of group_size.
     """
@@ -79,7 +85,32 @@ def completion_logprobs(
         hidden = hidden[:, prompt_len - 1 :]
     # project only the Lc completion positions to the vocabulary (the prompt's logits are never
     # used: at Lp = 256, Lc = 64 that is 5x less logits memory and LM-head compute)
-    return losses.logprobs_from_logits(model.logits(hidden), tokens[:, prompt_len:], temperature)
+    targets = tokens[:, prompt_len:]
+    if logprob_chunk_size > 0:
+        head, layout = lm_head_of(model)
+        return losses.logprobs_from_hidden(
+            hidden,
+            head,
+            targets,
+            temperature,
+            head_layout=layout,
+            chunk_size=logprob_chunk_size,
+        )
+    return losses.logprobs_from_logits(model.logits(hidden), targets, temperature)
+
+
+def lm_head_of(model) -> tuple[jax.Array, str]:
+    """The policy's LM head as `Transformer.logits` reads it: `(lm_head [E, V], "ev")` when
+    untied, else the tied embedding `(model.embed [V, E], "ve")` (the parameter's dtype; the
+    layout string is `losses.logprobs_from_hidden`'s `head_layout`)."""
+    if model.lm_head is None:
+        return model.model.embed[...], "ve"
+    return model.lm_head[...], "ev"
+
+
+def logprob_chunk_size(exp: Experiment) -> int:
+    """``config.algorithm.logprob_chunk_size`` (0 when an older config lacks it)."""
+    return int(exp.config.algorithm.get("logprob_chunk_size", 0) or 0)
 
 
 def split_rows(x, chunks: int, group: int = 1):
@@ -108,6 +139,7 @@ def chunked_completion_logprobs(
     temperature: float,
     rows_per_chunk: int,
     group_size: int = 1,
+    logprob_chunk_size: int = 0,
 ):
     """``completion_logprobs`` computed ``rows_per_chunk`` rows at a time (``lax.map``).
 
@@ -122,12 +154,19 @@ def chunked_completion_logprobs(
     R = tokens.shape[0]
     if rows_per_chunk <= 0 or rows_per_chunk >= R or R % rows_per_chunk:
         return completion_logprobs(
-            graphdef, params, tokens, attention_mask, prompt_len, temperature, group_size
+            graphdef,
+            params,
+            tokens,
+            attention_mask,
+            prompt_len,
+            temperature,
+            group_size,
+            logprob_chunk_size,
         )
     chunks = R // rows_per_chunk
     out = jax.lax.map(
         lambda a: completion_logprobs(
-            graphdef, params, a[0], a[1], prompt_len, temperature, group_size
+            graphdef, params, a[0], a[1], prompt_len, temperature, group_size, logprob_chunk_size
         ),
         (split_rows(tokens, chunks, group_size), split_rows(attention_mask, chunks, group_size)),
     )
@@ -153,10 +192,11 @@ def _update_fn(exp: Experiment):
     temperature = float(exp.config.rollout.temperature)
     on_policy, micro, group = exp.on_policy, exp.micro_batch_size, exp.prompt_group_size
     learner = exp.learner
+    lp_chunk = logprob_chunk_size(exp)
 
     def loss_fn(params, batch: Batch, denominator=None):
         logprobs = completion_logprobs(
-            graphdef, params, batch.tokens, batch.attention_mask, lp, temperature, group
+            graphdef, params, batch.tokens, batch.attention_mask, lp, temperature, group, lp_chunk
         )
         old = jax.lax.stop_gradient(logprobs) if on_policy else batch.old_logprobs
         return losses.policy_loss(
@@ -394,6 +434,7 @@ def make_steps(exp: Experiment) -> Steps:
                     temperature=float(exp.config.rollout.temperature),
                     rows_per_chunk=exp.micro_batch_size,
                     group_size=exp.prompt_group_size,
+                    logprob_chunk_size=logprob_chunk_size(exp),
                 ),
             )
         ),
