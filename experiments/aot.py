@@ -238,8 +238,12 @@ def tpu_devices(topology: str, num_slices: int = 1) -> list:
     """The devices of a TPU slice (``num_slices`` > 1: a multi-slice job over DCN), from
     libtpu's topology description: no TPU is needed, and JAX's default backend stays the CPU.
     Programs whose mesh is made of these devices are compiled by the real TPU compiler
-    (MaxText's ``train_compile.py`` does the same)."""
+    (MaxText's ``train_compile.py`` does the same). libtpu's one-process-per-host lock is
+    lifted (``ALLOW_MULTIPLE_LIBTPU_LOAD``): compiling touches no chip, so several compiling
+    processes (parallel tests, a sweep) may coexist."""
     from jax.experimental import topologies
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
     kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
     desc = topologies.get_topology_desc(
@@ -333,6 +337,8 @@ def _bytes_per_device(tree) -> int:
 
     total = 0
     for x in jax.tree.leaves(tree):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            continue  # static leaves (Python numbers of a sampling config)
         shape = (
             x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
         )
@@ -358,6 +364,30 @@ def _memory(compiled) -> dict:
 # On the CPU stand-in only the buffer assignment matters, not the speed of the generated code:
 # skip LLVM's optimisation passes (the memory figures are the same, the compile is much shorter).
 _FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _exhausted(message: str, argument_bytes: int) -> dict:
+    """A step entry for a program the TPU compiler refused for lack of HBM: its temporaries as
+    the compiler states them ("... HLO temporaries (100.10G) exceeds available HBM (95.74G)",
+    G = GiB), the inputs' bytes per device as the arguments, no cost figures; ``oom`` keeps the
+    compiler's line."""
+    m = re.search(r"temporaries \(([\d.]+)([KMGT])\)", message)
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    temp = int(float(m.group(1)) * scale[m.group(2)]) if m else 0
+    line = next((x for x in message.splitlines() if "RESOURCE_EXHAUSTED" in x), message)
+    return {
+        "argument": int(argument_bytes),
+        "output": 0,
+        "temp": temp,
+        "alias": 0,
+        "code": 0,
+        "total": int(argument_bytes) + temp,
+        "lower_s": 0.0,
+        "compile_s": 0.0,
+        "flops": 0.0,
+        "bytes": 0.0,
+        "oom": line.strip()[:300],
+    }
 
 
 def _cost(compiled) -> dict:
@@ -438,8 +468,15 @@ def compile_steps(
     platform = mesh.devices.flat[0].platform
 
     def _compile(fn, *args, **kwargs):
-        compiled, times = _compile_for(fn, *args, platform=platform, **kwargs)
-        return compiled, {**times, **_cost(compiled)}
+        """memory_analysis + times + cost_analysis of one program, or `_exhausted`'s entry when
+        the TPU compiler itself finds that the program does not fit the chip's memory."""
+        try:
+            compiled, times = _compile_for(fn, *args, platform=platform, **kwargs)
+        except jax.errors.JaxRuntimeError as e:
+            if platform == "cpu" or "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return _exhausted(str(e), _bytes_per_device(args))
+        return {**_memory(compiled), **times, **_cost(compiled)}
 
     P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
     R, mb = P * n_bar, exp.mini_batch_size
@@ -477,10 +514,9 @@ def compile_steps(
     else:
         batch = state_lib.Batch(**fields)
     if update:
-        compiled, times = _compile(fns.update, state, batch)
+        info = _compile(fns.update, state, batch)
         steps["update"] = {
-            **_memory(compiled),
-            **times,
+            **info,
             "resident_extra": ref_bytes,
             "rows": mb,
             "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"
@@ -492,7 +528,7 @@ def compile_steps(
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
     not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
     if sampler == "full":
-        compiled, times = _compile(
+        info = _compile(
             sampling._generate,
             exp.graphdef,
             state.params,
@@ -503,8 +539,7 @@ def compile_steps(
             mesh=mesh,
         )
         steps["sampler"] = {
-            **_memory(compiled),
-            **times,
+            **info,
             "resident_extra": not_args,
             "rows": G,
             "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
@@ -528,7 +563,7 @@ def compile_steps(
 
         call = jax.jit(call, donate_argnums=4)
         for name, T in (("prefill", Lp), ("decode", 1)):
-            compiled, times = _compile(
+            info = _compile(
                 call,
                 state.params,
                 batched((G, T), "int32"),
@@ -538,8 +573,7 @@ def compile_steps(
                 mesh=mesh,
             )
             steps[name] = {
-                **_memory(compiled),
-                **times,
+                **info,
                 "resident_extra": not_args,
                 "rows": G,
                 "what": f"{name} call, {G} rows x {T} tokens on the {Lp}+{Lc}-slot KV cache",
@@ -548,7 +582,7 @@ def compile_steps(
     # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
     if logprobs and (needs_ref or not exp.on_policy):
         rows = R
-        compiled, times = _compile(
+        info = _compile(
             fns.logprobs,
             state.params,
             batched((rows, Lp + Lc), "int32"),
@@ -556,8 +590,7 @@ def compile_steps(
         )
         # resident while it runs: the whole state plus the reference, minus the parameters passed in
         steps["logprobs"] = {
-            **_memory(compiled),
-            **times,
+            **info,
             "resident_extra": state_bytes + ref_bytes - params_bytes,
             "rows": rows,
             "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
@@ -644,6 +677,7 @@ def format_result(result: dict, chip: Chip, headroom: float, label: str = "") ->
             f"{name:<10}{_fmt(s['argument']):>8}{_fmt(s['output']):>8}{_fmt(s['temp']):>8}"
             f"{_fmt(s['alias']):>8}{_fmt(s['total']):>8}{_fmt(s['resident_extra']):>10}"
             f"{_fmt(s['peak']):>8}  {s['lower_s'] + s['compile_s']:.0f} s   {s['what']}"
+            + (" [the TPU compiler: out of HBM; temp as it states it]" if s.get("oom") else "")
         )
     v = verdict(result["peak"], chip, headroom)
     lines.append(

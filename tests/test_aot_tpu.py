@@ -59,3 +59,38 @@ def test_tpu_topology_names():
         aot.tpu_topology_name("v5p-6")
     for chip in ("v4", "v5e", "v5p", "v6e"):
         assert aot.CHIPS[chip].peak_bf16_flops > 0 and aot.CHIPS[chip].bandwidth_Bps > 0
+
+
+def test_a_program_the_tpu_compiler_refuses_is_reported_as_not_fitting():
+    """libtpu raises RESOURCE_EXHAUSTED at compile time for a program whose temporaries exceed
+    the chip's HBM; compile_steps records it (temp as the compiler states it) instead of dying."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = aot.tpu_devices("v5e-4")
+    mesh = Mesh(devices[:1], ("x",))
+    x = jax.ShapeDtypeStruct(
+        (1 << 16, 1 << 15), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec())
+    )
+    # the [2^16, 2^16] float32 product (16 GiB) must exist whole for the sort
+    big = jax.jit(lambda a: jnp.sort(jnp.exp(a) @ jnp.exp(a).T, axis=0)[0])
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as e:
+        aot._compile_for(big, x, platform="tpu")
+    entry = aot._exhausted(str(e.value), aot._bytes_per_device((x, 3.0)))
+    assert entry["argument"] == (1 << 33)  # the 8 GiB input; the Python float is static
+    assert entry["temp"] > aot.CHIPS["v5e"].memory_bytes  # more than the chip's 16 GiB
+    assert (
+        entry["total"] == entry["argument"] + entry["temp"] and "RESOURCE_EXHAUSTED" in entry["oom"]
+    )
+    assert aot.verdict(entry["total"], aot.CHIPS["v5e"], 0.95) == "does not fit"
+
+
+def test_exhausted_parses_the_compilers_line():
+    msg = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (100.10G) exceeds available HBM (95.74G)."
+    )
+    entry = aot._exhausted("jax.errors.JaxRuntimeError: " + msg, 5 * 2**30)
+    assert entry["temp"] == int(100.10 * 2**30) and entry["total"] == entry["temp"] + 5 * 2**30
+    assert entry["flops"] == 0.0 and entry["oom"].endswith("(95.74G).")
