@@ -39,14 +39,19 @@ def get_config(arg: str = "grpo"):
     c.rollout.prompts_per_step = 128  # P
     c.rollout.rollouts_per_prompt = 4  # n_bar (the paper's)
     c.rollout.max_new_tokens = 2048  # half the paper's 4,096: the cost (reports/gdro_stage_b.md)
-    c.rollout.generate_batch_size = 0  # all 512 rollouts in one sampler call
+    # 2 sampler calls of 256 rows: a 256 x 2,560-slot bf16 KV cache is 75 GB at 1.7B (28 layers x
+    # 8 KV heads x 128 x 2 x 2 bytes = 115 kB per token); 512 rows (150 GB) fit no single chip
+    c.rollout.generate_batch_size = 256
     c.algorithm.mini_batch_size = 256  # 2 gradient steps per batch
+    c.algorithm.micro_batch_size = (
+        32  # remat checkpoints 32 x 2,560 x 2,048 x 2 B x 28 layers = 9 GB
+    )
     c.eval.datasets = ("custom",)  # the subset's held-out rows (compare: validation / test halves)
     c.eval.max_examples = 0
-    c.eval.num_samples = 32  # pass@8 unbiased from 32
+    c.eval.num_samples = 16  # pass@8 unbiased from 16 (an eval of 512 problems: 8,192 rollouts)
     c.eval.max_new_tokens = 2048
     c.eval.every_steps = 50
-    c.eval.batch_size = 1024
+    c.eval.batch_size = 256
     c.checkpoint.every_steps = 25
     if "paper_gdro" in parts:
         common.paper_gdro(c)
