@@ -97,6 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.algorithm.loss_agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     c.algorithm.kl_coef = 0.0  # KL-to-reference coefficient (0 skips the reference pass)
     c.algorithm.kl_kind = "k3"  # k1 | k2 | k3
+    # where the KL is paid (once): None = the learner's default (ppo: reward, others: loss) |
+    # reward (per-token reward penalty; ppo only) | loss (a term of the policy loss)
+    c.algorithm.kl_in = config_dict.placeholder(str)
     c.algorithm.num_iterations = 1  # passes over each batch of rollouts (mu in GRPO)
     c.algorithm.mini_batch_size = 0  # rollouts per gradient step (0 = the whole batch R)
     c.algorithm.micro_batch_size = 0  # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)

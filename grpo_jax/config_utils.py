@@ -126,6 +126,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0"
             )
     a = config.algorithm
+    kl_in = a.get("kl_in")
+    if kl_in is not None and kl_in not in algo.learner.kl_in_choices:
+        raise ConfigError(
+            f"config.algorithm.kl_in={kl_in!r} is not one of "
+            f"{(None, *algo.learner.kl_in_choices)} for algorithm {name!r}"
+            + ("" if kl_in not in ("reward", "loss") else " (only ppo has per-token rewards)")
+        )
     if a.scale_rewards not in (None, "group", "batch", "none"):
         raise ConfigError(
             f"config.algorithm.scale_rewards={a.scale_rewards!r} is not one of "

@@ -49,8 +49,10 @@ class Batch:
       completion_mask: [R, Lc] float32, 1 on generated tokens up to and including EOS.
       advantages: [R] float32 (per-token [R, Lc] for learners that compute them per token).
       sample_weights: [R] float32, the curriculum's per-rollout weights (ones for GRPO).
-      old_logprobs: [R, Lc] float32, log-probs under the policy that sampled (equal to the
-        current ones when on-policy; then unused).
+      old_logprobs: [R, Lc] float32, log-probs under the policy that sampled (the trainer's
+        recomputation at sampling time), or None: on-policy (one pass over one mini-batch) the
+        update's ratio is its own detached log-probs, and the batch carries them only for a
+        learner that reads them (``Learner.needs_policy_logprobs``: PPO's KL reward penalty).
       ref_logprobs: [R, Lc] float32, log-probs under the frozen reference (zeros without KL).
       sampler_logprobs: [R, Lc] float32, the sampler's own log-probs of the completion (before
         any top-k/top-p truncation), for truncated importance sampling.
@@ -61,7 +63,7 @@ class Batch:
     completion_mask: jax.Array
     advantages: jax.Array
     sample_weights: jax.Array
-    old_logprobs: jax.Array
+    old_logprobs: jax.Array | None
     ref_logprobs: jax.Array
     sampler_logprobs: jax.Array
 

@@ -209,6 +209,9 @@ def _update_fn(exp: Experiment):
     on_policy, micro, group = exp.on_policy, exp.micro_batch_size, exp.prompt_group_size
     learner = exp.learner
     lp_chunk = logprob_chunk_size(exp)
+    # the KL to the reference is paid once: here, unless the learner puts it in the per-token
+    # rewards (PPO's default, `config.algorithm.kl_in`)
+    kl_coef = cfg.kl_coef if learner.kl_in == "loss" else 0.0
 
     def loss_fn(params, batch: Batch, denominator=None):
         logprobs = completion_logprobs(
@@ -225,8 +228,8 @@ def _update_fn(exp: Experiment):
             dual_clip=cfg.dual_clip or None,
             loss_agg_mode=cfg.loss_agg_mode,
             max_len=exp.max_new_tokens,
-            ref_logprobs=batch.ref_logprobs if cfg.kl_coef > 0 else None,
-            kl_coef=cfg.kl_coef,
+            ref_logprobs=batch.ref_logprobs if kl_coef > 0 else None,
+            kl_coef=kl_coef,
             kl_kind=cfg.kl_kind,
             sample_weights=batch.sample_weights,
             denominator=denominator,

@@ -206,21 +206,26 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     adv, adv_stats = fns.advantages(rewards, seg)
     weights = exp.curriculum.weights(run.controllers, rd.placement, adv)
     attention_mask = jnp.concatenate([rd.prompt_mask, ro.completion_mask > 0], axis=1)
-    zeros = jnp.zeros_like(ro.logprobs)
     uses_ref = algo.kl_coef > 0
     loss_mask = ro.completion_mask
     if algo.overlong_filtering:  # DAPO: truncated completions carry no loss
         loss_mask = losses.overlong_filter(loss_mask, ro.truncated)
+    # the sampling policy's log-probs: off-policy the update's ratio needs them; on-policy the
+    # update uses its own (detached) log-probs and only a learner that reads them gets them (PPO's
+    # KL reward penalty); else the field is None, so no consumer can read a placeholder
+    needs_old = not exp.on_policy or exp.learner.needs_policy_logprobs
     batch = Batch(
         tokens=ro.tokens,
         attention_mask=attention_mask,
         completion_mask=loss_mask,
         advantages=adv,
         sample_weights=weights,
-        old_logprobs=zeros
-        if exp.on_policy
-        else fns.logprobs(run.train.params, ro.tokens, attention_mask),
-        ref_logprobs=fns.logprobs(run.ref_params, ro.tokens, attention_mask) if uses_ref else zeros,
+        old_logprobs=fns.logprobs(run.train.params, ro.tokens, attention_mask)
+        if needs_old
+        else None,
+        ref_logprobs=fns.logprobs(run.ref_params, ro.tokens, attention_mask)
+        if uses_ref
+        else jnp.zeros_like(ro.logprobs),
         sampler_logprobs=ro.logprobs,
     )
     batch = fns.finish_batch(run.train, batch, rewards)

@@ -208,10 +208,25 @@ class Learner:
 
     Subclasses (PPO) add state fields (``init_extra`` / ``extra_shardings``), fill extra batch
     fields (``finish_batch``) and train extra parameters (``extra_update``).
+
+    Class attributes: ``kl_in_choices`` where the KL to the reference may go
+    (``config.algorithm.kl_in``; the critic-free learner has no per-token rewards, so "loss"),
+    ``default_kl_in`` (when the field is None). ``kl_in`` and ``needs_policy_logprobs`` (the
+    learner's ``finish_batch`` reads ``Batch.old_logprobs`` also on-policy, so `rl_step` computes
+    them) may be overridden per instance.
     """
 
     state_cls = TrainState
     per_token_advantages = False
+    kl_in_choices = ("loss",)
+    default_kl_in = "loss"
+    kl_in = "loss"
+    needs_policy_logprobs = False
+
+    @classmethod
+    def resolve_kl_in(cls, config) -> str:
+        """``config.algorithm.kl_in``, or the learner's default when it is None."""
+        return config.algorithm.get("kl_in") or cls.default_kl_in
 
     @classmethod
     def from_config(cls, config, model_config, total_updates: int, prompt_len: int = 0) -> Learner:
