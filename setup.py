@@ -43,6 +43,10 @@ EXTRAS_REQUIRE = {
     "parity": [
         "torch==2.13.0",  # exact pin: a CPU build of 2.13.0 lies on these machines' disk; any looser pin lets pip take a multi-GB CUDA build from PyPI
         "transformers>=4.56",
+        # TRL's own GRPOTrainer loss code as the reference of tests/test_kl_ratio_trl.py; exact
+        # pin (its loss code changes between releases). With torch pinned above it adds
+        # accelerate, datasets, pandas, dill, multiprocess, xxhash (~15 MB), never a CUDA torch
+        "trl==1.16.0",
     ],
     "wandb": ["wandb>=0.17"],  # optional: config.logging.wandb_project
     # the real TPU compiler on a machine without a TPU (experiments/aot.py --topology=v5p-128):

@@ -115,9 +115,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.algorithm.cispo_epsilon_high = 0.28  # CISPO: IS weight capped at 1 + this
     c.algorithm.sapo_tau_pos = 1.0  # SAPO: gate temperature for A > 0
     c.algorithm.sapo_tau_neg = 1.05  # SAPO: gate temperature for A <= 0
-    c.algorithm.kl_ratio_correction = (
-        False  # KL term times the detached ratio pi/pi_old (TRL-style)
-    )
+    # KL term times the live importance ratio pi/pi_old (TRL's use_bias_correction_kl)
+    c.algorithm.kl_ratio_correction = False
     # advantage scaling: None = the estimator's own (grpo: group std) | group | batch | none
     c.algorithm.scale_rewards = config_dict.placeholder(str)
     c.algorithm.overlong_filtering = False  # DAPO: truncated completions drop out of the loss

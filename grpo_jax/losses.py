@@ -783,10 +783,15 @@ def policy_loss(
       `[-20, 20]`), correcting for the sampler (e.g. a bfloat16 decode) not being the trainer's
       `pi_old`. The KL term is not weighted.
     - KL (when `ref_logprobs` is given): `L_t += kl_coef * c_t * kl(logprobs, ref_logprobs,
-      kl_kind)` with `c_t = 1`, or `c_t = sg(exp(logprobs - old_logprobs))` (the *token* ratio,
-      clamped like `rho`) when `kl_ratio_correction` (TRL `use_bias_correction_kl`: the tokens
-      were sampled from `pi_old`, the estimator assumes `pi_theta`). The KL term is *not*
-      multiplied by `sample_weights`, and its gradient flows through `logprobs`.
+      kl_kind)` with `c_t = 1`, or `c_t = rho_t` (the importance ratio of `ratio_level`, live:
+      differentiated, clamped like `rho`) when `kl_ratio_correction`: the importance-weighted
+      estimate `E_{pi_old}[rho_t kl_t]` of the KL under `pi_theta` (the tokens were sampled
+      from `pi_old`), whose gradient is the KL's; TRL's `use_bias_correction_kl`
+      (`GRPOTrainer._compute_loss`: `per_token_kl * coef_1`; tests/test_kl_ratio_trl.py runs
+      TRL's code). On-policy `rho = 1` in value, but its gradient adds `kl_t` per token (for
+      k3 the per-token gradient is `(logprobs - ref_logprobs) grad(logprobs)`, the k1 value).
+      The KL term is *not* multiplied by `sample_weights`, and its gradient flows through
+      `logprobs`.
 
     `old_logprobs`, `ref_logprobs` and `sampler_logprobs` are treated as constants
     (`stop_gradient`), so passing `old_logprobs = logprobs` gives `rho = 1` and, for every
@@ -834,7 +839,7 @@ def policy_loss(
       cispo_epsilon_high: >= 0: CISPO weight <= 1 + this (default 0.28; MiniMax-M1 publishes
         no value; TRL's `epsilon_high=5` cap on the weight is `cispo_epsilon_high=4`).
       sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures (> 0) for `A > 0` / `A <= 0`.
-      kl_ratio_correction: multiply the per-token KL by the detached token ratio (see above).
+      kl_ratio_correction: multiply the per-token KL by the live importance ratio (see above).
       sampler_logprobs: optional `[R, T]` float, log-probs the sampler reported (constant);
         with `tis_cap`, turns on TIS.
       tis_cap: TIS truncation `C > 0` (verl's default is 2); given iff `sampler_logprobs` is.
@@ -954,8 +959,8 @@ def policy_loss(
         chex.assert_equal_shape([logprobs, ref_logprobs])
         ref = jnp.where(m, sg(_f32(ref_logprobs)), 0.0)
         kl_t = kl(lp, ref, kl_kind)
-        if kl_ratio_correction:
-            kl_t = kl_t * sg(jnp.exp(jnp.clip(token_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)))
+        if kl_ratio_correction:  # TRL use_bias_correction_kl: times the live ratio
+            kl_t = kl_t * ratio
         kl_t = jnp.where(m, kl_t, 0.0)
         per_token = pg_t + kl_coef * kl_t
 

@@ -223,35 +223,51 @@ def test_tis_multiplies_every_loss_type(policy_loss_type):
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_kl_ratio_correction_hand_values(level):
-    """kl_t = sg(pi/pi_old) k3_t: lp = [-1, -2], old = [-1.5, -1.8] (token ratios e^.5, e^-.2),
-    ref = [-.5, -2.5] (delta = +.5, -.5); A = 0 so only the KL term remains. The correction
-    uses the token ratio at either ratio level."""
+    """kl_t = rho_t k3_t with the live ratio of `ratio_level` (TRL use_bias_correction_kl):
+    lp = [-1, -2], old = [-1.5, -1.8] (token log-ratios .5, -.2; sequence .15),
+    ref = [-.5, -2.5] (delta = ref - lp = +.5, -.5); A = 0 so only the KL term remains."""
     lp = jnp.array([[-1.0, -2.0, NAN]])
     old = jnp.array([[-1.5, -1.8, NAN]])
     ref = jnp.array([[-0.5, -2.5, NAN]])
     m = jnp.array([[1, 1, 0]])
-    rho = np.exp([0.5, -0.2])
     d = np.array([0.5, -0.5])
     k3 = np.exp(d) - d - 1
     kw = dict(ref_logprobs=ref, kl_coef=0.1, ratio_level=level)
     (loss, aux), g = loss_and_grad(lp, old, jnp.zeros(1), m, kl_ratio_correction=True, **kw)
+    if level == "token":
+        rho = np.exp([0.5, -0.2])
+        # d/dlp_t (rho_t k3_t) = rho_t (k3_t + 1 - e^delta_t) = -rho_t delta_t
+        want_g = 0.1 * -rho * d / 2
+    else:
+        rho = np.exp([0.15, 0.15])
+        # rho = exp(mean_t(lp_t - old_t)): d rho / d lp_j = rho / 2
+        want_g = 0.1 * (rho / 2 * k3.sum() + rho * (1 - np.exp(d))) / 2
     np.testing.assert_allclose(loss, 0.1 * np.mean(rho * k3), rtol=1e-5)
     np.testing.assert_allclose(aux["kl"], np.mean(rho * k3), rtol=1e-5)
-    # the ratio is detached: d/dlp = 0.1 * rho * (1 - e^delta) / 2
-    np.testing.assert_allclose(g[0, :2], 0.1 * rho * (1 - np.exp(d)) / 2, rtol=1e-5)
+    np.testing.assert_allclose(g[0, :2], want_g, rtol=1e-5)
     assert g[0, 2] == 0
     (loss, _), g = loss_and_grad(lp, old, jnp.zeros(1), m, **kw)  # off: plain k3
     np.testing.assert_allclose(loss, 0.1 * np.mean(k3), rtol=1e-5)
     np.testing.assert_allclose(g[0, :2], 0.1 * (1 - np.exp(d)) / 2, rtol=1e-5)
 
 
-def test_kl_ratio_correction_is_identity_on_policy():
+def test_kl_ratio_correction_on_policy_keeps_the_value_and_adds_the_ratios_gradient():
+    """old = sg(lp): rho = 1, so the loss is plain k3's; the live ratio's gradient adds k3_t, and
+    the per-token gradient becomes (lp - ref) = -delta (k3's own is 1 - e^delta)."""
     lp = jnp.array([[-1.0, -2.0]])
     ref = jnp.array([[-0.5, -2.5]])
     m = jnp.ones((1, 2))
+    d = np.array([0.5, -0.5])
     kw = dict(ref_logprobs=ref, kl_coef=0.1)
-    on = PL(lp, lp, jnp.ones(1), m, kl_ratio_correction=True, **kw)[0]
-    np.testing.assert_allclose(on, PL(lp, lp, jnp.ones(1), m, **kw)[0], rtol=1e-6)
+
+    def f(x, correction):
+        return PL(
+            x, jax.lax.stop_gradient(x), jnp.zeros(1), m, kl_ratio_correction=correction, **kw
+        )[0]
+
+    np.testing.assert_allclose(f(lp, True), f(lp, False), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(f)(lp, True)[0], 0.1 * -d / 2, rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(f)(lp, False)[0], 0.1 * (1 - np.exp(d)) / 2, rtol=1e-5)
 
 
 # ================================================================ ratio 1 = REINFORCE, every type
