@@ -26,6 +26,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
     c.model.param_dtype = "float32"  # parameter dtype: float32 | bfloat16
     c.model.remat = False  # rematerialise activations per layer in the update
+    # attention core (grpo_jax.models.attention): auto | einsum | blockwise | splash (TPU) |
+    # cudnn (GPU, 16-bit dtype); auto = splash on TPU, cudnn (bf16) or blockwise on GPU, the
+    # faster of einsum / blockwise on CPU
+    c.model.attention_impl = "auto"
     # LoRA (Hu et al. 2021): train only low-rank adapters W + (alpha / rank) B A on the targeted
     # projections; the base weights are frozen and the optimizer state covers the adapters only
     c.model.lora = ml_collections.ConfigDict()

@@ -59,6 +59,9 @@ _CHOICES = {
     "optimizer.schedule": ("constant", "cosine"),
 }
 
+# grpo_jax.models.config.ATTENTION_IMPLS (not imported: that package starts JAX)
+ATTENTION_IMPLS = ("auto", "einsum", "blockwise", "splash", "cudnn")
+
 _POSITIVE = (
     "steps",
     "rollout.prompts_per_step",
@@ -90,6 +93,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         value = _get(config, path)
         if value not in choices:
             raise ConfigError(f"config.{path}={value!r} is not one of {choices}")
+    impl = config.model.get("attention_impl", "auto")  # older configs (a workdir's) lack it
+    if impl not in ATTENTION_IMPLS:
+        raise ConfigError(f"config.model.attention_impl={impl!r} is not one of {ATTENTION_IMPLS}")
     for path in _POSITIVE:
         value = _get(config, path)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -284,6 +290,7 @@ SAFE_TO_CHANGE = (
     "model.hf_checkpoint",
     "model.tokenizer",
     "model.gguf_path",
+    "model.attention_impl",  # the same attention up to float rounding (tests/test_attention_impl.py)
     "reward.num_workers",
     "reward.timeout_s",
 )

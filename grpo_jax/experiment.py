@@ -25,6 +25,7 @@ from grpo_jax import algorithms, sampling, sharding
 from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import pipeline as pipeline_lib
 from grpo_jax.data import templates
+from grpo_jax.models import attention as attention_lib
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models import transformer
@@ -206,12 +207,17 @@ def state_shardings(exp_mesh, tx, param_shardings, learner, shapes, trained_shar
     )
 
 
-def _load_model(config, tokenizer):
+def _load_model(config, tokenizer, platform=None):
+    """(ModelConfig, graphdef, init) of ``config.model``; ``platform`` (the mesh's devices')
+    resolves ``model.attention_impl="auto"`` (None: the default backend's)."""
     mc = config.model
     overrides = dict(mc.overrides.to_dict()) if mc.overrides else {}
     if tokenizer is not None:  # None: compile-only build (vocab from the preset)
         overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
     overrides.update(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
+    overrides["attention_impl"] = attention_lib.resolve_impl(
+        _opt(mc, "attention_impl", "auto"), mc.dtype, platform
+    )
     lc = _opt(mc, "lora", None)
     if lc is not None and int(lc.rank) > 0:
         overrides.update(
@@ -224,7 +230,7 @@ def _load_model(config, tokenizer):
             model_cfg, graphdef, params = loading.load_hf_checkpoint(mc.hf_checkpoint)
         else:
             model_cfg, graphdef, params = loading.load_gguf(mc.gguf_path)
-        keep = ("dtype", "remat", "lora_rank", "lora_alpha", "lora_targets")
+        keep = ("dtype", "remat", "attention_impl", "lora_rank", "lora_alpha", "lora_targets")
         model_cfg = dataclasses.replace(
             model_cfg, **{k: v for k, v in overrides.items() if k in keep}
         )
@@ -535,7 +541,7 @@ def build_experiment(
         _load_examples(config, config.data.name, config.data.split, load_stats) if with_data else []
     )
     tokenizer = _load_tokenizer(config) if with_data or config.data.name == "arithmetic" else None
-    model_cfg, graphdef, init_fn = _load_model(config, tokenizer)
+    model_cfg, graphdef, init_fn = _load_model(config, tokenizer, devices[0].platform)
     abstract_state = nnx.split(_abstract_model(model_cfg), nnx.Param)[1]
     shardings = sharding.param_shardings(abstract_state, mesh)
 

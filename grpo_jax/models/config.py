@@ -15,6 +15,8 @@ _FAMILIES = ("llama", "qwen2", "qwen3")
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# The attention cores (grpo_jax.models.attention): "auto" picks one by platform.
+ATTENTION_IMPLS = ("auto", "einsum", "blockwise", "splash", "cudnn")
 # The integer sizes of a ModelConfig (each a positive int).
 SIZE_FIELDS = (
     "vocab_size",
@@ -44,6 +46,13 @@ class ModelConfig:
       dtype: activation / compute dtype ("float32" | "bfloat16"); softmax and norms run in float32.
       param_dtype: storage dtype of the parameters.
       remat: rematerialise each layer's activations in the backward pass (jax.checkpoint).
+      attention_impl: the attention core (`grpo_jax.models.attention`): "einsum" (grouped
+        einsums over the whole [T, S] float32 scores; the einsum core's probabilities are
+        recomputed in the backward pass, `recompute_in_backward`), "blockwise" (online-softmax
+        tiles in plain XLA with its own VJP: no [T, S] array), "splash" (TPU Pallas kernel),
+        "cudnn" (GPU, bfloat16/float16 only) or "auto" (TPU -> splash, GPU -> cudnn for 16-bit
+        activations else blockwise, CPU -> `attention.CPU_DEFAULT`). Decoding one token over a
+        KV cache always uses the einsum.
       family: "llama" | "qwen2" | "qwen3" (informational; used for HF config export).
       lora_rank, lora_alpha, lora_targets: low-rank adapters (Hu et al. 2021, "LoRA") on the
         named projections ("q", "k", "v", "o", "gate", "up", "down"): W x + (alpha / rank) B A x,
@@ -66,6 +75,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    attention_impl: str = "auto"
     family: str = "llama"
     lora_rank: int = 0
     lora_alpha: float = 16.0
@@ -88,6 +98,16 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}"
                 )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
+                f"got {self.attention_impl!r}"
+            )
+        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+            raise ValueError(
+                f"ModelConfig.attention_impl='cudnn' takes dtype bfloat16 or float16 (cuDNN's "
+                f"flash attention), got {self.dtype!r}; use 'blockwise' for float32"
+            )
         if self.family not in _FAMILIES:
             raise ValueError(f"ModelConfig.family must be one of {_FAMILIES}, got {self.family!r}")
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:

@@ -10,8 +10,12 @@ Architecture (pre-norm):
   into halves (x1, x2) and rotated as (x1 cos - x2 sin, x2 cos + x1 sin) with
   theta_i = rope_theta^(-2i/head_dim). Recomputed from `positions` (no cached tables, so the
   model has no non-Param state: `nnx.split(model, nnx.Param)` captures everything).
-- Attention: grouped-query attention (Ainslie et al. 2023) as a grouped einsum, float32
-  softmax, optional per-head QK RMSNorm before RoPE (Qwen3), optional q/k/v bias (Qwen2).
+- Attention: grouped-query attention (Ainslie et al. 2023), float32 softmax, optional per-head
+  QK RMSNorm before RoPE (Qwen3), optional q/k/v bias (Qwen2). The core softmax(q k^T) v is
+  `config.attention_impl` (`grpo_jax.models.attention`): the grouped einsum over the whole
+  [T, S] score matrix ("einsum"), a blockwise online-softmax XLA kernel with its own VJP
+  ("blockwise"), the Pallas splash kernel on TPU ("splash") or cuDNN on GPU ("cudnn"); "auto"
+  picks by platform. The decode step (one token over a DecodeCache) is always the einsum.
 - MLP: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 Layers are stored stacked (every per-layer Param has a leading `num_layers` axis with logical
@@ -43,9 +47,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax import sharding
+from grpo_jax.models import attention
+from grpo_jax.models.attention import Mask
 from grpo_jax.models.config import ModelConfig
 
-_NEG_INF = -1e30  # finite "minus infinity": fully masked rows give a uniform softmax, not NaN
+_NEG_INF = attention._NEG_INF  # finite "minus infinity": fully masked rows give no NaN
+
+
+def attention_impl(config: ModelConfig) -> str:
+    """The concrete attention core of ``config`` ("auto" resolved by ``jax.default_backend()``;
+    `grpo_jax.experiment` resolves it by the mesh's devices before building the model)."""
+    return attention.resolve_impl(config.attention_impl, config.dtype)
 
 
 def recompute_in_backward(fn, static_argnums=()):
@@ -373,9 +385,10 @@ class Attention(nnx.Module):
         xp [P, Lp, E] prompt stream, xc [P * G, Lc, E] completion stream (rows g*G..g*G+G-1
         continue prompt g); pos_* their rotary positions; mask_pp [P, Lp, Lp], mask_cp
         [P, Lp] (prompt key padding, seen by every completion query of the group), mask_cc
-        [P * G, Lc, Lc] bool. Returns (out_p [P, Lp, E], out_c [P * G, Lc, E]); equal to
-        `__call__` on the concatenated rows up to float rounding, with the prompt's
-        projections and keys/values computed once per group instead of G times.
+        [P * G, Lc, Lc] bool (the einsum core), or mask_pp / mask_cc as `attention.Mask`s
+        (key padding + causal; the other cores). Returns (out_p [P, Lp, E], out_c [P * G, Lc,
+        E]); equal to `__call__` on the concatenated rows up to float rounding, with the
+        prompt's projections and keys/values computed once per group instead of G times.
         """
         c = self.config
         dt = xp.dtype
@@ -392,6 +405,14 @@ class Attention(nnx.Module):
             a[0, P * Lp :].reshape(R, Lc, *a.shape[2:]),
         )
         (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
+
+        impl = attention_impl(c)
+        if isinstance(mask_pp, Mask):  # a fused / blockwise core: no [Lc, Lp + Lc] scores
+            out_p = attention.attend(qp, kp, vp, mask_pp, impl)
+            out_c = attention.attend_shared_prefix(
+                qc, kp, vp, mask_cp, kc, vc, mask_cc.key_mask, impl
+            )
+            return self._output(out_p, out_c, P, Lp, R, Lc)
 
         def core(qp, qc, kp, kc, vp, vc):  # softmax(q k^T) v of both streams
             scale = D**-0.5
@@ -415,12 +436,20 @@ class Attention(nnx.Module):
             return out_p, out_c
 
         out_p, out_c = self._recompute(core)(qp, qc, kp, kc, vp, vc)
+        return self._output(out_p, out_c, P, Lp, R, Lc)
+
+    def _output(self, out_p, out_c, P, Lp, R, Lc):
+        """The output projection of both streams in one matmul: out_p [P, Lp, H, D] (or any
+        shape with P * Lp rows), out_c [R, Lc, H, D] -> ([P, Lp, E], [R, Lc, E])."""
+        H, D = self.config.num_heads, self.config.head_dim
+        dt = out_p.dtype
         out = jnp.concatenate([out_p.reshape(P * Lp, H, D), out_c.reshape(R * Lc, H, D)])
         out = _plus_lora(
             jnp.einsum("thd,hde->te", out, self.o_proj[...].astype(dt)),
             getattr(self, "o_lora", None),
             out,
         )
+        E = out.shape[-1]
         return out[: P * Lp].reshape(P, Lp, E), out[P * Lp :].reshape(R, Lc, E)
 
     def _qkv(self, x, positions):
@@ -453,8 +482,11 @@ class Attention(nnx.Module):
 
     def _attend(self, q, keys, values, mask, kv_layout="bskd"):
         """q [B, T, H, D], keys/values [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D]
-        ("bksd", DecodeCache), mask [B, T, S] bool (float32 additive bias for "bksd" with
-        T = 1) -> [B, T, H, D]."""
+        ("bksd", DecodeCache), mask [B, T, S] bool (the einsum core; float32 additive bias for
+        "bksd" with T = 1) or an `attention.Mask` (the blockwise / fused cores, which carry
+        their own VJP and store no probabilities) -> [B, T, H, D]."""
+        if isinstance(mask, Mask):
+            return attention.attend(q, keys, values, mask, attention_impl(self.config), kv_layout)
         dt = q.dtype
         B, T, H, D = q.shape
         K = self.config.num_kv_heads
@@ -481,18 +513,9 @@ class Attention(nnx.Module):
         return recompute_in_backward(fn, static_argnums=static_argnums)
 
     def _attend_core(self, q, keys, values, mask, kv_layout="bskd"):
-        """`_attend` for T query tokens (no decode special case): the grouped einsums."""
-        dt = q.dtype
-        B, T, H, D = q.shape
-        K = self.config.num_kv_heads
-        qg = q.reshape(B, T, K, H // K, D)
-        scores = jnp.einsum(
-            f"btkgd,{kv_layout}->bkgts", qg, keys.astype(dt), preferred_element_type=jnp.float32
-        ) * (D**-0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum(f"bkgts,{kv_layout}->btkgd", probs, values.astype(dt))
-        return out.reshape(B, T, H, D)
+        """`_attend` for T query tokens (no decode special case): the grouped einsums
+        (`attention.einsum_attention`)."""
+        return attention.einsum_attention(q, keys, values, mask, kv_layout)
 
     def __call__(self, x, positions, mask, kv_write, kv_read, kv_layout="bskd"):
         """x [B, T, E]; positions [B, T]; mask [B, T, S] bool (query may attend key);
@@ -632,7 +655,10 @@ class Decoder(nnx.Module):
             )
             q_slot = (cache.index + jnp.arange(T))[None]  # [1, T]
         A = S if attend_len is None else min(int(attend_len), S)  # slots attended
-        mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
+        if attention_impl(c) == "einsum":
+            mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
+        else:  # key padding + causal, never [B, T, S]
+            mask = Mask(key_mask[:, :A], q_start=None if cache is None else cache.index)
 
         def body(carry, xs):
             h, ck, cv = carry
@@ -717,7 +743,10 @@ class Decoder(nnx.Module):
             key_mask = jax.lax.dynamic_update_slice(
                 cache.key_mask, attention_mask, (0, cache.index)
             )
-        mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
+        if T > 1 and attention_impl(c) != "einsum":  # a prefill: key padding + causal
+            mask = Mask(key_mask[:, :A], q_start=cache.index)
+        else:
+            mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
         if T == 1:  # the decode step's form (`Attention._attend`): an additive bias
             mask = jnp.where(mask, 0.0, _NEG_INF).astype(jnp.float32)
 
@@ -778,10 +807,13 @@ class Decoder(nnx.Module):
         embed = self.embed[...]
         xp = jnp.take(embed, prompt_tokens, axis=0).astype(dt)
         xc = jnp.take(embed, tokens, axis=0).astype(dt)
-        causal_p = jnp.arange(Lp)[None, :] <= jnp.arange(Lp)[:, None]
-        causal_c = jnp.arange(Lc)[None, :] <= jnp.arange(Lc)[:, None]
-        mask_pp = prompt_mask[:, None, :] & causal_p[None]
-        mask_cc = attention_mask[:, None, :] & causal_c[None]
+        if attention_impl(c) == "einsum":
+            causal_p = jnp.arange(Lp)[None, :] <= jnp.arange(Lp)[:, None]
+            causal_c = jnp.arange(Lc)[None, :] <= jnp.arange(Lc)[:, None]
+            mask_pp = prompt_mask[:, None, :] & causal_p[None]
+            mask_cc = attention_mask[:, None, :] & causal_c[None]
+        else:  # key padding + causal, never [rows, T, S]
+            mask_pp, mask_cc = Mask(prompt_mask), Mask(attention_mask)
         graphdef, layer_state = nnx.split(self.layers)
 
         def body(carry, state_l):
