@@ -152,7 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.gdro.classifier.separate_unseen = config_dict.placeholder(bool)
     c.gdro.prompt = ml_collections.ConfigDict()
     # exponential-weights step size (eta_q; 0 = GRPO). With the failure-rate signal the tilt
-    # between bins is at most exp(eta): 0.65 barely acts (reports/gdro_vs_grpo.md)
+    # between bins is at most exp(eta): 0.65 barely acts (reports/gdro_first_run/gdro_vs_grpo.md)
     c.gdro.prompt.eta = 0.65
     c.gdro.prompt.gamma = 0.01  # uniform mixing
     c.gdro.prompt.beta = 0.12  # EMA rate of bin scores

@@ -2,7 +2,7 @@
 
 Why: the classifier's bins rest on a few visits of 2-12 samples, and the square-root rule on a
 bin's estimated ``p ~ 0`` reads "not solved yet" as "no variance", so it starves the prompts that
-are rarely but truly solvable (reports/gdro_vs_grpo.md, first run). Here each prompt keeps its
+are rarely but truly solvable (reports/gdro_first_run/gdro_vs_grpo.md). Here each prompt keeps its
 own (decayed) success and trial counts; a Beta prior fitted to the pool shrinks them (empirical
 Bayes, method of moments with the binomial noise removed: e.g. Efron, *Large-Scale Inference*,
 2010, ch. 1; Robbins 1956), and the allocation maximises an expectation under each prompt's

@@ -61,7 +61,7 @@ class PromptGDROConfig:
       eta: ``eta_q``, exponential-weights step size (0.65), >= 0. ``eta = 0`` is GRPO exactly in
         both apply modes (unit weights; the uniform prompt stream). With the failure-rate signal
         (scores in [0, 1]) the tilt between bins is at most ``exp(eta)``: 0.65 gives <= 1.9x and
-        weights that hardly move (reports/gdro_vs_grpo.md); tilts that act need eta ~ 2-6.
+        weights that hardly move (reports/gdro_first_run/gdro_vs_grpo.md); tilts that act need eta ~ 2-6.
       gamma: uniform mixing over the active bins (0.01), in [0, 1].
       beta: EMA rate of the bin scores (0.12), in (0, 1].
       share_floor: floor on a bin's batch share in the Eq. 12 division (1e-3), > 0; used only
