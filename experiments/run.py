@@ -12,14 +12,32 @@ Multi-host (every process runs the same command): `jax.distributed.initialize` i
 """
 
 import os
-import re
 import signal
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
 
-from grpo_jax import distributed
+def _exit_before_training(signum, frame):
+    """SIGTERM / SIGINT before the training loop installs its own handler: nothing is saved yet
+    (nothing to flush either: no checkpoint manager exists), so the process leaves at once.
+    After the run's own handling has ended (its files closed) a signal changes nothing: ignored."""
+    del frame
+    if getattr(sys.modules.get("grpo_jax.train"), "handled_runs_ended", 0):
+        return
+    name = signal.Signals(signum).name
+    print(f"{name} before the run started: nothing saved; exiting.", file=sys.stderr, flush=True)
+    os._exit(130 if signum == signal.SIGINT else 0)
+
+
+if __name__ == "__main__":  # first: a signal during the imports below is this one line too
+    for _s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(_s, _exit_before_training)
+
+import re  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from grpo_jax import distributed  # noqa: E402
 
 _DEFAULT_CONFIG = "configs/arithmetic.py:grpo"
 
@@ -165,12 +183,13 @@ def _parse_flags(argv):
         sys.exit(2)
 
 
-def _exit_before_training(signum, frame):
-    """SIGTERM / SIGINT before the training loop installs its own handler: nothing is saved yet."""
-    del frame
-    name = signal.Signals(signum).name
-    print(f"{name} before the run started: nothing saved; exiting.", file=sys.stderr, flush=True)
-    os._exit(130 if signum == signal.SIGINT else 0)
+def _ignore_late_signals():
+    """After the run (finished, preempted or refused; its checkpoint and files are closed): a
+    later SIGTERM / SIGINT changes nothing, so it is ignored. Without this the interpreter's
+    teardown would restore the default actions, and a signal in the last milliseconds would
+    kill the process (a signal death instead of the run's exit status)."""
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _fail(message, code):
@@ -219,9 +238,12 @@ def main(argv):
     from grpo_jax import checkpointing, config_utils, train
 
     try:
-        result = train.train_and_evaluate(
-            config, _WORKDIR.value, allow_changes=_ALLOW_CHANGES.value
-        )
+        try:
+            result = train.train_and_evaluate(
+                config, _WORKDIR.value, allow_changes=_ALLOW_CHANGES.value
+            )
+        finally:
+            _ignore_late_signals()
     except config_utils.ConfigError as e:  # bad config, paths or data: nothing was trained
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -320,6 +321,29 @@ class _Interrupted(BaseException):
 
 
 _PENDING_EVAL = "pending_eval_row"  # meta key: a step whose evaluation a signal interrupted
+_OWN_CODE = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+    for d in ("grpo_jax", "experiments", "configs")
+)
+
+
+def _own_frame(frame) -> bool:
+    """True when ``frame`` runs this project's code (not JAX's, Orbax's or the stdlib's)."""
+    return frame is not None and frame.f_code.co_filename.startswith(_OWN_CODE)
+
+
+def _quiesce() -> None:
+    """Waits for every dispatched XLA computation to finish (their outputs are the live
+    arrays), so no XLA thread still runs when an interrupted phase unwinds and the process
+    exits (a teardown racing XLA's threads: the crash family of issue #35)."""
+    for x in jax.live_arrays():
+        with contextlib.suppress(Exception):  # deleted or donated meanwhile
+            x.block_until_ready()
+
+
+# runs whose signal handling (`_Preempted`) has ended in this process: a signal after that
+# reaches the caller's handler, which can tell it came after the run (experiments/run.py)
+handled_runs_ended = 0
 
 
 class _Preempted:
@@ -328,7 +352,12 @@ class _Preempted:
     Outside an `abortable` phase the handler only sets ``flag``: the loop finishes the step
     (generation, rewards, update), checkpoints it and exits. Inside one (the set-up, the warm
     start and the evaluations: phases that change nothing on disk and are redone exactly on a
-    rerun) it raises `_Interrupted` at once.
+    rerun) it raises `_Interrupted`, but only in this project's own code: when the signal lands
+    inside JAX, Orbax or the standard library (a tracing context, an asyncio loop, a ``finally``
+    of theirs) a trace function (``sys.settrace``, on the main thread, until the raise) raises it
+    at the next line our code executes, so the exception never unwinds a library's internals
+    half-way. (A trace function set before, a debugger's or coverage's, is put back when the
+    phase ends first; CPython unsets tracing when a trace function raises.)
     """
 
     _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -338,6 +367,7 @@ class _Preempted:
         self.signum = None
         self._old = {}
         self._abortable = False
+        self._tracing = None  # (previous trace function, frames given a local one)
 
     @property
     def name(self) -> str:
@@ -352,12 +382,44 @@ class _Preempted:
         return self
 
     def _handle(self, signum, frame):
-        del frame
         self.flag = True
         self.signum = self.signum or signum
-        if self._abortable:
+        if not self._abortable or self._tracing is not None:
+            return
+        if _own_frame(frame):
             self._abortable = False
             raise _Interrupted()
+        self._raise_at_our_next_line(frame)
+
+    def _raise_at_our_next_line(self, frame):
+        def local(frame, event, arg):
+            if event == "line" and self._abortable:
+                self._stop_tracing()
+                self._abortable = False
+                raise _Interrupted()
+            return local
+
+        def calls(frame, event, arg):
+            return local if _own_frame(frame) else None
+
+        marked = []
+        f = frame
+        while f is not None:  # the frames of ours that the library code will return to
+            if _own_frame(f):
+                f.f_trace, f.f_trace_lines = local, True
+                marked.append(f)
+            f = f.f_back
+        self._tracing = (sys.gettrace(), marked)
+        sys.settrace(calls)
+
+    def _stop_tracing(self):
+        if self._tracing is None:
+            return
+        previous, marked = self._tracing
+        self._tracing = None
+        for f in marked:
+            f.f_trace = None
+        sys.settrace(previous)
 
     @contextlib.contextmanager
     def abortable(self):
@@ -368,8 +430,12 @@ class _Preempted:
             yield
         finally:
             self._abortable = False
+            self._stop_tracing()
 
     def __exit__(self, *exc):
+        global handled_runs_ended
+        handled_runs_ended += 1  # before the old handlers return (experiments/run.py reads it)
+        self._stop_tracing()
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old = {}
@@ -405,13 +471,17 @@ def train_and_evaluate(
       FloatingPointError: ``optimizer.max_consecutive_skips`` non-finite updates in a row (the
         last good state is checkpointed first).
     """
-    config_utils.validate(config)
-    checkpointing.probe_writable(workdir)
-    if os.path.isdir(os.path.join(workdir, "checkpoints")):  # e.g. a read-only mount
-        checkpointing.probe_writable(os.path.join(workdir, "checkpoints"), "checkpoint directory")
+    # the signal handler first: a signal during the checks or the lock only sets the flag (the
+    # set-up then stops before any work), and the lock is released under it too
     with contextlib.ExitStack() as stack:
-        stack.enter_context(checkpointing.WorkdirLock(workdir))
         sig = stack.enter_context(_Preempted())
+        config_utils.validate(config)
+        checkpointing.probe_writable(workdir)
+        if os.path.isdir(os.path.join(workdir, "checkpoints")):  # e.g. a read-only mount
+            checkpointing.probe_writable(
+                os.path.join(workdir, "checkpoints"), "checkpoint directory"
+            )
+        stack.enter_context(checkpointing.WorkdirLock(workdir))
         return _train(config, workdir, tuple(allow_changes), sig, stack)
 
 
@@ -465,6 +535,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
                 meta = {"eval_before": evaluation.evaluate(exp, run.train.params, eval_rng)}
                 meta["sft"] = sft_metrics
     except _Interrupted:
+        _quiesce()
         where = "resuming" if step is not None else "the set-up, warm start or first evaluation"
         _say(
             f"{sig.name} during {where}: nothing new was saved"
@@ -535,6 +606,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
                 with sig.abortable():
                     ev = evaluation.evaluate(exp, run.train.params, eval_rng)
             except _Interrupted:  # keep the step; its evaluation and row are redone on resume
+                _quiesce()
                 if not saved:
                     save(run, {**meta, _PENDING_EVAL: writers.to_jsonable(row)})
                 _say(
@@ -588,6 +660,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
                 exp, run.train.params, eval_rng
             )
     except _Interrupted:
+        _quiesce()
         _say(
             f"{sig.name} during the final evaluation: checkpoint {int(run.train.step)} is "
             "complete; rerun the same command to evaluate it and write the summary; exiting."
