@@ -44,6 +44,9 @@ def get_config(arg: str = "8b,grpo"):
     c.algorithm.advantage_clip = 5.0  # paper: advantages clipped to +-5
     c.algorithm.reward_scale = "pm1"  # paper: +1 / -1 from the math verifier
     c.algorithm.mini_batch_size = 256  # rollouts per gradient step (4 steps per batch)
+    # completion log-probs in 512-position chunks: never the whole [rows, 4096, 151936] logits
+    # (docs/architecture.md: TPU-compiled memory)
+    c.algorithm.logprob_chunk_size = 512
     c.optimizer.learning_rate = 1e-6  # paper: AdamW lr 1e-6
     c.optimizer.weight_decay = 0.01
     c.gdro.prompt.signal = c.gdro.rollout.signal = "surrogate_loss"  # paper default loss signal
