@@ -466,7 +466,9 @@ def compiled_memory(
         t0 = time.perf_counter()
         cfg = _experiment_config(model_config, algo, R, lp, lc, kl_coef)
         exp = experiment_lib.build_experiment(cfg, with_data=False)
-        if exp.model_config != model_config:
+        # the experiment resolves attention_impl="auto" for its devices; compare the rest
+        resolved = dataclasses.replace(model_config, attention_impl=exp.model_config.attention_impl)
+        if exp.model_config != resolved:
             raise AssertionError(f"Experiment model {exp.model_config} != requested {model_config}")
         state = exp.abstract_state  # shapes and shardings, nothing allocated
         fns = steps_lib.make_steps(exp)
