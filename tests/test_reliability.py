@@ -499,13 +499,15 @@ def cli_env(tmp_path_factory):
 
 
 class _Run:
-    """`python -m experiments.run` in the background; stdout/stderr go to files (no pipe stalls)."""
+    """`python -m experiments.run` in the background; stdout/stderr go to files (no pipe stalls).
+    ``args``: the flags before ``extra`` (default `_E2E`)."""
 
-    def __init__(self, workdir, env, extra, tag):
+    def __init__(self, workdir, env, extra, tag, args=None):
+        args = _E2E if args is None else args
         self.out_path, self.err_path = f"{workdir}.{tag}.out", f"{workdir}.{tag}.err"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "experiments.run", *_E2E, *extra, f"--workdir={workdir}"],
+                [sys.executable, "-m", "experiments.run", *args, *extra, f"--workdir={workdir}"],
                 cwd=REPO,
                 env=env,
                 stdout=out,

@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 import pytest
-from test_train import REPO, deterministic_rows
+from test_reliability import _Run
+from test_train import deterministic_rows
 
 from grpo_jax import writers
 
@@ -58,19 +59,11 @@ def _caught(pid: int, signum: int) -> bool:
     return False
 
 
-class _Invocation:
-    """One ``python -m experiments.run`` (output to files: no pipe can stall it)."""
+class _Invocation(_Run):
+    """One ``python -m experiments.run`` of `_ARGS` (output to files: no pipe can stall it)."""
 
     def __init__(self, workdir, env, extra=(), tag="run"):
-        self.base = f"{workdir}.{tag}"
-        with open(self.base + ".out", "w") as out, open(self.base + ".err", "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "experiments.run", *_ARGS, *extra, f"--workdir={workdir}"],
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=err,
-            )
+        super().__init__(workdir, env, list(extra), tag, args=_ARGS)
         self.t0 = time.monotonic()
         self.sent: list[str] = []
 
@@ -103,14 +96,6 @@ class _Invocation:
             self.proc.kill()
             self.proc.wait()
             raise
-
-    @property
-    def out(self):
-        return open(self.base + ".out").read()
-
-    @property
-    def err(self):
-        return open(self.base + ".err").read()
 
 
 def _problems(inv: _Invocation, rc: int) -> list[str]:
