@@ -349,6 +349,8 @@ def test_config_attention_impl_reaches_the_model_and_is_validated():
     c.model.attention_impl = "blockwise"
     exp = experiment.build_experiment(c, with_data=False)
     assert exp.model_config.attention_impl == "blockwise"
+    # the config check's copy of the choices (config_utils does not import the model package)
+    assert config_utils.ATTENTION_IMPLS == A.IMPLS
     c.model.attention_impl = "nope"
     with pytest.raises(config_utils.ConfigError, match="attention_impl"):
         config_utils.validate(c)
