@@ -201,6 +201,12 @@ def _select(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
+# `losses.policy_loss` aux entries that are bookkeeping of the micro-batch sum, not metrics
+_INTERNAL_AUX = ("loss_sum", "denominator", "num_tokens")
+# aux entries that are partial sums over micro-batches (each against the whole denominator)
+_SUMMED_AUX = ("pg_loss",)
+
+
 def _update_fn(exp: Experiment):
     """The unjitted ``update(state, batch) -> (state, metrics)`` of one mini-batch."""
     cfg = exp.config.algorithm
@@ -269,9 +275,14 @@ def _update_fn(exp: Experiment):
             ),
             jax.tree.map(lambda x: split_rows(x, n, group), batch),
         )
-        # per-rollout losses back in row order; clip fraction, KL, ratio: mean of micro-batches
+        # per-rollout losses back in row order; the surrogate (computed against the whole
+        # mini-batch's denominator) summed; clip fraction, KL, ratio, TIS: mean of micro-batches
         aux = {
-            k: merge_rows(v, group) if k == "per_rollout_loss" else jnp.mean(v)
+            k: merge_rows(v, group)
+            if k == "per_rollout_loss"
+            else jnp.sum(v)
+            if k in _SUMMED_AUX
+            else jnp.mean(v)
             for k, v in aux.items()
         }
         return jnp.sum(loss), aux, grads
@@ -297,17 +308,14 @@ def _update_fn(exp: Experiment):
         new_trained, opt_state = apply_optimizer(exp.tx, grads, state.opt_state, trained)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _all_finite(new_trained)
         params = exp.with_trainable(state.params, _select(ok, new_trained, trained))
+        # every diagnostic of the loss (clip fraction, KL, ratio, TIS weights, ...) reaches
+        # metrics.jsonl; only the micro-batching internals stay here
         metrics = {
             "loss": loss,
             "grad_norm": gnorm,
-            "clip_fraction": aux["clip_fraction"],
-            "approx_kl": aux["approx_kl"],
-            "ratio_mean": aux["ratio_mean"],
-            "per_rollout_loss": aux["per_rollout_loss"],
+            **{k: v for k, v in aux.items() if k not in _INTERNAL_AUX},
             "update_ok": ok,
         }
-        if "kl" in aux:
-            metrics["kl"] = aux["kl"]
         new = state.replace(
             params=params,
             opt_state=_select(ok, opt_state, state.opt_state),

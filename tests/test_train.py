@@ -333,7 +333,7 @@ def test_generate_batch_size_must_divide_the_rollouts():
 @pytest.mark.parametrize(
     "algorithm,agg,overrides",
     [
-        ("grpo", "seq-mean-token-mean", {}),
+        ("grpo", "seq-mean-token-mean", {"algorithm.tis_cap": 2.0}),
         ("ppo", "token-mean", {}),
         pytest.param("grpo", "token-mean", _LORA, id="grpo-lora"),
     ],
@@ -379,7 +379,14 @@ def test_gradient_accumulation_equals_one_pass(algorithm, agg, overrides):
         return jax.device_get((new.params, m))
 
     (p_one, m_one), (p_acc, m_acc) = run(0), run(8)  # 32 rollouts: one pass vs 4 x 8
-    for k in ("loss", "grad_norm") + (("value_loss",) if algorithm == "ppo" else ()):
+    # every diagnostic of the loss reaches the update's metrics (TIS's too), none of its
+    # micro-batching bookkeeping; the surrogate part is summed over micro-batches like the loss
+    assert set(m_acc) == set(m_one)
+    assert {"pg_loss", "clip_fraction", "approx_kl", "ratio_mean"} <= set(m_one)
+    assert ("kl" in m_one) == (algorithm != "ppo")  # PPO pays the KL in its token rewards
+    assert not {"loss_sum", "denominator", "num_tokens"} & set(m_one)
+    assert ("tis_weight_mean" in m_one) == ("algorithm.tis_cap" in overrides)
+    for k in ("loss", "grad_norm", "pg_loss") + (("value_loss",) if algorithm == "ppo" else ()):
         np.testing.assert_allclose(m_acc[k], m_one[k], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
         m_acc["per_rollout_loss"], m_one["per_rollout_loss"], rtol=1e-5, atol=1e-6
