@@ -29,7 +29,7 @@ implementations up to float rounding.
 
 ``model.attention_impl`` (``ModelConfig``): "einsum" | "blockwise" | "splash" (TPU) | "cudnn"
 (GPU, bfloat16/float16) | "auto" (``resolve_impl``: TPU -> splash, GPU -> cudnn for 16-bit
-activations else blockwise, CPU -> ``CPU_DEFAULT``, chosen by benchmarks/bench_attention_impl.py).
+activations else blockwise, CPU -> ``CPU_DEFAULT``, see its comment).
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from grpo_jax.models.config import ATTENTION_IMPLS as IMPLS
 
 _NEG_INF = -1e30  # finite "minus infinity" (as the einsum path's masked scores)
 
-# The CPU's "auto": the faster of einsum / blockwise for the training step's forward + backward
-# on XLA:CPU (benchmarks/bench_attention_impl.py; the numbers are in docs/architecture.md).
+# The CPU's "auto". Blockwise is as fast or faster on XLA:CPU (benchmarks/bench_attention_impl.py;
+# numbers in docs/architecture.md), but the committed studies ran with einsum and a switch would
+# change their reruns' trajectories.
 CPU_DEFAULT = "einsum"
 BLOCK_Q = 512  # blockwise kernel's default tile sizes (queries, keys)
 BLOCK_K = 512
