@@ -54,6 +54,10 @@ def base_config() -> ml_collections.ConfigDict:
     )
     c.data.level_column = ""  # "custom": optional integer difficulty column ("" = none, level -1)
     c.data.id_column = ""  # "custom": optional unique row id column (kept as "source_id")
+    # "custom": a column of conversations ([{"role", "content"}, ...], TRL's conversational
+    # format) used instead of prompt_column, rendered by the chat template (template="chat"); a
+    # final assistant turn is cut off and is the gold answer unless answer_column has one
+    c.data.messages_column = ""
     c.data.system_prompt = ""  # chat template: a system message ("" = none)
     # instruction appended to each problem (plain/chat); None = the DAPO boxed-answer suffix
     c.data.prompt_suffix = config_dict.placeholder(str)

@@ -201,7 +201,9 @@ TPU_TOPOLOGIES = {
     "v5p-8": "v5p:2x2x1",
     "v5p-16": "v5p:2x2x2",
     "v5p-32": "v5p:2x2x4",
+    "v5p-64": "v5p:4x4x2",
     "v5p-128": "v5p:4x4x4",
+    "v5p-256": "v5p:4x4x8",
     "v5p-512": "v5p:8x8x4",
     "v6e-4": "v6e:2x2",
     "v6e-8": "v6e:2x4",
@@ -273,6 +275,29 @@ def _model_flops(result: dict, name: str, rows: int) -> float:
     return per_token * n * rows * tokens
 
 
+# MaxText's published training MFU per TPU generation (pre-training, bf16, the dense model
+# closest in size to Qwen3-1.7B-8B that each table lists), the calibration of
+# `roofline`'s "MaxText-calibrated" estimate: the update and log-prob passes at this MFU, the
+# sampler (memory-bound decode, which MaxText's training tables do not cover) at its roofline.
+MAXTEXT_MFU = {
+    "TPU v6e": (
+        0.4546,
+        "Llama 3.1 8B, v6e-256, SL 8192",
+        "https://github.com/AI-Hypercomputer/maxtext/blob/main/docs/reference/models/tiering.md",
+    ),
+    "TPU v5p": (
+        0.7147,
+        "32B dense, v5p-128 (the smallest v5p model listed; older full-causal FLOP count)",
+        "https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5p/README.md",
+    ),
+    "TPU v5e": (
+        0.6110,
+        "16B dense, v5e-256 (the smallest v5e model listed)",
+        "https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/README.md",
+    ),
+}
+
+
 def roofline(result: dict, chip: Chip) -> dict:
     """Roofline time per chip of each compiled step and of one RL step, and the MFU.
 
@@ -307,7 +332,23 @@ def roofline(result: dict, chip: Chip) -> dict:
         step_s += calls * t
         model_total += calls * model
     mfu = model_total / (step_s * dev * chip.peak_bf16_flops) if step_s else 0.0
-    return {"steps": out, "step_seconds": step_s, "mfu": mfu}
+    est = {"steps": out, "step_seconds": step_s, "mfu": mfu}
+    if chip.name in MAXTEXT_MFU:  # the training-like passes at MaxText's published MFU
+        ref_mfu = MAXTEXT_MFU[chip.name][0]
+        cal = sum(
+            x["calls"]
+            * (
+                x["seconds_per_call"]
+                if name in ("sampler", "prefill", "decode")
+                else max(
+                    x["seconds_per_call"], x["model_flops"] / (dev * chip.peak_bf16_flops * ref_mfu)
+                )
+            )
+            for name, x in out.items()
+        )
+        est["maxtext_step_seconds"] = cal
+        est["maxtext_mfu"] = model_total / (cal * dev * chip.peak_bf16_flops) if cal else 0.0
+    return est
 
 
 def format_roofline(result: dict, chip: Chip) -> str:
@@ -328,6 +369,13 @@ def format_roofline(result: dict, chip: Chip) -> str:
         f"estimated RL step {r['step_seconds']:.1f} s, MFU {r['mfu']:.0%} (roofline: "
         "no communication, no overlap losses; compiled for TPU, not run)"
     )
+    if "maxtext_step_seconds" in r:
+        ref_mfu, what, _ = MAXTEXT_MFU[chip.name]
+        lines.append(
+            f"MaxText-calibrated RL step {r['maxtext_step_seconds']:.1f} s, MFU "
+            f"{r['maxtext_mfu']:.0%} (update and log-prob passes at MaxText's published "
+            f"{ref_mfu:.1%} MFU on {chip.name}, {what}; sampler at its roofline)"
+        )
     return "\n".join(lines)
 
 
@@ -705,8 +753,8 @@ def _early_device_count(argv) -> int | None:
                 return argv[i + 1]
         return None
 
-    if value("sweep"):
-        return None  # each config runs in its own subprocess
+    if value("sweep") or value("tpu_table"):
+        return None  # each config runs in its own subprocess; a table compiles nothing
     if _use_tpu_compiler(value("topology") or _DEFAULT_TOPOLOGY, value("compiler") or "auto"):
         return None  # the TPU topology's devices come from libtpu, not from virtual CPUs
     if value("devices"):
@@ -785,10 +833,27 @@ def main(argv=None):
     flags.DEFINE_string("sweep_sizes", ",".join(SWEEP_SIZES), "Sizes for --sweep.")
     flags.DEFINE_string("sweep_algorithms", ",".join(SWEEP_ALGORITHMS), "Algorithms for --sweep.")
     flags.DEFINE_integer("timeout_s", 3600, "Per-config timeout for --sweep subprocesses.")
+    flags.DEFINE_string(
+        "tpu_table",
+        "",
+        "Print the markdown table of these TPU-compiled results (comma-separated --json_out "
+        "files and --sweep .jsonl files) and exit; compiles nothing.",
+    )
     app.run(lambda _: _run(flags.FLAGS), argv=argv)
 
 
 def _run(FLAGS):
+    if FLAGS.tpu_table:
+        records = []
+        for path in FLAGS.tpu_table.split(","):
+            with open(path) as f:
+                records += (
+                    [json.loads(line) for line in f if line.strip()]
+                    if path.endswith(".jsonl")
+                    else [json.load(f)]
+                )
+        print(tpu_table(records), end="")
+        return None
     chip, count = parse_topology(FLAGS.topology)
     if FLAGS.sweep:
         return _sweep(FLAGS, chip)
@@ -848,6 +913,12 @@ def _run_tpu(FLAGS, config, chip):
     estimate is added. Nothing runs: every figure is "compiled for TPU, not run"."""
     from grpo_jax import config_utils
 
+    if FLAGS.num_slices > 1 and config.mesh.data % FLAGS.num_slices:
+        raise SystemExit(
+            f"--num_slices={FLAGS.num_slices}: the mesh's data axis ({config.mesh.data}) must be "
+            "a multiple of the slice count, so that only data parallelism crosses the slower "
+            f"links between slices (e.g. --mesh={FLAGS.num_slices},-1,1: FSDP within a slice)"
+        )
     devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
     label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
     try:
@@ -936,6 +1007,60 @@ def _sweep(FLAGS, chip):
     with open(FLAGS.sweep, "a") as f:
         f.write(_markdown(rows, chip, FLAGS))
     print(f"appended to {FLAGS.sweep}")
+
+
+def _size_label(params: int) -> str:
+    """Qwen3-1.7B / 4B / 8B by parameter count (within 5%), else the count itself."""
+    sizes = {"1.7B": 1.72e9, "4B": 4.02e9, "8B": 8.19e9}
+    near = min(sizes, key=lambda k: abs(sizes[k] - params))
+    return (
+        near if abs(sizes[near] - params) <= 0.05 * sizes[near] else f"{params / 1e9:.2f}B params"
+    )
+
+
+def tpu_table(records: list[dict]) -> str:
+    """A markdown table of TPU-compiled results (``--json_out`` files or ``--sweep``'s .jsonl
+    lines): model x algorithm x slice -> peaks per device, verdict, the roofline step time and
+    MFU, and the MaxText-calibrated step (`roofline`, recomputed from the recorded counts).
+    GRPO and Rollout-GDRO compile the same programs (R fixed; only segment ids move), so one
+    row stands for both; Prompt-GDRO's rows are R = 2 x 1024."""
+    by_name = {c.name: c for c in CHIPS.values()}
+    out = [
+        "| model | algorithm | slice (chips) | settings | update / sampler / log-prob peak "
+        "(GiB per device) | verdict | roofline s per RL step (MFU) | MaxText-calibrated s (MFU) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keyed = []
+    for r in records:
+        chip = by_name[r["chip"]]
+        b, st = r["batch"], r["steps"]
+        algo = r.get("algorithm") or ("prompt_gdro" if b["R"] > 1024 else "rollout_gdro")
+        algo = "grpo / rollout_gdro" if algo in ("grpo", "rollout_gdro") else algo
+        sampler = st.get("sampler") or st.get("decode")
+        settings = []
+        if b.get("micro_batch") and b["micro_batch"] < b["mini_batch"]:
+            settings.append(f"micro {b['micro_batch']}")
+        calls = b["R"] // b["generate_batch"]
+        settings.append(f"{calls} sampler call{'s' if calls > 1 else ''} of {b['generate_batch']}")
+        est = roofline(r, chip)
+        cal = (
+            f"{est['maxtext_step_seconds']:.1f} ({est['maxtext_mfu']:.0%})"
+            if "maxtext_step_seconds" in est
+            else "-"
+        )
+        peaks = " / ".join(
+            _fmt(x["peak"]) if x else "-" for x in (st["update"], sampler, st.get("logprobs"))
+        )
+        size = _size_label(r["params"])
+        keyed.append(
+            (
+                (r["params"], algo, r["devices"], r["topology"]),
+                f"| {size} | {algo} | {r['topology']} ({r['devices']}) | {', '.join(settings)} | {peaks} | "
+                f"{r['verdict']}, peak {_fmt(r['peak'])} | {est['step_seconds']:.1f} "
+                f"({est['mfu']:.0%}) | {cal} |",
+            )
+        )
+    return "\n".join(out + [row for _, row in sorted(keyed)]) + "\n"
 
 
 def _markdown(rows, chip, FLAGS) -> str:

@@ -15,6 +15,7 @@ Ahmadian et al. 2024, *Back to Basics* (RLOO, leave-one-out baseline, Eq. 4); TR
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import chex
@@ -52,17 +53,75 @@ def _check_finite_eagerly(rewards, segment_ids, num_segments: int) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    """The options of `compute` (frozen, hashable).
+
+    estimator: "grpo" | "dr_grpo" | "rloo". std: "unbiased" | "population". eps: >= 0, added
+    to the standard deviation. clip: None or > 0, advantages clipped to [-clip, clip].
+    scale: None (the estimator's own: "group" for grpo, "none" otherwise) | "group" | "batch"
+    | "none". nonfinite: "raise" | "mask" (see `compute`).
+
+    Raises:
+      ValueError: in `__post_init__`, one line "field=value ..." for a bad choice or range.
+    """
+
+    estimator: str = "grpo"
+    std: str = "unbiased"
+    eps: float = 1e-6
+    clip: float | None = None
+    scale: str | None = None
+    nonfinite: str = "raise"
+
+    # config.algorithm field -> AdvantageConfig field
+    CONFIG_FIELDS = {
+        "estimator": "estimator",
+        "std": "std",
+        "advantage_clip": "clip",
+        "scale_rewards": "scale",
+    }
+
+    def __post_init__(self):
+        for name, choices in (
+            ("estimator", ESTIMATORS),
+            ("std", STD_KINDS),
+            ("nonfinite", NONFINITE_MODES),
+            ("scale", (None, *SCALES)),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}")
+        if not _is_traced(self.eps) and not float(self.eps) >= 0:
+            raise ValueError(f"eps={self.eps!r} must be >= 0")
+        if self.clip is not None and not _is_traced(self.clip) and not float(self.clip) > 0:
+            raise ValueError(f"clip={self.clip!r} must be > 0 or None")
+
+    @property
+    def resolved_scale(self) -> str:
+        """`scale`, or the estimator's own when None."""
+        return _DEFAULT_SCALE[self.estimator] if self.scale is None else self.scale
+
+    @classmethod
+    def from_config(cls, algorithm, **overrides) -> AdvantageConfig:
+        """From a `config.algorithm` section (`estimator`, `std`, `advantage_clip` with 0 = off,
+        `scale_rewards`), then `overrides`. Raises ValueError naming the config's field."""
+        kw = {f: algorithm[k] for k, f in cls.CONFIG_FIELDS.items() if k in algorithm}
+        if not kw.get("clip"):
+            kw["clip"] = None
+        try:
+            return cls(**{**kw, **overrides})
+        except ValueError as e:
+            msg = str(e)
+            for key, field in cls.CONFIG_FIELDS.items():
+                if msg.startswith(field + "=") and field not in overrides:
+                    msg = key + msg[len(field) :]
+            raise ValueError(msg) from None
+
+
 def compute(
     rewards: chex.Array,
     segment_ids: chex.Array,
     num_segments: int,
-    *,
-    estimator: str = "grpo",
-    std: str = "unbiased",
-    eps: float = 1e-6,
-    clip: float | None = None,
-    nonfinite: str = "raise",
-    scale: str | None = None,
+    cfg: AdvantageConfig = AdvantageConfig(),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Group-relative advantages, one scalar per rollout.
 
@@ -110,12 +169,8 @@ def compute(
       segment_ids: `[R]` integer group (prompt) index per rollout, in `[0, num_segments)`;
         other values mark padding rows.
       num_segments: static Python int, number of groups `P` (upper bound on segment ids).
-      estimator: `"grpo"`, `"dr_grpo"` or `"rloo"`.
-      std: `"unbiased"` or `"population"` (used by group and batch scaling).
-      eps: added to the standard deviation (group or batch scaling; float, >= 0).
-      clip: if not None, advantages are clipped to `[-clip, clip]` (float > 0).
-      nonfinite: `"raise"` or `"mask"` (see above).
-      scale: None, `"group"`, `"batch"` or `"none"` (see above).
+      cfg: `AdvantageConfig`: `estimator`, `std` (used by group and batch scaling), `eps`,
+        `clip`, `nonfinite`, `scale` (each as above).
 
     Returns:
       `(advantages, stats)`: `advantages [R]` float32; `stats` a dict of scalar jnp arrays:
@@ -126,20 +181,11 @@ def compute(
       `num_clipped` (int32, rows whose advantage was clipped).
 
     Raises:
-      ValueError: unknown `estimator`/`std`/`nonfinite`/`scale`, bad `num_segments`/`eps`/
-        `clip`, or a non-finite reward with `nonfinite="raise"` and concrete inputs.
+      ValueError: bad `num_segments`, or a non-finite reward with `nonfinite="raise"` and concrete inputs.
       AssertionError: (chex) wrong ranks/shapes/dtypes of `rewards` or `segment_ids`.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-    if std not in STD_KINDS:
-        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
-    if nonfinite not in NONFINITE_MODES:
-        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
-    if scale is None:
-        scale = _DEFAULT_SCALE[estimator]
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES} or None, got {scale!r}")
+    estimator, std, eps, clip, nonfinite = cfg.estimator, cfg.std, cfg.eps, cfg.clip, cfg.nonfinite
+    scale = cfg.resolved_scale
     try:
         num_segments = operator.index(num_segments)
     except TypeError:
@@ -149,10 +195,6 @@ def compute(
         ) from None
     if num_segments < 1:
         raise ValueError(f"num_segments must be >= 1, got {num_segments}")
-    if not _is_traced(eps) and float(eps) < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    if clip is not None and not _is_traced(clip) and float(clip) <= 0:
-        raise ValueError(f"clip must be > 0 or None, got {clip}")
     rewards = jnp.asarray(rewards)
     segment_ids = jnp.asarray(segment_ids)
     chex.assert_rank([rewards, segment_ids], 1)

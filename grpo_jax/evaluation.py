@@ -16,7 +16,7 @@ import numpy as np
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling, sharding
 from grpo_jax import transfer as xfer
-from grpo_jax.data.templates import encode_prompts
+from grpo_jax.data.templates import encode_prompts, prompt_of
 
 
 def _summarise(correct: np.ndarray, answers: list[list[str]] | None, k: int) -> dict:
@@ -54,7 +54,7 @@ def evaluate_policy(
     tokenizer,
     reward_fn,
     sampling_config: sampling.SamplingConfig,
-    render: Callable[[str], str],
+    render: Callable[[str | list], str],  # templates.prompt_of(example) -> prompt text
     prompt_len: int,
     k: int,
     batch_size: int,
@@ -80,7 +80,7 @@ def evaluate_policy(
     """
     if extract is None:
         extract = getattr(reward_fn, "extract", None)
-    texts = [render(ex["problem"]) for ex in examples]
+    texts = [render(prompt_of(ex)) for ex in examples]
     # overlong prompts are cut from the left (the question's end and the template stay) and counted
     tokens, mask, _, overlong = encode_prompts(
         tokenizer, texts, prompt_len, "truncate", return_overlong=True
@@ -179,7 +179,6 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
 
     from grpo_jax import checkpointing, steps
     from grpo_jax.experiment import build_experiment
-    from grpo_jax.state import RunState
 
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
@@ -191,15 +190,9 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
     if configure is not None:
         configure(config)
     exp = build_experiment(config)
-    state = steps.init_train_state(exp)
-    template = RunState(  # the checkpoint tree the trainer saves (train.train_and_evaluate)
-        train=state,
-        controllers=exp.curriculum.init(),
-        ref_params=state.params if config.algorithm.kl_coef > 0 else None,
-    )
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
     try:
-        restored = ckpt.restore_latest(checkpointing.abstract_like(template))
+        restored = ckpt.restore_latest(steps.abstract_run_state(exp))
     finally:
         ckpt.close()
     if restored is None:

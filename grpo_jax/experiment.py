@@ -111,6 +111,11 @@ class Experiment:
         )
 
     @property
+    def uses_reference(self) -> bool:
+        """Whether the run keeps a frozen reference policy (``config.algorithm.kl_coef > 0``)."""
+        return self.config.algorithm.kl_coef > 0
+
+    @property
     def lora(self) -> bool:
         """Whether the policy trains LoRA adapters only (``config.model.lora.rank > 0``)."""
         return self.model_config.lora_rank > 0
@@ -152,8 +157,9 @@ class Experiment:
             return self.reward_fn(completions, golds, examples=[self.examples[r] for r in rows])
         return self.reward_fn(completions, golds)
 
-    def render(self, problem: str) -> str:
-        """A problem's prompt text (``config.data.template``)."""
+    def render(self, problem) -> str:
+        """A prompt's text (``config.data.template``): a problem string or a conversation's
+        turns (`templates.prompt_of(example)`)."""
         return render(self.config, self.tokenizer, problem)
 
     def sft_data(self):
@@ -162,7 +168,7 @@ class Experiment:
         the dataset's own warm-start pool when it has one (disjoint from the RL prompts: the
         arithmetic task with ``num_sft > 0``), else the training pool."""
         if self.sft_examples:
-            texts = [self.render(ex["problem"]) for ex in self.sft_examples]
+            texts = [self.render(templates.prompt_of(ex)) for ex in self.sft_examples]
             prompts, prompt_mask, _ = templates.encode_prompts(
                 self.tokenizer, texts, self.prompt_len, "truncate"
             )
@@ -302,6 +308,7 @@ def _columns(config):
         answer=_opt(d, "answer_column", "answer"),
         level=_opt(d, "level_column", ""),
         id=_opt(d, "id_column", ""),
+        messages=_opt(d, "messages_column", ""),
     )
 
 
@@ -390,9 +397,11 @@ def _load_examples(
     return examples
 
 
-def render(config, tokenizer, problem: str) -> str:
-    """A problem's prompt text under ``config.data.template`` (with ``data.prompt_suffix``,
-    None = the DAPO boxed-answer suffix, and ``data.system_prompt`` for the chat template)."""
+def render(config, tokenizer, problem) -> str:
+    """A prompt's text under ``config.data.template`` (with ``data.prompt_suffix``, None = the
+    DAPO boxed-answer suffix for a problem string and none for a conversation, and
+    ``data.system_prompt`` for the chat template). ``problem``: a string or a conversation's
+    turns (`templates.prompt_of`)."""
     d = config.data
     kw = {}
     if d.template != "arithmetic":
@@ -553,7 +562,7 @@ def build_experiment(
     if with_data:
         if config.data.max_train_examples:
             raw = raw[: config.data.max_train_examples]
-        texts = [render(config, tokenizer, ex["problem"]) for ex in raw]
+        texts = [render(config, tokenizer, templates.prompt_of(ex)) for ex in raw]
         tokens, mask, kept, over = templates.encode_prompts(
             tokenizer, texts, lp, config.data.overlong_prompts, return_overlong=True
         )
@@ -586,7 +595,10 @@ def build_experiment(
         for evs in eval_sets.values():
             longest = max(
                 [longest]
-                + [len(tokenizer.encode(render(config, tokenizer, ex["problem"]))) for ex in evs]
+                + [
+                    len(tokenizer.encode(render(config, tokenizer, templates.prompt_of(ex))))
+                    for ex in evs
+                ]
             )
         trimmed = min(lp, -(-longest // 8) * 8)
         tokens, mask, lp = tokens[:, lp - trimmed :], mask[:, lp - trimmed :], trimmed

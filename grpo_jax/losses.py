@@ -22,8 +22,10 @@ mismatch); Yu et al. 2025, *DAPO*, Sec. 3.4 (overlong filtering).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import chex
 import jax
@@ -40,7 +42,6 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum-norm",
 )
 RATIO_LEVELS = ("token", "sequence")
-POLICY_LOSS_TYPES = ("clip", "cispo", "sapo")
 KL_KINDS = ("k1", "k2", "k3")
 LOG_RATIO_CLAMP = 20.0
 # Backends whose 16-bit float slicing is emulated in float32 (see `_sliceable_view`).
@@ -686,46 +687,180 @@ def _masked_mean(x, m):
 
 
 # ----------------------------------------------------------------------------------------------
-# Policy loss.
+# Policy loss: its configuration, the registry of surrogates, and the loss.
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_policy_options(
-    policy_loss_type,
-    dual_clip,
-    cispo_epsilon_low,
-    cispo_epsilon_high,
-    sapo_tau_pos,
-    sapo_tau_neg,
-    sampler_logprobs,
-    tis_cap,
-) -> None:
-    if policy_loss_type not in POLICY_LOSS_TYPES:
-        raise ValueError(
-            f"policy_loss_type must be one of {POLICY_LOSS_TYPES}, got {policy_loss_type!r}"
-        )
-    if dual_clip is not None and policy_loss_type != "clip":
-        raise ValueError(
-            f"dual_clip applies to policy_loss_type='clip' only, not {policy_loss_type!r}"
-        )
-    if (
-        cispo_epsilon_low is not None
-        and _concrete(cispo_epsilon_low)
-        and not 0.0 <= float(cispo_epsilon_low) < 1.0
-    ):
-        raise ValueError(f"cispo_epsilon_low must be in [0, 1) or None, got {cispo_epsilon_low}")
-    if _concrete(cispo_epsilon_high) and not float(cispo_epsilon_high) >= 0.0:
-        raise ValueError(f"cispo_epsilon_high must be >= 0, got {cispo_epsilon_high}")
-    for name, tau in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg)):
-        if _concrete(tau) and not float(tau) > 0.0:
-            raise ValueError(f"{name} must be > 0, got {tau}")
-    if (sampler_logprobs is None) != (tis_cap is None):
-        raise ValueError(
-            "truncated importance sampling needs both sampler_logprobs and tis_cap (got "
-            f"sampler_logprobs {'None' if sampler_logprobs is None else 'given'}, tis_cap {tis_cap})"
-        )
-    if tis_cap is not None and _concrete(tis_cap) and not float(tis_cap) > 0.0:
-        raise ValueError(f"tis_cap must be > 0 (or None), got {tis_cap}")
+def _number(name, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> None:
+    """Raises ValueError "name=value must be a number in [lo, hi)" unless value is in range
+    (traced values pass: they are checked where they are concrete)."""
+    if not _concrete(value):
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    if not ok:
+        lo_s = "(-inf" if lo is None else ("(" if lo_open else "[") + f"{lo}"
+        hi_s = "inf)" if hi is None else f"{hi}" + (")" if hi_open else "]")
+        raise ValueError(f"{name}={value!r} must be a number in {lo_s}, {hi_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig:
+    """The options of `policy_loss` (frozen and hashable: a static argument of `jax.jit`).
+
+    Fields mirror `config.algorithm` (`from_config`), where 0 means "off" for `dual_clip` and
+    `tis_cap`:
+      policy_loss_type: a registered surrogate (`SURROGATES`: "clip", "cispo", "sapo", ...).
+      epsilon_low, epsilon_high: the clip range `[1 - epsilon_low, 1 + epsilon_high]` of
+        "clip" (DAPO clip-higher when `epsilon_high > epsilon_low`); `epsilon_low` in [0, 1).
+      dual_clip: None or `c > 1` ("clip" only; Ye et al. 2020, Eq. 5).
+      ratio_level: "token" or "sequence" (GSPO Eq. 7: the row's mean log-ratio per token).
+      loss_agg_mode: one of `LOSS_AGG_MODES` (see `aggregate_loss`).
+      max_len: `T_max` of "seq-mean-token-sum-norm" (None: the batch's `T`).
+      kl_coef: >= 0, weight of the KL to the reference (needs `ref_logprobs` when > 0).
+      kl_kind: "k1" | "k2" | "k3" (`kl`).
+      kl_ratio_correction: the KL times the live importance ratio (TRL's
+        `use_bias_correction_kl`; tests/test_kl_ratio_trl.py).
+      tis_cap: None or `C > 0`: truncated importance sampling against the sampler's log-probs
+        (Yao et al. 2025; verl's default C = 2); given iff `sampler_logprobs` is.
+      cispo_epsilon_low, cispo_epsilon_high: CISPO's weight range `[1 - low, 1 + high]`
+        (low None: no lower bound, the paper's setting; high >= 0).
+      sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures (> 0) for `A > 0` / `A <= 0`.
+
+    Raises:
+      ValueError: in `__post_init__`, one line "field=value must ..." for an unknown choice or
+        a value out of range, or `dual_clip` with a type other than "clip".
+    """
+
+    policy_loss_type: str = "clip"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    dual_clip: float | None = None
+    ratio_level: str = "token"
+    loss_agg_mode: str = "token-mean"
+    max_len: int | None = None
+    kl_coef: float = 0.0
+    kl_kind: str = "k3"
+    kl_ratio_correction: bool = False
+    tis_cap: float | None = None
+    cispo_epsilon_low: float | None = None
+    cispo_epsilon_high: float = 0.28
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+
+    def __post_init__(self):
+        for name, choices in (
+            ("policy_loss_type", tuple(SURROGATES)),
+            ("ratio_level", RATIO_LEVELS),
+            ("loss_agg_mode", LOSS_AGG_MODES),
+            ("kl_kind", KL_KINDS),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {choices}")
+        _number("epsilon_low", self.epsilon_low, 0, 1, hi_open=True)
+        _number("epsilon_high", self.epsilon_high, 0)
+        _number("kl_coef", self.kl_coef, 0)
+        _number("cispo_epsilon_high", self.cispo_epsilon_high, 0)
+        _number("sapo_tau_pos", self.sapo_tau_pos, 0, lo_open=True)
+        _number("sapo_tau_neg", self.sapo_tau_neg, 0, lo_open=True)
+        if self.cispo_epsilon_low is not None:
+            _number("cispo_epsilon_low", self.cispo_epsilon_low, 0, 1, hi_open=True)
+        if self.tis_cap is not None:
+            _number("tis_cap", self.tis_cap, 0, lo_open=True)
+        if self.max_len is not None and not (isinstance(self.max_len, int) and self.max_len > 0):
+            raise ValueError(f"max_len={self.max_len!r} must be a positive integer or None")
+        if self.dual_clip is not None:
+            _number("dual_clip", self.dual_clip, 1, lo_open=True)
+            if self.policy_loss_type != "clip":
+                raise ValueError(
+                    f"dual_clip={self.dual_clip} applies to policy_loss_type='clip' only, not "
+                    f"{self.policy_loss_type!r}"
+                )
+
+    @classmethod
+    def from_config(cls, algorithm, **overrides) -> PolicyLossConfig:
+        """From a `config.algorithm` section (`ml_collections.ConfigDict` or any mapping): the
+        fields it has (`dual_clip`/`tis_cap` 0 -> None), then `overrides`. Raises ValueError as
+        `__post_init__`."""
+        kw = {f.name: algorithm[f.name] for f in dataclasses.fields(cls) if f.name in algorithm}
+        for off in ("dual_clip", "tis_cap"):
+            if off in kw and not kw[off]:
+                kw[off] = None
+        return cls(**{**kw, **overrides})
+
+
+class SurrogateInputs(NamedTuple):
+    """What a surrogate sees, per token ([R, T] float32, 0 where masked, except `mask`).
+
+    advantages: `A_t` (times `sample_weights` when given), constant. ratio: the importance
+    ratio `rho_t = exp(l_t)` of `ratio_level`, live (differentiated). logprobs: the current
+    policy's log-probs, live. mask: [R, T] bool, the completion tokens.
+    """
+
+    advantages: jax.Array
+    ratio: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+
+
+Surrogate = Callable[[SurrogateInputs, PolicyLossConfig], tuple[jax.Array, jax.Array]]
+# name -> surrogate(x, cfg) -> (per-token policy-gradient loss [R, T] float32, clipped [R, T]
+# bool: the tokens whose gradient the surrogate cuts or caps, for the `clip_fraction` metric)
+SURROGATES: dict[str, Surrogate] = {}
+
+
+def register_surrogate(name: str) -> Callable[[Surrogate], Surrogate]:
+    """Decorator: `@register_surrogate("mine")` makes `policy_loss_type="mine"` available (in
+    `PolicyLossConfig` and `config.algorithm.policy_loss_type`). Raises ValueError when `name`
+    is taken."""
+
+    def register(fn: Surrogate) -> Surrogate:
+        if name in SURROGATES:
+            raise ValueError(f"surrogate {name!r} is already registered ({SURROGATES[name]})")
+        SURROGATES[name] = fn
+        return fn
+
+    return register
+
+
+@register_surrogate("clip")
+def clip_surrogate(x: SurrogateInputs, cfg: PolicyLossConfig):
+    """PPO Eq. 7 (DAPO clip-higher when `epsilon_high > epsilon_low`):
+    `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - epsilon_low, 1 + epsilon_high))`; with dual clip
+    `c` (Ye et al. 2020, Eq. 5), `L_t = min(L_t, -c A_t)` for `A_t < 0`. Clipped: `A > 0` and
+    `rho > 1 + epsilon_high`, or `A < 0` and `rho < 1 - epsilon_low`."""
+    a, r = x.advantages, x.ratio
+    lo, hi = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
+    pg = jnp.maximum(-a * r, -a * jnp.clip(r, lo, hi))
+    if cfg.dual_clip is not None:
+        pg = jnp.where(a < 0, jnp.minimum(pg, -cfg.dual_clip * a), pg)
+    r = lax.stop_gradient(r)
+    return pg, ((a > 0) & (r > hi)) | ((a < 0) & (r < lo))
+
+
+@register_surrogate("cispo")
+def cispo_surrogate(x: SurrogateInputs, cfg: PolicyLossConfig):
+    """MiniMax-M1 Sec. 3.1: `L_t = -sg(clip(rho_t, 1 - cispo_epsilon_low, 1 +
+    cispo_epsilon_high)) A_t logprobs_t`: the weight is clipped and detached, so every token
+    keeps the gradient `-w_t A_t grad(logprobs_t)`. Clipped: the weight, either side."""
+    r = lax.stop_gradient(x.ratio)
+    lo = 0.0 if cfg.cispo_epsilon_low is None else 1.0 - cfg.cispo_epsilon_low
+    hi = 1.0 + cfg.cispo_epsilon_high
+    return -jnp.clip(r, lo, hi) * x.advantages * x.logprobs, (r > hi) | (r < lo)
+
+
+@register_surrogate("sapo")
+def sapo_surrogate(x: SurrogateInputs, cfg: PolicyLossConfig):
+    """SAPO Sec. 3: `L_t = -A_t f(rho_t)`, `f(x) = sigmoid(tau (x - 1)) 4 / tau`, `tau =
+    sapo_tau_pos` if `A_t > 0` else `sapo_tau_neg`: gradient weight 1 at `rho = 1`, decaying
+    smoothly off-policy. Nothing is clipped."""
+    a = x.advantages
+    tau = jnp.where(a > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg)
+    return -a * jax.nn.sigmoid(tau * (x.ratio - 1.0)) * (4.0 / tau), jnp.zeros_like(x.mask)
 
 
 def policy_loss(
@@ -733,167 +868,68 @@ def policy_loss(
     old_logprobs: chex.Array,
     advantages: chex.Array,
     completion_mask: chex.Array,
+    cfg: PolicyLossConfig = PolicyLossConfig(),
     *,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    dual_clip: float | None = None,
-    ratio_level: str = "token",
-    loss_agg_mode: str = "token-mean",
-    max_len: int | None = None,
     ref_logprobs: chex.Array | None = None,
-    kl_coef: float = 0.0,
-    kl_kind: str = "k3",
-    sample_weights: chex.Array | None = None,
-    logits: chex.Array | None = None,
-    denominator: chex.Array | None = None,
-    policy_loss_type: str = "clip",
-    cispo_epsilon_low: float | None = None,
-    cispo_epsilon_high: float = 0.28,
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    kl_ratio_correction: bool = False,
     sampler_logprobs: chex.Array | None = None,
-    tis_cap: float | None = None,
+    sample_weights: chex.Array | None = None,
+    denominator: chex.Array | None = None,
+    logits: chex.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Policy loss (GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO) with optional KL and TIS.
+    """Policy loss (GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO, ...) with optional KL and TIS.
 
-    Per masked-in token, in float32, with `A_t = advantages[r] * sample_weights[r]`:
+    Per masked-in token, in float32, with `A_t = advantages * sample_weights`:
+    - log-ratio `l_t = logprobs - old_logprobs` (`cfg.ratio_level="token"`) or the row's token
+      mean broadcast to its tokens ("sequence", GSPO Eq. 7), clamped to [-20, 20];
+      `rho_t = exp(l_t)`.
+    - policy-gradient term `L_t = SURROGATES[cfg.policy_loss_type]`; with TIS
+      (`sampler_logprobs`, `cfg.tis_cap`; Yao et al. 2025) times the detached
+      `w_t = min(exp(old_logprobs - sampler_logprobs), tis_cap)`.
+    - KL (`ref_logprobs`): `L_t += kl_coef c_t kl(logprobs, ref_logprobs, kl_kind)`, `c_t = 1`
+      or the live `rho_t` with `kl_ratio_correction`. Not weighted by `sample_weights` or TIS.
+    - `loss = aggregate_loss(L, mask, loss_agg_mode)`: token-mean (DAPO), seq-mean-token-mean
+      (GRPO), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO, `R * max_len`).
 
-    - log-ratio `l_t = logprobs - old_logprobs` (`ratio_level="token"`), or the row's token mean
-      `l_r = mean_t l_t` broadcast to its tokens (`"sequence"`, GSPO Eq. 7:
-      `s_r = exp(mean_t l_t)`; GSPO's objective is this with `seq-mean-token-mean`); clamped to
-      `[-20, 20]`; `rho_t = exp(l_t)`.
-    - policy-gradient term `L_t` by `policy_loss_type`:
-      - `"clip"` (PPO Eq. 7; DAPO clip-higher when `epsilon_high > epsilon_low`):
-        `L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - epsilon_low, 1 + epsilon_high))`; dual clip
-        (`dual_clip = c > 1`, Ye et al. Eq. 5): for `A_t < 0`, `L_t = min(L_t, -c A_t)`.
-      - `"cispo"` (MiniMax-M1 Sec. 3.1, the CISPO objective):
-        `L_t = -sg(clip(rho_t, 1 - cispo_epsilon_low, 1 + cispo_epsilon_high)) A_t logprobs_t`;
-        the IS weight is clipped and detached, so every token keeps a gradient
-        `-w_t A_t grad(logprobs_t)`. `cispo_epsilon_low=None` imposes no lower bound (the
-        paper's setting: "we did not impose a lower bound ... only tuned eps_high").
-      - `"sapo"` (SAPO Sec. 3, the soft-gated objective): `L_t = -f(rho_t) A_t` with the gate
-        `f(x) = sigmoid(tau (x - 1)) * 4 / tau`, `tau = sapo_tau_pos` if `A_t > 0` else
-        `sapo_tau_neg` (paper defaults 1.0 / 1.05). Its gradient is
-        `-4 sigmoid(.)(1 - sigmoid(.)) rho_t A_t grad(logprobs_t)`: weight 1 at `rho = 1`,
-        decaying smoothly off-policy (no hard cut-off).
-    - TIS (when `sampler_logprobs` is given; Yao et al. 2025, the verl TIS): the policy-gradient
-      term is multiplied by the detached weight
-      `w_t = min(exp(old_logprobs - sampler_logprobs), tis_cap)` (log-ratio clamped to
-      `[-20, 20]`), correcting for the sampler (e.g. a bfloat16 decode) not being the trainer's
-      `pi_old`. The KL term is not weighted.
-    - KL (when `ref_logprobs` is given): `L_t += kl_coef * c_t * kl(logprobs, ref_logprobs,
-      kl_kind)` with `c_t = 1`, or `c_t = rho_t` (the importance ratio of `ratio_level`, live:
-      differentiated, clamped like `rho`) when `kl_ratio_correction`: the importance-weighted
-      estimate `E_{pi_old}[rho_t kl_t]` of the KL under `pi_theta` (the tokens were sampled
-      from `pi_old`), whose gradient is the KL's; TRL's `use_bias_correction_kl`
-      (`GRPOTrainer._compute_loss`: `per_token_kl * coef_1`; tests/test_kl_ratio_trl.py runs
-      TRL's code). On-policy `rho = 1` in value, but its gradient adds `kl_t` per token (for
-      k3 the per-token gradient is `(logprobs - ref_logprobs) grad(logprobs)`, the k1 value).
-      The KL term is *not* multiplied by `sample_weights`, and its gradient flows through
-      `logprobs`.
-
-    `old_logprobs`, `ref_logprobs` and `sampler_logprobs` are treated as constants
-    (`stop_gradient`), so passing `old_logprobs = logprobs` gives `rho = 1` and, for every
-    `policy_loss_type`, exactly the REINFORCE gradient `-A grad(logprobs)`, aggregated by
-    `loss_agg_mode`.
-
-    Aggregation (`loss = loss_sum / denominator`, see `aggregate_loss`/`loss_denominator`):
-    `token-mean` (DAPO: sum over tokens / number of tokens), `seq-mean-token-mean` (GRPO: mean
-    over rows of each row's token mean), `seq-mean-token-sum` (mean over rows of token sums),
-    `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / (R * max_len)).
-
-    Micro-batching: split the rows of a mini-batch into micro-batches, compute
-    `D = loss_denominator(full_mask, loss_agg_mode, max_len=...)` once on the full mini-batch
-    and call `policy_loss(..., denominator=D)` per micro-batch; the micro-batch losses (and
-    their gradients) then sum exactly to the full-batch ones in every mode and for every option
-    here (each term is per token, or per row for the sequence ratio). Equivalently
-    `sum_i aux_i["loss_sum"] / sum_i aux_i["denominator"]` is the full-batch loss.
-
-    Masked positions of `logprobs`, `old_logprobs`, `ref_logprobs`, `sampler_logprobs`,
-    `logits` (and the advantages/weights of fully masked rows) may be NaN/inf: they change
-    neither the loss nor its gradient (`jnp.where` before any arithmetic).
+    `old_logprobs`, `ref_logprobs`, `sampler_logprobs` are constants (`stop_gradient`):
+    `old_logprobs = logprobs` gives `rho = 1` and, for every built-in surrogate, exactly the
+    REINFORCE gradient `-A grad(logprobs)`. Micro-batching: pass the full mini-batch's
+    `loss_denominator` as `denominator` to every micro-batch; their losses and gradients then
+    sum to the full batch's. Masked positions of any [R, T] input may be NaN/inf: they change
+    neither loss nor gradient.
 
     Args:
-      logprobs: `[R, T]` float, log-probs of the sampled completion tokens under the current
-        policy (differentiated).
-      old_logprobs: `[R, T]` float, log-probs under the policy that the update is relative to
-        (the trainer's recomputation at sampling time; constant).
-      advantages: `[R]` float, one per rollout (broadcast over its tokens; GRPO), or
-        `[R, T]` per-token advantages (PPO/GAE baseline). Constant (no gradient).
-      completion_mask: `[R, T]` bool/int/float (> 0 means a real completion token).
-      epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]` (`"clip"`).
-      dual_clip: None or `c > 1` (`"clip"` only).
-      ratio_level: `"token"` or `"sequence"` (applies to every `policy_loss_type`).
-      loss_agg_mode: one of `LOSS_AGG_MODES`.
-      max_len: `T_max` for `seq-mean-token-sum-norm` (default `T`); ignored otherwise.
-      ref_logprobs: optional `[R, T]` float, reference-policy log-probs (constant).
-      kl_coef: KL coefficient (needs `ref_logprobs` when non-zero).
-      kl_kind: `"k1"`, `"k2"` or `"k3"`.
-      sample_weights: optional `[R]` float multiplying the advantages (Prompt-GDRO).
-      logits: optional `[R, T, V]` completion-aligned logits (already divided by the sampling
-        temperature), only for the `entropy` metric (no gradient).
-      denominator: optional scalar overriding this batch's denominator (micro-batching).
-      policy_loss_type: `"clip"` (default), `"cispo"` or `"sapo"`.
-      cispo_epsilon_low: None (no lower bound) or in `[0, 1)`: CISPO weight >= 1 - this.
-      cispo_epsilon_high: >= 0: CISPO weight <= 1 + this (default 0.28; MiniMax-M1 publishes
-        no value; TRL's `epsilon_high=5` cap on the weight is `cispo_epsilon_high=4`).
-      sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures (> 0) for `A > 0` / `A <= 0`.
-      kl_ratio_correction: multiply the per-token KL by the live importance ratio (see above).
-      sampler_logprobs: optional `[R, T]` float, log-probs the sampler reported (constant);
-        with `tis_cap`, turns on TIS.
-      tis_cap: TIS truncation `C > 0` (verl's default is 2); given iff `sampler_logprobs` is.
+      logprobs: [R, T] float, current-policy log-probs of the sampled tokens (differentiated).
+      old_logprobs: [R, T] float, the log-probs the ratio is relative to.
+      advantages: [R] float (broadcast over tokens) or [R, T] (per token, PPO/GAE).
+      completion_mask: [R, T] bool/int/float, > 0 on completion tokens.
+      cfg: `PolicyLossConfig`.
+      ref_logprobs: [R, T] float, reference log-probs (needed when `cfg.kl_coef > 0`).
+      sampler_logprobs: [R, T] float, the sampler's log-probs (given iff `cfg.tis_cap`).
+      sample_weights: [R] float multiplying the advantages (Prompt-GDRO).
+      denominator: float32 scalar overriding this batch's (micro-batching).
+      logits: [R, T, V] completion logits at the sampling temperature, for `entropy` only.
 
     Returns:
-      `(loss, aux)`; `loss` float32 scalar. `aux` (all float32, no gradient):
-      `loss_sum`, `denominator` (this batch's, see above), `pg_loss` (policy-gradient part of
-      the loss), `num_tokens`, `clip_fraction` (`"clip"`: fraction of tokens where the clip is
-      active for the sign of `A`: `A > 0 and rho > 1 + epsilon_high` or
-      `A < 0 and rho < 1 - epsilon_low`; `"cispo"`: tokens whose IS weight is clipped, either
-      side; `"sapo"`: 0, nothing is clipped), `approx_kl` (token mean of k3 between old and new
-      policy), `ratio_mean` (token mean of `rho`), `per_rollout_loss [R]` (each row's token
-      mean of the policy-gradient term computed with the *unweighted* advantages, TIS-weighted
-      when TIS is on, no KL; 0 for rows without tokens: the Prompt-GDRO loss signal), `kl`
-      (token mean of the KL estimate before `kl_coef`, ratio-corrected when
-      `kl_ratio_correction`; only when `ref_logprobs` is given), `entropy` (token mean, only
-      when `logits` is given), `tis_weight_mean` and `tis_clip_fraction` (token mean of the
-      TIS weight, fraction of tokens where `tis_cap` truncates it; only with TIS).
+      `(loss, aux)`: loss float32 []; aux float32 (no gradient): `loss_sum`, `denominator`,
+      `num_tokens` (micro-batch bookkeeping), `pg_loss` (the policy-gradient part),
+      `clip_fraction` (token mean of the surrogate's clipped flag), `approx_kl` (k3 between old
+      and new policy), `ratio_mean`, `per_rollout_loss` [R] (each row's token mean of `L_t`
+      with the unweighted advantages, TIS on, no KL; the Prompt-GDRO loss signal), and when
+      they apply `kl` (before `kl_coef`), `entropy`, `tis_weight_mean`, `tis_clip_fraction`.
 
     Raises:
-      ValueError: unknown mode/kind/level/type, `epsilon_low` outside `[0, 1)`,
-        `epsilon_high < 0`, `dual_clip <= 1` or with a type other than `"clip"`,
-        `cispo_epsilon_low` outside `[0, 1)`, `cispo_epsilon_high < 0`, a SAPO temperature
-        `<= 0`, `tis_cap <= 0`, only one of `sampler_logprobs`/`tis_cap`, or `kl_coef != 0`
-        without `ref_logprobs`.
-      AssertionError: (chex) wrong ranks/shapes/dtypes.
+      ValueError: `kl_coef > 0` without `ref_logprobs`; only one of `sampler_logprobs` and
+        `cfg.tis_cap`. AssertionError (chex): wrong ranks, shapes or dtypes.
     """
-    _check_agg_mode(loss_agg_mode)
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
-    if kl_kind not in KL_KINDS:
-        raise ValueError(f"kl_kind must be one of {KL_KINDS}, got {kl_kind!r}")
-    if _concrete(epsilon_low) and not 0.0 <= float(epsilon_low) < 1.0:
-        raise ValueError(f"epsilon_low must be in [0, 1), got {epsilon_low}")
-    if _concrete(epsilon_high) and not float(epsilon_high) >= 0.0:
-        raise ValueError(f"epsilon_high must be >= 0, got {epsilon_high}")
-    if dual_clip is not None and _concrete(dual_clip) and not float(dual_clip) > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    if ref_logprobs is None and _concrete(kl_coef) and float(kl_coef) != 0.0:
-        raise ValueError(f"kl_coef = {kl_coef} needs ref_logprobs")
-    _check_policy_options(
-        policy_loss_type,
-        dual_clip,
-        cispo_epsilon_low,
-        cispo_epsilon_high,
-        sapo_tau_pos,
-        sapo_tau_neg,
-        sampler_logprobs,
-        tis_cap,
-    )
-
-    logprobs = jnp.asarray(logprobs)
-    old_logprobs = jnp.asarray(old_logprobs)
-    advantages = jnp.asarray(advantages)
+    if ref_logprobs is None and _concrete(cfg.kl_coef) and float(cfg.kl_coef) != 0.0:
+        raise ValueError(f"kl_coef = {cfg.kl_coef} needs ref_logprobs")
+    if (sampler_logprobs is None) != (cfg.tis_cap is None):
+        raise ValueError(
+            "truncated importance sampling needs both sampler_logprobs and tis_cap (got "
+            f"sampler_logprobs {'None' if sampler_logprobs is None else 'given'}, "
+            f"tis_cap {cfg.tis_cap})"
+        )
+    logprobs, old_logprobs, advantages = map(jnp.asarray, (logprobs, old_logprobs, advantages))
     chex.assert_rank([logprobs, old_logprobs, advantages], [2, 2, {1, 2}])
     chex.assert_type([logprobs, old_logprobs, advantages], float)
     chex.assert_equal_shape([logprobs, old_logprobs, completion_mask])
@@ -903,102 +939,80 @@ def policy_loss(
     cnt = jnp.sum(m, axis=1).astype(jnp.float32)  # [R]
     sg = lax.stop_gradient
 
+    def const(x):  # a constant [R, T] input: float32, 0 where masked
+        x = jnp.asarray(x)
+        chex.assert_equal_shape([logprobs, x])
+        chex.assert_type(x, float)
+        return jnp.where(m, sg(_f32(x)), 0.0)
+
     lp = jnp.where(m, _f32(logprobs), 0.0)
-    old = jnp.where(m, sg(_f32(old_logprobs)), 0.0)
+    old = const(old_logprobs)
     adv = sg(_f32(advantages))
     adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
+    adv_w = adv
     if sample_weights is not None:
         sample_weights = jnp.asarray(sample_weights)
         chex.assert_shape(sample_weights, (r,))
-        w = jnp.where(m, _f32(sample_weights)[:, None], 0.0)
-        adv_w = adv * w
-    else:
-        adv_w = adv
+        adv_w = adv * jnp.where(m, _f32(sample_weights)[:, None], 0.0)
 
-    token_log_ratio = lp - old  # 0 where masked
-    log_ratio = token_log_ratio
-    if ratio_level == "sequence":
+    log_ratio = lp - old  # 0 where masked
+    if cfg.ratio_level == "sequence":
         seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(cnt, 1.0)
         log_ratio = jnp.where(m, seq[:, None], 0.0)
     ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    ratio_sg = sg(ratio)
 
     tis_w = None
     if sampler_logprobs is not None:
-        sampler_logprobs = jnp.asarray(sampler_logprobs)
-        chex.assert_equal_shape([logprobs, sampler_logprobs])
-        chex.assert_type(sampler_logprobs, float)
-        samp = jnp.where(m, sg(_f32(sampler_logprobs)), 0.0)
-        tis_raw = jnp.exp(jnp.clip(old - samp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        tis_w = jnp.where(m, jnp.minimum(tis_raw, tis_cap), 0.0)
+        tis_raw = jnp.exp(
+            jnp.clip(old - const(sampler_logprobs), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        )
+        tis_w = jnp.where(m, jnp.minimum(tis_raw, cfg.tis_cap), 0.0)
 
-    cispo_lo = 0.0 if cispo_epsilon_low is None else 1.0 - cispo_epsilon_low
-    cispo_hi = 1.0 + cispo_epsilon_high
+    surrogate = SURROGATES[cfg.policy_loss_type]
 
-    def surrogate(a):
-        if policy_loss_type == "clip":
-            pg = jnp.maximum(
-                -a * ratio, -a * jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-            )
-            if dual_clip is not None:
-                pg = jnp.where(a < 0, jnp.minimum(pg, -dual_clip * a), pg)
-        elif policy_loss_type == "cispo":
-            pg = -jnp.clip(ratio_sg, cispo_lo, cispo_hi) * a * lp
-        else:  # sapo
-            tau = jnp.where(a > 0, sapo_tau_pos, sapo_tau_neg)
-            pg = -a * jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-        if tis_w is not None:
-            pg = pg * tis_w
-        return jnp.where(m, pg, 0.0)
+    def pg_terms(a):
+        pg, clipped = surrogate(SurrogateInputs(a, ratio, lp, m), cfg)
+        pg = pg if tis_w is None else pg * tis_w
+        return jnp.where(m, pg, 0.0), clipped
 
-    pg_t = surrogate(adv_w)
-    per_token = pg_t
-    kl_t = None
+    pg_t, clipped = pg_terms(adv_w)
+    per_token, kl_t = pg_t, None
     if ref_logprobs is not None:
-        ref_logprobs = jnp.asarray(ref_logprobs)
-        chex.assert_equal_shape([logprobs, ref_logprobs])
-        ref = jnp.where(m, sg(_f32(ref_logprobs)), 0.0)
-        kl_t = kl(lp, ref, kl_kind)
-        if kl_ratio_correction:  # TRL use_bias_correction_kl: times the live ratio
+        kl_t = kl(lp, const(ref_logprobs), cfg.kl_kind)
+        if cfg.kl_ratio_correction:  # TRL use_bias_correction_kl: times the live ratio
             kl_t = kl_t * ratio
         kl_t = jnp.where(m, kl_t, 0.0)
-        per_token = pg_t + kl_coef * kl_t
+        per_token = pg_t + cfg.kl_coef * kl_t
 
-    loss, loss_sum, local_den = aggregate_loss(
-        per_token, m, loss_agg_mode, max_len=max_len, denominator=denominator
+    agg = functools.partial(
+        aggregate_loss,
+        loss_agg_mode=cfg.loss_agg_mode,
+        max_len=cfg.max_len,
+        denominator=denominator,
     )
-    pg_loss, _, _ = aggregate_loss(pg_t, m, loss_agg_mode, max_len=max_len, denominator=denominator)
-
-    if policy_loss_type == "clip":
-        clipped = ((adv_w > 0) & (ratio_sg > 1.0 + epsilon_high)) | (
-            (adv_w < 0) & (ratio_sg < 1.0 - epsilon_low)
-        )
-    elif policy_loss_type == "cispo":
-        clipped = (ratio_sg > cispo_hi) | (ratio_sg < cispo_lo)
-    else:
-        clipped = jnp.zeros_like(m)
+    loss, loss_sum, local_den = agg(per_token, m)
+    pg_loss = agg(pg_t, m)[0]
     d_old = jnp.clip(sg(old - lp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     aux = {
         "loss_sum": sg(loss_sum),
         "denominator": local_den,
         "pg_loss": sg(pg_loss),
         "num_tokens": jnp.sum(cnt),
-        "clip_fraction": _masked_mean(clipped.astype(jnp.float32), m),
+        "clip_fraction": _masked_mean(sg(clipped).astype(jnp.float32), m),
         "approx_kl": _masked_mean(jnp.exp(d_old) - d_old - 1.0, m),
-        "ratio_mean": _masked_mean(ratio_sg, m),
-        "per_rollout_loss": sg(jnp.sum(surrogate(adv), axis=1) / jnp.maximum(cnt, 1.0)),
+        "ratio_mean": _masked_mean(sg(ratio), m),
+        "per_rollout_loss": sg(jnp.sum(pg_terms(adv)[0], axis=1) / jnp.maximum(cnt, 1.0)),
     }
     if kl_t is not None:
         aux["kl"] = _masked_mean(sg(kl_t), m)
     if tis_w is not None:
         aux["tis_weight_mean"] = _masked_mean(tis_w, m)
-        aux["tis_clip_fraction"] = _masked_mean((tis_raw > tis_cap).astype(jnp.float32), m)
+        aux["tis_clip_fraction"] = _masked_mean((tis_raw > cfg.tis_cap).astype(jnp.float32), m)
     if logits is not None:
         logits = jnp.asarray(logits)
         chex.assert_rank(logits, 3)
         chex.assert_equal_shape_prefix([logits, logprobs], 2)
-        ent = entropy_from_logits(sg(logits))
-        aux["entropy"] = _masked_mean(ent, m)
+        aux["entropy"] = _masked_mean(entropy_from_logits(sg(logits)), m)
     return loss, aux
 
 

@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
-from grpo_jax import losses, sampling, sharding
+from grpo_jax import checkpointing, losses, sampling, sharding
 from grpo_jax.experiment import Experiment
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models.transformer import positions_from_mask
@@ -218,6 +218,7 @@ def _update_fn(exp: Experiment):
     # the KL to the reference is paid once: here, unless the learner puts it in the per-token
     # rewards (PPO's default, `config.algorithm.kl_in`)
     kl_coef = cfg.kl_coef if learner.kl_in == "loss" else 0.0
+    loss_cfg = losses.PolicyLossConfig.from_config(cfg, max_len=exp.max_new_tokens, kl_coef=kl_coef)
 
     def loss_fn(params, batch: Batch, denominator=None):
         logprobs = completion_logprobs(
@@ -229,25 +230,11 @@ def _update_fn(exp: Experiment):
             old,
             batch.advantages,
             batch.completion_mask,
-            epsilon_low=cfg.epsilon_low,
-            epsilon_high=cfg.epsilon_high,
-            dual_clip=cfg.dual_clip or None,
-            loss_agg_mode=cfg.loss_agg_mode,
-            max_len=exp.max_new_tokens,
+            loss_cfg,
             ref_logprobs=batch.ref_logprobs if kl_coef > 0 else None,
-            kl_coef=kl_coef,
-            kl_kind=cfg.kl_kind,
+            sampler_logprobs=batch.sampler_logprobs if loss_cfg.tis_cap else None,
             sample_weights=batch.sample_weights,
             denominator=denominator,
-            ratio_level=cfg.ratio_level,
-            policy_loss_type=cfg.policy_loss_type,
-            cispo_epsilon_low=cfg.cispo_epsilon_low,
-            cispo_epsilon_high=cfg.cispo_epsilon_high,
-            sapo_tau_pos=cfg.sapo_tau_pos,
-            sapo_tau_neg=cfg.sapo_tau_neg,
-            kl_ratio_correction=cfg.kl_ratio_correction,
-            sampler_logprobs=batch.sampler_logprobs if cfg.tis_cap else None,
-            tis_cap=cfg.tis_cap or None,
         )
 
     def accumulate(fn, params, batch: Batch, denominator):
@@ -444,11 +431,7 @@ def make_steps(exp: Experiment) -> Steps:
             functools.partial(
                 advantages_lib.compute,
                 num_segments=P,
-                estimator=algo.estimator,
-                std=algo.std,
-                clip=algo.advantage_clip or None,
-                nonfinite="mask",
-                scale=algo.scale_rewards,
+                cfg=advantages_lib.AdvantageConfig.from_config(algo, nonfinite="mask"),
             )
         ),
         logprobs=jax.jit(
@@ -496,6 +479,17 @@ def init_train_state(exp: Experiment) -> TrainState:
         return jax.jit(exp.state_init_fn, out_shardings=exp.state_shardings)()
 
 
+def abstract_run_state(exp: Experiment) -> RunState:
+    """The checkpoint tree the trainer saves, as shapes and shardings (nothing allocated): the
+    template every restore of a run's checkpoint reads it with (`Checkpointer.restore_latest`).
+    """
+    return RunState(
+        train=exp.abstract_state,
+        controllers=checkpointing.abstract_like(exp.curriculum.init()),
+        ref_params=exp.abstract_state.params if exp.uses_reference else None,
+    )
+
+
 def init_run(
     exp: Experiment, *, params=None, warm_start: bool = True, train_state=None
 ) -> tuple[RunState, dict]:
@@ -519,7 +513,7 @@ def init_run(
         state = jax.device_put(
             state.replace(params=params, opt_state=exp.opt_init(params)), exp.state_shardings
         )
-    ref = jax.tree.map(jnp.copy, state.params) if exp.config.algorithm.kl_coef > 0 else None
+    ref = jax.tree.map(jnp.copy, state.params) if exp.uses_reference else None
     return RunState(train=state, controllers=exp.curriculum.init(), ref_params=ref), sft_metrics
 
 

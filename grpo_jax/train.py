@@ -207,7 +207,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     adv, adv_stats = fns.advantages(rewards, seg)
     weights = exp.curriculum.weights(run.controllers, rd.placement, adv)
     attention_mask = jnp.concatenate([rd.prompt_mask, ro.completion_mask > 0], axis=1)
-    uses_ref = algo.kl_coef > 0
+    uses_ref = exp.uses_reference
     loss_mask = ro.completion_mask
     if algo.overlong_filtering:  # DAPO: truncated completions carry no loss
         loss_mask = losses.overlong_filter(loss_mask, ro.truncated)
@@ -511,15 +511,9 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
             fns = steps.make_steps(exp)
             eval_rng = jax.random.PRNGKey(config.seed + 7)
 
-            # The initial state: shapes first, materialised directly in its sharding; then
-            # either a checkpoint's arrays or the warm start + "before" evaluation of a new run.
-            state = steps.init_train_state(exp)
-            template = RunState(
-                train=state,
-                controllers=exp.curriculum.init(),
-                ref_params=state.params if config.algorithm.kl_coef > 0 else None,
-            )
-            restored = ckpt.restore_latest(checkpointing.abstract_like(template))
+            # The initial state: a checkpoint's arrays, restored into the run's shapes and
+            # shardings, or (a new run) the initialisation, warm start and "before" evaluation.
+            restored = ckpt.restore_latest(steps.abstract_run_state(exp))
             if restored is not None:
                 step, run, meta = restored
                 if "config" in meta:  # the copy that produced this state (also: fall-back steps)
@@ -531,7 +525,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
                 # every process says it (multi-host launch logs are read per process)
                 print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
             else:
-                run, sft_metrics = steps.init_run(exp, train_state=state)
+                run, sft_metrics = steps.init_run(exp)
                 meta = {"eval_before": evaluation.evaluate(exp, run.train.params, eval_rng)}
                 meta["sft"] = sft_metrics
     except _Interrupted:

@@ -114,7 +114,7 @@ NB01 = [
     G = len(answers)
     segment_ids = np.zeros(G, np.int32)                              # one group: prompt 0
 
-    adv, stats = advantages.compute(rewards, segment_ids, num_segments=1, estimator="grpo")
+    adv, stats = advantages.compute(rewards, segment_ids, num_segments=1)  # GRPO defaults
     adv = np.asarray(adv)
 
     mean, std = rewards.mean(), rewards.std(ddof=1)                  # unbiased std, as verl/TRL
@@ -203,7 +203,8 @@ NB01 = [
         def total(lp):
             loss, aux = losses.policy_loss(
                 lp, jnp.zeros_like(lp), jnp.full((lp.shape[0],), A, jnp.float32), mask,
-                epsilon_low=eps_low, epsilon_high=eps_high, loss_agg_mode="seq-mean-token-sum")
+                losses.PolicyLossConfig(epsilon_low=eps_low, epsilon_high=eps_high,
+                                        loss_agg_mode="seq-mean-token-sum"))
             return loss * lp.shape[0], aux               # sum over rows: per-row gradients
         (_, aux), grad = jax.value_and_grad(total, has_aux=True)(log_ratio)
         return -np.asarray(aux["per_rollout_loss"]), -np.asarray(grad[:, 0])

@@ -16,10 +16,13 @@ from grpo_jax import advantages
 ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
+def compute(rewards, segment_ids, num_segments, **kw):
+    """``advantages.compute`` with the ``AdvantageConfig`` fields as keywords."""
+    return advantages.compute(rewards, segment_ids, num_segments, advantages.AdvantageConfig(**kw))
+
+
 def adv(rewards, seg, p, **kw):
-    a, stats = advantages.compute(
-        jnp.asarray(rewards, jnp.float32), jnp.asarray(seg, jnp.int32), p, **kw
-    )
+    a, stats = compute(jnp.asarray(rewards, jnp.float32), jnp.asarray(seg, jnp.int32), p, **kw)
     return np.asarray(a), {k: int(v) for k, v in stats.items()}
 
 
@@ -158,7 +161,7 @@ def test_nonfinite_mask_keeps_other_groups_finite(estimator, bad):
 
 
 def test_nonfinite_raise_under_jit_masks_instead():
-    f = jax.jit(functools.partial(advantages.compute, num_segments=2))
+    f = jax.jit(functools.partial(compute, num_segments=2))
     a, stats = f(jnp.array([1.0, 0.0, jnp.nan, 1.0, 0.0]), jnp.array([0, 0, 1, 1, 1]))
     assert np.all(np.isfinite(np.asarray(a))) and int(stats["num_nonfinite_rewards"]) == 1
 
@@ -176,13 +179,13 @@ def test_bad_arguments():
         {"clip": 0.0},
     ):
         with pytest.raises(ValueError):
-            advantages.compute(r, s, 1, **kw)
+            compute(r, s, 1, **kw)
     with pytest.raises(ValueError, match="num_segments"):
-        advantages.compute(r, s, 1.5)
+        compute(r, s, 1.5)
     with pytest.raises(AssertionError):
-        advantages.compute(r, jnp.zeros(4), 1)  # float segment ids
+        compute(r, jnp.zeros(4), 1)  # float segment ids
     with pytest.raises(AssertionError):
-        advantages.compute(r, jnp.zeros(3, jnp.int32), 1)
+        compute(r, jnp.zeros(3, jnp.int32), 1)
 
 
 # ---------------------------------------------------------------- hypothesis properties
@@ -234,7 +237,7 @@ def test_property_grpo_positive_scale_invariance(data, scale, std):
 def test_jit_vmap_grad():
     r = jnp.array([1.0, 0.0, 0.5, 2.0, 1.0, 1.0])
     s = jnp.array([0, 0, 0, 1, 1, 2])
-    f = functools.partial(advantages.compute, num_segments=3, nonfinite="mask")
+    f = functools.partial(compute, num_segments=3, nonfinite="mask")
     eager, _ = f(r, s)
     jitted, _ = jax.jit(f)(r, s)
     np.testing.assert_allclose(jitted, eager, rtol=1e-6)
@@ -259,9 +262,7 @@ def test_sharded_over_data_axis_matches_single_device():
     sh = NamedSharding(mesh, PartitionSpec("data"))
     for estimator in ESTIMATORS:
         f = jax.jit(
-            functools.partial(
-                advantages.compute, num_segments=5, estimator=estimator, nonfinite="mask"
-            )
+            functools.partial(compute, num_segments=5, estimator=estimator, nonfinite="mask")
         )
         single, s1 = f(jnp.asarray(r), jnp.asarray(seg))
         sharded, s2 = f(jax.device_put(r, sh), jax.device_put(seg, sh))
@@ -345,12 +346,10 @@ def test_property_batch_scale(data, scale, shift):
 def test_scale_under_jit_and_bad_value():
     r = jnp.array([1.0, 0.0, 2.0, 0.0, 1.0])
     s = jnp.array([0, 0, 1, 1, 1])
-    f = jax.jit(
-        functools.partial(advantages.compute, num_segments=2, scale="batch", nonfinite="mask")
-    )
+    f = jax.jit(functools.partial(compute, num_segments=2, scale="batch", nonfinite="mask"))
     np.testing.assert_allclose(f(r, s)[0], adv(r, s, 2, scale="batch")[0], rtol=1e-6)
     with pytest.raises(ValueError, match="scale"):
-        advantages.compute(r, s, 2, scale="prompt")
+        compute(r, s, 2, scale="prompt")
 
 
 # ---------------------------------------------------------------- DAPO overlong penalty

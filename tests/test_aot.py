@@ -181,3 +181,51 @@ def test_chip_table_maps_device_kinds_to_published_bandwidth():
     for chip in CHIPS.values():  # every chip has a bandwidth, quoted on its source page
         assert chip.bandwidth_Bps > 0 and chip.device_kinds
         assert "GBps" in chip.source or "B/s" in chip.source, chip.source
+
+
+def _synthetic_tpu_record():
+    """A compiled-for-TPU result of a 1e9-parameter model on 2 v6e chips, with zero compiler
+    counts, so every roofline term is the analytic one (computed by hand below)."""
+    step = {"flops": 0.0, "bytes": 0.0, "peak": 2 * aot.GiB}
+    return {
+        "chip": "TPU v6e",
+        "topology": "v6e-2",
+        "devices": 2,
+        "params": 10**9,
+        "kv_bytes_per_row": 0,
+        "peak": 3 * aot.GiB,
+        "verdict": "fits",
+        "batch": {
+            "R": 4,
+            "mini_batch": 2,
+            "micro_batch": 2,
+            "generate_batch": 4,
+            "prompt_tokens": 2,
+            "new_tokens": 2,
+        },
+        "steps": {
+            "update": {**step, "rows": 2},
+            "sampler": {**step, "rows": 4, "peak": 3 * aot.GiB},
+            "logprobs": {**step, "rows": 4},
+        },
+    }
+
+
+def test_roofline_and_maxtext_calibration_by_hand():
+    r = _synthetic_tpu_record()
+    est = aot.roofline(r, aot.CHIPS["v6e"])
+    peak, bw, mt = 918e12, 1640e9, 0.4546  # v6e bf16 FLOP/s, HBM B/s, MaxText's v6e MFU
+    update = 6 * 1e9 * 2 * 4 / 2 / peak  # 6 N x 2 rows x 4 tokens, over 2 devices
+    logprobs = 2 * 1e9 * 4 * 4 / 2 / peak
+    decode = 2 * (2 * 1e9) / bw  # 2 new tokens, each reading the 2-byte parameters
+    np.testing.assert_allclose(est["step_seconds"], 2 * update + logprobs + decode, rtol=1e-9)
+    assert est["steps"]["sampler"]["bound"] == "memory"
+    # MaxText-calibrated: the update and log-prob passes at MaxText's MFU, decode unchanged
+    cal = 2 * update / mt + logprobs / mt + decode
+    np.testing.assert_allclose(est["maxtext_step_seconds"], cal, rtol=1e-9)
+    flops = 2 * 6e9 * 2 * 4 + 2e9 * 4 * 4 + 2e9 * 4 * 4
+    np.testing.assert_allclose(est["maxtext_mfu"], flops / (cal * 2 * peak), rtol=1e-9)
+    assert "maxtext_step_seconds" not in aot.roofline(r, aot.CHIPS["h100"])  # no published MFU
+    table = aot.tpu_table([r])
+    assert "| 1.00B params | grpo / rollout_gdro | v6e-2 (2) | 1 sampler call of 4 |" in table
+    assert "| 2.0 / 3.0 / 2.0 | fits, peak 3.0 |" in table

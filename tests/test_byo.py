@@ -394,16 +394,13 @@ def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     from experiments import export
     from grpo_jax import checkpointing, steps
     from grpo_jax.models import positions_from_mask
-    from grpo_jax.state import RunState
 
     cfg, workdir, _ = trained
     out = export.export(workdir, str(tmp_path / "hf"))
     exp = experiment.build_experiment(cfg)
     try:
-        state = steps.init_train_state(exp)
-        template = RunState(train=state, controllers=exp.curriculum.init(), ref_params=None)
         ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-        _, run, _ = ckpt.restore_latest(checkpointing.abstract_like(template))
+        _, run, _ = ckpt.restore_latest(steps.abstract_run_state(exp))
         ckpt.close()
         tok = transformers.AutoTokenizer.from_pretrained(out)
         text = "What is 3+4? Answer:"

@@ -22,6 +22,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_losses import pl
 
 from grpo_jax import losses, steps
 from grpo_jax.models.config import ModelConfig
@@ -271,7 +272,7 @@ def _grpo_loss(graphdef, Lp, G, chunk, tokens, mask, adv):
     def loss(params):
         lp = steps.completion_logprobs(graphdef, params, tokens, mask, Lp, 0.7, G, chunk)
         old = jax.lax.stop_gradient(lp) - 0.05  # ratio != 1: the clip is active somewhere
-        return losses.policy_loss(lp, old, adv, cmask, ref_logprobs=old, kl_coef=0.01)[0]
+        return pl(lp, old, adv, cmask, ref_logprobs=old, kl_coef=0.01)[0]
 
     return loss
 

@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from grpo_jax import losses
+from test_losses import pl
 
 torch = pytest.importorskip("torch")
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
@@ -88,7 +87,7 @@ def _trl_loss_and_grad(logprobs, old, ref, adv, mask, loss_type, level, correcti
 
 def _ours(logprobs, old, ref, adv, mask, mode, level, correction, denominator):
     def f(lp):
-        return losses.policy_loss(
+        return pl(
             lp,
             jnp.asarray(old),
             jnp.asarray(adv),

@@ -16,10 +16,21 @@ from grpo_jax import losses
 MODES = losses.LOSS_AGG_MODES
 F32 = jnp.float32
 
+_LOSS_ARRAYS = ("ref_logprobs", "sampler_logprobs", "sample_weights", "denominator", "logits")
+
+
+def pl(logprobs, old_logprobs, advantages, completion_mask, **kw):
+    """``losses.policy_loss`` with the ``PolicyLossConfig`` fields as keywords (the tests'
+    shorthand): ``pl(lp, old, a, m, epsilon_high=0.28, ref_logprobs=ref)``."""
+    arrays = {k: kw.pop(k) for k in _LOSS_ARRAYS if k in kw}
+    cfg = losses.PolicyLossConfig(**kw)
+    return losses.policy_loss(logprobs, old_logprobs, advantages, completion_mask, cfg, **arrays)
+
+
 # Jitted entry points: one compile per shape/static config is much cheaper on CPU than eager
 # op-by-op dispatch. (Float arguments are traced, so their eager checks are tested separately.)
 PL = jax.jit(
-    losses.policy_loss,
+    pl,
     static_argnames=("loss_agg_mode", "ratio_level", "kl_kind", "max_len", "dual_clip"),
 )
 TL = jax.jit(losses.token_logprobs, static_argnames=("chunk_size",))
@@ -140,7 +151,7 @@ def test_garbage_logits_at_masked_positions_get_zero_gradient():
 
     def f(x):
         lp = losses.token_logprobs(x, tokens, chunk_size=4)
-        return losses.policy_loss(lp, jax.lax.stop_gradient(lp), jnp.array([1.0, -1.0]), m)[0]
+        return pl(lp, jax.lax.stop_gradient(lp), jnp.array([1.0, -1.0]), m)[0]
 
     val, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(logits))
     assert np.isfinite(val) and np.all(np.isfinite(g))
@@ -416,13 +427,13 @@ def test_policy_loss_argument_errors():
     ]
     for kw in bad:
         with pytest.raises(ValueError):
-            losses.policy_loss(lp, lp, a, m, **kw)
+            pl(lp, lp, a, m, **kw)
     with pytest.raises(AssertionError):
-        losses.policy_loss(lp, lp, jnp.zeros(3), m)
+        pl(lp, lp, jnp.zeros(3), m)
     with pytest.raises(AssertionError):
-        losses.policy_loss(lp, lp[:, :2], a, m)
+        pl(lp, lp[:, :2], a, m)
     with pytest.raises(AssertionError):
-        losses.policy_loss(lp, lp, a, m, sample_weights=jnp.ones(3))
+        pl(lp, lp, a, m, sample_weights=jnp.ones(3))
 
 
 # ================================================================ properties
@@ -442,7 +453,7 @@ def _losses_and_grads(lp, old, a, m, ref, w):
     for mode, level, dual in CONFIGS:
         out.append(
             jax.value_and_grad(
-                lambda x: losses.policy_loss(
+                lambda x: pl(
                     x,
                     old,
                     a,
@@ -509,7 +520,7 @@ def _accumulate(lp, old, a, m, ref, w):
     for mode in MODES:
 
         def f(lp, old, a, m, ref, w, den):
-            return losses.policy_loss(
+            return pl(
                 lp,
                 old,
                 a,
@@ -575,11 +586,7 @@ def test_ratio_one_gradient_equals_reinforce_every_mode(level):
     def grads(lp):  # all modes in one compile
         return [
             (
-                jax.grad(
-                    lambda x: losses.policy_loss(x, x, a, m, loss_agg_mode=mode, ratio_level=level)[
-                        0
-                    ]
-                )(lp),
+                jax.grad(lambda x: pl(x, x, a, m, loss_agg_mode=mode, ratio_level=level)[0])(lp),
                 jax.grad(lambda x: _reinforce_loss(x, a, m, mode, 5))(lp),
             )
             for mode in MODES
@@ -628,9 +635,7 @@ def _example(r=8, t=5, seed=9):
 
 def test_jit_and_vmap():
     lp, old, a, m, ref = _example()
-    f = functools.partial(
-        losses.policy_loss, loss_agg_mode="seq-mean-token-mean", kl_coef=0.1, dual_clip=3.0
-    )
+    f = functools.partial(pl, loss_agg_mode="seq-mean-token-mean", kl_coef=0.1, dual_clip=3.0)
     eager, aux_e = f(lp, old, a, m, ref_logprobs=ref)
     f = jax.jit(f)
     jitted, aux_j = f(lp, old, a, m, ref_logprobs=ref)

@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_losses import pl
 
 from grpo_jax import gdro
 
@@ -185,9 +186,6 @@ def test_loss_signal_selection():
 
 
 def test_weights_multiply_advantages_only_not_kl():
-    losses = pytest.importorskip("grpo_jax.losses")
-    if not hasattr(losses, "policy_loss"):
-        pytest.skip("grpo_jax.losses.policy_loss not available")
     rng = np.random.default_rng(0)
     r, t = 6, 5
     lp = jnp.asarray(rng.normal(-1, 0.3, (r, t)), jnp.float32)
@@ -200,15 +198,15 @@ def test_weights_multiply_advantages_only_not_kl():
     assert not np.allclose(w, 1.0)
     kw = dict(ref_logprobs=ref, kl_coef=0.1)
     # KL-only loss (zero advantages): the weights change nothing.
-    l0, _ = losses.policy_loss(lp, old, jnp.zeros(r), mask, **kw)
-    l0w, _ = losses.policy_loss(lp, old, jnp.zeros(r), mask, sample_weights=w, **kw)
+    l0, _ = pl(lp, old, jnp.zeros(r), mask, **kw)
+    l0w, _ = pl(lp, old, jnp.zeros(r), mask, sample_weights=w, **kw)
     assert float(l0w) == pytest.approx(float(l0), rel=1e-6)
     # Weighted loss == loss with pre-multiplied advantages (weights act on advantages only).
-    lw, aux_w = losses.policy_loss(lp, old, adv, mask, sample_weights=w, **kw)
-    lm, _ = losses.policy_loss(lp, old, adv * w, mask, **kw)
+    lw, aux_w = pl(lp, old, adv, mask, sample_weights=w, **kw)
+    lm, _ = pl(lp, old, adv * w, mask, **kw)
     assert float(lw) == pytest.approx(float(lm), rel=1e-5)
     # The loss signal stays computed with the unweighted advantages.
-    _, aux = losses.policy_loss(lp, old, adv, mask, **kw)
+    _, aux = pl(lp, old, adv, mask, **kw)
     np.testing.assert_allclose(aux_w["per_rollout_loss"], aux["per_rollout_loss"], rtol=1e-6)
 
 

@@ -115,13 +115,8 @@ def main(argv=None):
             jax.lax.stop_gradient(lps),
             adv,
             cmask,
-            epsilon_low=cfg.epsilon_low,
-            epsilon_high=cfg.epsilon_high,
-            loss_agg_mode=cfg.loss_agg_mode,
-            max_len=exp.max_new_tokens,
+            losses.PolicyLossConfig.from_config(cfg, max_len=exp.max_new_tokens),
             ref_logprobs=ref,
-            kl_coef=cfg.kl_coef,
-            kl_kind=cfg.kl_kind,
             sample_weights=batch.sample_weights,
         )
         return loss

@@ -288,7 +288,9 @@ class Columns:
     """Which columns of a user table hold what (``config.data.*_column``).
 
     prompt: the problem text; answer: the gold answer ("" = none: the reward reads row fields);
-    level: optional integer difficulty; id: optional unique row id (kept as ``source_id``).
+    level: optional integer difficulty; id: optional unique row id (kept as ``source_id``);
+    messages: optional column of conversational rows (a list of ``{"role", "content"}`` turns,
+    TRL's conversational format), used instead of ``prompt`` (see `conversation`).
     Every other column is kept in the example under its own name (a reward function gets them).
     """
 
@@ -296,6 +298,35 @@ class Columns:
     answer: str = "answer"
     level: str = ""
     id: str = ""
+    messages: str = ""
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def conversation(value, key: str) -> tuple[list[dict], str | None]:
+    """A messages cell -> (the prompt's turns, the final assistant turn's content or None).
+
+    The turns are dicts with ``role`` in `CHAT_ROLES` and a non-empty string ``content``; a
+    final assistant turn is the reference completion: it is cut from the prompt (and may serve
+    as the gold answer). The prompt must then end with a user turn. Raises `_BadRow` (naming
+    the column and the turn) otherwise."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _BadRow(f"{key!r} is not a non-empty list of turns")
+    turns = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, dict) or turn.get("role") not in CHAT_ROLES:
+            raise _BadRow(f"{key!r} turn {i} has no role in {CHAT_ROLES}: {turn!r:.80}")
+        content = turn.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise _BadRow(f"{key!r} turn {i} ({turn['role']}) has no text content")
+        turns.append({"role": turn["role"], "content": content})
+    reference = turns.pop()["content"] if turns[-1]["role"] == "assistant" else None
+    if not turns or turns[-1]["role"] != "user":
+        raise _BadRow(
+            f"{key!r}: the prompt (before a final assistant turn) must end with a user turn"
+        )
+    return turns, reference
 
 
 def _gold(value, key: str):
@@ -318,8 +349,15 @@ def column_converter(columns: Columns) -> Callable[[dict], dict]:
 
     def convert(row: dict) -> dict:
         ex = {k: v for k, v in row.items() if k not in _CORE}
-        ex["problem"] = _text(row, columns.prompt)
-        if columns.answer:
+        reference = None
+        if columns.messages:
+            ex["messages"], reference = conversation(row.get(columns.messages), columns.messages)
+            ex["problem"] = ex["messages"][-1]["content"].strip()  # the last user turn
+        else:
+            ex["problem"] = _text(row, columns.prompt)
+        if columns.messages and reference is not None and row.get(columns.answer) is None:
+            ex["answer"] = reference.strip()  # the gold: the conversation's final assistant turn
+        elif columns.answer:
             if columns.answer not in row or row[columns.answer] is None:
                 raise _BadRow(f"missing or empty {columns.answer!r}")
             ex["answer"], answers = _gold(row[columns.answer], columns.answer)

@@ -8,20 +8,30 @@
 * ``"arithmetic"``: ``problem + "="`` (`grpo_jax.data.arithmetic.format_prompt`); no suffix.
 
 `suffix` defaults to `DAPO_SUFFIX` for plain/chat; pass ``suffix=""`` for none.
+
+A conversational row (``data.messages_column``: a list of ``{"role", "content"}`` turns ending
+with the user's) renders through the chat template as it is: the system message only when the
+turns have none, the suffix only when given explicitly (appended to the last user turn).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DAPO_SUFFIX", "TEMPLATES", "render_prompt", "render_example"]
+__all__ = ["DAPO_SUFFIX", "TEMPLATES", "prompt_of", "render_prompt", "render_example"]
 
 DAPO_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
 TEMPLATES = ("plain", "chat", "arithmetic")
 
 
+def prompt_of(example: dict):
+    """What `render_prompt` renders for a dataset example: its conversation's prompt turns
+    (``example["messages"]``, a messages-format row) or else its problem text."""
+    return example.get("messages") or example["problem"]
+
+
 def render_prompt(
-    problem: str,
+    problem,
     *,
     template: str = "plain",
     tokenizer=None,
@@ -31,7 +41,8 @@ def render_prompt(
     """Render the prompt text the model sees for one problem.
 
     Args:
-      problem: problem statement.
+      problem: problem statement, or a conversation (list of ``{"role", "content"}`` turns,
+        the last one the user's; ``template="chat"`` only).
       template: ``"plain"`` | ``"chat"`` | ``"arithmetic"``.
       tokenizer: needed for ``"chat"``: anything with
         ``apply_chat_template(messages, add_generation_prompt=True, tokenize=False) -> str``
@@ -50,6 +61,8 @@ def render_prompt(
     """
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
+    if isinstance(problem, (list, tuple)):
+        return _render_conversation(list(problem), template, tokenizer, suffix, system)
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError("render_prompt: empty problem")
     if template == "arithmetic":
@@ -72,9 +85,25 @@ def render_prompt(
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def _render_conversation(turns, template, tokenizer, suffix, system) -> str:
+    if template != "chat" or tokenizer is None:
+        raise ValueError(
+            "a conversation (data.messages_column) renders through the chat template: set "
+            "template='chat' and give a tokenizer with apply_chat_template"
+        )
+    if not turns or turns[-1].get("role") != "user":
+        raise ValueError("a conversation prompt must end with a user turn")
+    if suffix:
+        last = turns[-1]
+        turns = [*turns[:-1], {**last, "content": f"{last['content'].strip()} {suffix}"}]
+    if system and not any(t.get("role") == "system" for t in turns):
+        turns = [{"role": "system", "content": system}, *turns]
+    return tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+
+
 def render_example(example: dict, **kwargs) -> str:
-    """`render_prompt(example["problem"], **kwargs)`."""
-    return render_prompt(example["problem"], **kwargs)
+    """`render_prompt(prompt_of(example), **kwargs)`."""
+    return render_prompt(prompt_of(example), **kwargs)
 
 
 def encode_prompts(
