@@ -114,7 +114,8 @@ class AdvantageConfig:
             for key, field in cls.CONFIG_FIELDS.items():
                 if msg.startswith(field + "=") and field not in overrides:
                     msg = key + msg[len(field) :]
-            raise ValueError(msg) from None
+            hint = " (0 turns it off)" if msg.startswith("advantage_clip=") else ""
+            raise ValueError(msg + hint) from None
 
 
 def compute(

@@ -127,7 +127,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         losses.PolicyLossConfig.from_config(a)
         advantages.AdvantageConfig.from_config(a)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"config.algorithm.{e}" + _off_hint(str(e))) from None
+        raise ConfigError(f"config.algorithm.{e}") from None
     if a.overlong_penalty_factor < 0:
         raise ConfigError("config.algorithm.overlong_penalty_factor must be >= 0")
     kl_in = a.get("kl_in")
@@ -172,15 +172,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
     _validate_ranges(config)
-
-
-def _off_hint(message: str) -> str:
-    """The hint " (0 turns it off)" for the policy-loss options whose 0 means off in a config."""
-    return (
-        " (0 turns it off)"
-        if message.startswith(("dual_clip=", "tis_cap=", "advantage_clip="))
-        else ""
-    )
 
 
 def _num(config, path, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False):

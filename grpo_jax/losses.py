@@ -785,12 +785,15 @@ class PolicyLossConfig:
     def from_config(cls, algorithm, **overrides) -> PolicyLossConfig:
         """From a `config.algorithm` section (`ml_collections.ConfigDict` or any mapping): the
         fields it has (`dual_clip`/`tis_cap` 0 -> None), then `overrides`. Raises ValueError as
-        `__post_init__`."""
+        `__post_init__` (saying that 0 turns `dual_clip`/`tis_cap` off)."""
         kw = {f.name: algorithm[f.name] for f in dataclasses.fields(cls) if f.name in algorithm}
-        for off in ("dual_clip", "tis_cap"):
-            if off in kw and not kw[off]:
-                kw[off] = None
-        return cls(**{**kw, **overrides})
+        off = ("dual_clip", "tis_cap")
+        kw.update({k: None for k in off if k in kw and not kw[k]})
+        try:
+            return cls(**{**kw, **overrides})
+        except ValueError as e:
+            hint = " (0 turns it off)" if str(e).startswith(tuple(f"{k}=" for k in off)) else ""
+            raise ValueError(f"{e}{hint}") from None
 
 
 class SurrogateInputs(NamedTuple):

@@ -490,9 +490,7 @@ def abstract_run_state(exp: Experiment) -> RunState:
     )
 
 
-def init_run(
-    exp: Experiment, *, params=None, warm_start: bool = True, train_state=None
-) -> tuple[RunState, dict]:
+def init_run(exp: Experiment, *, params=None, warm_start: bool = True) -> tuple[RunState, dict]:
     """A run's initial state: parameters, the supervised warm start, reference and controllers.
 
     Args:
@@ -500,12 +498,11 @@ def init_run(
       params: start from these policy parameters (a pure dict, e.g. a shared warm start)
         instead of the model's initialisation; the optimizer state is fresh either way.
       warm_start: run ``config.sft`` (when ``sft.steps > 0`` and ``params`` is None).
-      train_state: an initial `TrainState` already made by `init_train_state` (not made again).
     Returns:
       (RunState, sft metrics dict: empty without a warm start). The reference is a copy of the
       starting policy (after the warm start) when ``config.algorithm.kl_coef > 0``.
     """
-    state = init_train_state(exp) if train_state is None else train_state
+    state = init_train_state(exp)
     sft_metrics = {}
     if params is None and warm_start and exp.config.sft.steps > 0:
         params, sft_metrics = supervised_warmstart(exp, state.params)

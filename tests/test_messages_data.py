@@ -72,6 +72,10 @@ def test_conversation_cuts_the_final_assistant_turn_and_checks_the_turns():
     ex = convert({"messages": turns, "gold": 7})
     assert ex["answer"] == "7" and ex["messages"] == turns[:1] and ex["problem"] == "Hi?"
     assert convert({"messages": turns})["answer"] == "4"  # no gold column: the assistant's turn
+    # without messages_column a raw "messages" column is not taken for the prompt
+    plain = datasets.column_converter(datasets.Columns(prompt="q", answer="gold"))
+    ex = plain({"q": "Hi?", "gold": 1, "messages": turns, "note": "kept"})
+    assert templates.prompt_of(ex) == "Hi?" and ex["note"] == "kept"
     for bad, why in (
         ("not a list", "not a non-empty list"),
         ([], "not a non-empty list"),

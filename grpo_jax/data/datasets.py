@@ -280,7 +280,10 @@ NAMES = tuple(DATASETS) + ("arithmetic",)
 
 
 CUSTOM = "custom"  # the dataset name of a user table (`load_table_with_stats`)
-_CORE = ("id", "dataset", "source_index", "problem", "answer", "answers", "level")
+# the example's own fields: a user column of one of these names is not copied into it ("messages"
+# holds the prompt turns of a conversational row, so a raw column of that name is never taken for
+# one unless ``Columns.messages`` names it)
+_CORE = ("id", "dataset", "source_index", "problem", "answer", "answers", "level", "messages")
 
 
 @dataclasses.dataclass(frozen=True)
