@@ -175,16 +175,14 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
     import json
     import os
 
-    import ml_collections
-
-    from grpo_jax import checkpointing, steps
+    from grpo_jax import checkpointing, config_schema, steps
     from grpo_jax.experiment import build_experiment
 
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no run in {workdir}: {path} not found")
     with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+        config = config_schema.upgrade(json.load(f))
     if not need_reward and config.reward.get("fn", ""):
         config.reward.fn = ""
     if configure is not None:

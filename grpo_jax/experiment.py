@@ -29,6 +29,7 @@ from grpo_jax.models import attention as attention_lib
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models import transformer
+from grpo_jax.rewards import from_config as reward_lib
 from grpo_jax.state import make_optimizer
 
 
@@ -411,72 +412,6 @@ def render(config, tokenizer, problem) -> str:
     return templates.render_prompt(problem, template=d.template, tokenizer=tokenizer, **kw)
 
 
-def reward_task(dataset: str, config=None) -> str:
-    """The verifier for a dataset: exact integers (arithmetic), GSM8K numbers, or LaTeX math.
-    With ``config``, ``config.reward.task`` (if set) overrides it for the training data and
-    ``"custom"`` held-out rows."""
-    if config is not None and dataset in (config.data.name, "custom"):
-        task = _opt(config.reward, "task", "")
-        if task:
-            return task
-    return {"arithmetic": "arithmetic", "gsm8k": "gsm8k"}.get(dataset, "math")
-
-
-def _reward_key(config, dataset: str | None = None) -> tuple:
-    """What scores a dataset: ("fn", "module:function") or ("task", task); equal keys share
-    one reward function (and its worker pool)."""
-    dataset = dataset or config.data.name
-    fn = _opt(config.reward, "fn", "")
-    if fn and dataset in (config.data.name, "custom"):
-        return ("fn", fn)
-    return ("task", reward_task(dataset, config))
-
-
-def make_reward_fn(config, dataset: str | None = None):
-    """The reward of a dataset (default: the training data): ``config.reward.fn`` (your own
-    function, `grpo_jax.rewards.UserRewardFn`) or the built-in verifier of its task."""
-    from grpo_jax import rewards
-
-    r = config.reward
-    kind, value = _reward_key(config, dataset)
-    if kind == "fn":
-        try:
-            return rewards.UserRewardFn(
-                value,
-                timeout_s=r.timeout_s,
-                num_workers=r.num_workers,
-                scale=config.algorithm.reward_scale,
-                correct_above=_opt(r, "correct_above", 0.0),
-                format_reward=r.format_reward,
-                format_pattern=_opt(r, "format_pattern", ""),
-                extract=_opt(r, "extract", ""),
-                task=_opt(r, "task", "") or "math",
-            )
-        except ValueError as e:
-            raise ConfigError(f"config.reward.fn: {e}") from None
-    fn = rewards.RewardFn(
-        rewards.RewardConfig(
-            task=value,
-            scale=config.algorithm.reward_scale,
-            format_reward=r.format_reward,
-            timeout_s=r.timeout_s,
-            num_workers=r.num_workers,
-            numeric_precision=r.numeric_precision,
-            float_rounding=r.float_rounding,
-            format_pattern=_opt(r, "format_pattern", ""),
-        )
-    )
-    extract = _opt(r, "extract", "")
-    if extract:
-        from grpo_jax.rewards import custom
-
-        try:
-            fn.extract = custom.resolve_callable(extract, "answer extractor")
-        except ValueError as e:
-            raise ConfigError(f"config.reward.extract: {e}") from None
-    return fn
-
-
 def build_experiment(
     config: ml_collections.ConfigDict, *, with_data: bool = True, devices=None
 ) -> Experiment:
@@ -644,14 +579,9 @@ def build_experiment(
         with_data and config.data.name == "arithmetic" and config.data.arithmetic.get("num_sft", 0)
     )
     curriculum, learner = build_strategies(config, algo, num_ids, model_cfg, steps_updates, lp)
-    reward_fn = make_reward_fn(config) if with_data else None
-    eval_reward_fns = {}
-    shared = {_reward_key(config): reward_fn}
-    for name in eval_sets:
-        key = _reward_key(config, name)
-        if key not in shared:
-            shared[key] = make_reward_fn(config, name)
-        eval_reward_fns[name] = shared[key]
+    reward_fn, eval_reward_fns = (
+        reward_lib.make_reward_fns(config, eval_sets) if with_data else (None, {})
+    )
     exp = Experiment(
         config=config,
         mesh=mesh,

@@ -14,6 +14,7 @@ from configs import common
 from grpo_jax import experiment, train
 from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import datasets
+from grpo_jax.rewards import from_config as reward_from_config
 
 CHARS = "0123456789+-*=?. abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -187,7 +188,7 @@ def test_user_table_and_reward_train_two_steps_from_the_config(trained, user_fil
 def test_user_reward_gets_row_fields_and_may_return_correctness(on_path):
     cfg = byo_config(on_path, **{"reward.fn": "my_rewards:graded"})
     examples = experiment._load_examples(cfg, "custom", "train")
-    fn = experiment.make_reward_fn(cfg)
+    fn = reward_from_config.make_reward_fn(cfg)
     try:
         rewards, correct, stats = fn(["ab", "abc"], [1, 2], examples=examples[:2])
         np.testing.assert_allclose(rewards, [2.0, 0.0])
@@ -215,7 +216,7 @@ def test_experiment_score_passes_row_fields(on_path):
 
 def test_crashing_user_reward_scores_low_and_is_counted(on_path):
     cfg = byo_config(on_path, **{"reward.fn": "my_rewards:broken"})
-    fn = experiment.make_reward_fn(cfg)
+    fn = reward_from_config.make_reward_fn(cfg)
     try:
         rewards, correct, stats = fn(["1", "2"], ["1", "2"])
         np.testing.assert_allclose(rewards, [-1.0, -1.0])
@@ -227,7 +228,7 @@ def test_crashing_user_reward_scores_low_and_is_counted(on_path):
 def test_reward_fn_that_does_not_import_is_a_one_line_config_error(on_path):
     cfg = byo_config(on_path, **{"reward.fn": "no_such_module_xyz:score"})
     with pytest.raises(ConfigError, match=r"config.reward.fn: .*no_such_module_xyz"):
-        experiment.make_reward_fn(cfg)
+        reward_from_config.make_reward_fn(cfg)
 
 
 def test_bad_rows_name_the_file_and_row(tmp_path):

@@ -1,0 +1,313 @@
+"""The config schema: every field a run reads, with its default and a comment.
+
+`base_config()` is the one home of the defaults (the files in ``configs/`` start from it and
+change what their experiment needs); `upgrade(saved)` reads a workdir's ``config.json`` written
+by an older version: fields it lacks take today's defaults, so code reads every field directly.
+
+Sections: model, data, rollout, algorithm, gdro, ppo, optimizer, sft, mesh, checkpoint, eval,
+logging, reward. Units are in the names (`*_steps`, `*_tokens`, `*_per_step`, `*_s`).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # one seed for init, data order and sampling
+    c.steps = 100  # RL steps (one step = generate + score + update)
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "tiny"  # name in grpo_jax.models.PRESETS (ignored if a checkpoint is given)
+    # ModelConfig fields overriding the preset (e.g. hidden_size)
+    c.model.overrides = ml_collections.ConfigDict()
+    # Hugging Face checkpoint: a local dir (config.json + safetensors) or a hub id ("org/name",
+    # "org/name@revision"; the local cache first, downloaded when online); "" = none
+    c.model.hf_checkpoint = ""
+    # tokenizer dir (tokenizer.json [+ tokenizer_config.json]) or hub id; "" = the checkpoint's
+    c.model.tokenizer = ""
+    c.model.gguf_path = ""  # GGUF file to load (dequantised); "" = none
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.param_dtype = "float32"  # parameter dtype: float32 | bfloat16
+    c.model.remat = False  # rematerialise activations per layer in the update
+    # attention core (grpo_jax.models.attention): auto | einsum | blockwise | splash (TPU) |
+    # cudnn (GPU, 16-bit dtype); auto = splash on TPU, cudnn (bf16) or blockwise on GPU, the
+    # faster of einsum / blockwise on CPU
+    c.model.attention_impl = "auto"
+    # LoRA (Hu et al. 2021): train only low-rank adapters W + (alpha / rank) B A on the targeted
+    # projections; the base weights are frozen and the optimizer state covers the adapters only
+    c.model.lora = ml_collections.ConfigDict()
+    c.model.lora.rank = 0  # adapter rank r (0 = off: full fine-tuning)
+    c.model.lora.alpha = 16.0  # output scale alpha / r
+    # projections with an adapter: any of q, k, v, o (attention), gate, up, down (MLP)
+    c.model.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")
+
+    c.data = ml_collections.ConfigDict()
+    # training set: a preset (arithmetic | gsm8k | dapo_math | math500 | ...) or "custom" (your
+    # own table: data.path with the columns below; docs/byo.md)
+    c.data.name = "arithmetic"
+    # a table: JSONL/JSON/Parquet file, a directory or glob of them, or a Hugging Face dataset id
+    # ("hf:org/name"; needs the `datasets` package). With a preset name: that preset's layout
+    # read from this file instead of the data directory. "" = the preset's files
+    c.data.path = ""
+    c.data.eval_path = ""  # held-out table of a "custom" run ("" = data.path's eval_split)
+    c.data.eval_split = "test"  # held-out split of a "custom" hub dataset or directory
+    c.data.prompt_column = "problem"  # "custom": the column holding the problem text
+    c.data.answer_column = (
+        "answer"  # "custom": the gold answer column ("" = none; rewards read row fields)
+    )
+    c.data.level_column = ""  # "custom": optional integer difficulty column ("" = none, level -1)
+    c.data.id_column = ""  # "custom": optional unique row id column (kept as "source_id")
+    # "custom": a column of conversations ([{"role", "content"}, ...], TRL's conversational
+    # format) used instead of prompt_column, rendered by the chat template (template="chat"); a
+    # final assistant turn is cut off and is the gold answer unless answer_column has one
+    c.data.messages_column = ""
+    c.data.system_prompt = ""  # chat template: a system message ("" = none)
+    # instruction appended to each problem (plain/chat); None = the DAPO boxed-answer suffix
+    c.data.prompt_suffix = config_dict.placeholder(str)
+    c.data.use_tfds = (
+        False  # read presets through their TFDS builders (array_record, prepared once)
+    )
+    c.data.tfds_data_dir = (
+        ""  # where the array_record files go ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets)
+    )
+    c.data.config = ""  # dataset config (dapo_math: full | en_dedup)
+    c.data.split = "train"  # training split
+    c.data.source_dir = ""  # raw data dir; "" = $GRPO_JAX_DATA_DIR or ../shared/data
+    c.data.template = "arithmetic"  # prompt template: arithmetic | plain | chat
+    c.data.max_prompt_tokens = 32  # prompt budget in tokens; prompts are left-padded to the longest train/eval prompt (rounded up to 8), at most this
+    c.data.overlong_prompts = "skip"  # prompts over budget: skip | truncate (counted either way)
+    c.data.bad_rows = "error"  # rows missing fields: error | skip (counted)
+    c.data.max_train_examples = 0  # cap on training examples (0 = all)
+    # grpo_jax.data.arithmetic.ArithmeticConfig fields
+    c.data.arithmetic = ml_collections.ConfigDict()
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.prompts_per_step = 32  # P: prompts drawn per RL step
+    # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
+    c.rollout.rollouts_per_prompt = 8
+    c.rollout.max_new_tokens = 8  # completion budget in tokens
+    # rollouts per sampler call (0 = all R in one call); bounds the KV cache
+    c.rollout.generate_batch_size = 0
+    c.rollout.temperature = 1.0  # sampling temperature for training rollouts
+    c.rollout.top_k = 0  # top-k for training rollouts (0 = off)
+    c.rollout.top_p = 1.0  # top-p for training rollouts (1 = off)
+    # continuous batching: decode this many rows, each refilled with the next pending rollout
+    # when its completion ends (0 = one static batch; training and evaluation; sampling.py)
+    c.rollout.decode_slots = 0
+
+    c.algorithm = ml_collections.ConfigDict()
+    c.algorithm.name = (
+        "grpo"  # a name registered in grpo_jax.algorithms (grpo | prompt_gdro | rollout_gdro | ppo)
+    )
+    c.algorithm.estimator = "grpo"  # advantage estimator: grpo | dr_grpo | rloo
+    c.algorithm.std = "unbiased"  # group std for grpo: unbiased | population
+    c.algorithm.advantage_clip = 5.0  # clip advantages to [-c, c] (0 = off)
+    c.algorithm.epsilon_low = 0.2  # PPO clip, lower side
+    c.algorithm.epsilon_high = 0.28  # PPO clip, upper side (DAPO clip-higher)
+    c.algorithm.dual_clip = 0.0  # dual-clip constant c > 1 for A < 0 (0 = off)
+    c.algorithm.loss_agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    c.algorithm.kl_coef = 0.0  # KL-to-reference coefficient (0 skips the reference pass)
+    c.algorithm.kl_kind = "k3"  # k1 | k2 | k3
+    # where the KL is paid (once): None = the learner's default (ppo: reward, others: loss) |
+    # reward (per-token reward penalty; ppo only) | loss (a term of the policy loss)
+    c.algorithm.kl_in = config_dict.placeholder(str)
+    c.algorithm.num_iterations = 1  # passes over each batch of rollouts (mu in GRPO)
+    c.algorithm.mini_batch_size = 0  # rollouts per gradient step (0 = the whole batch R)
+    c.algorithm.micro_batch_size = 0  # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
+    c.algorithm.shared_prompt_forward = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
+    # positions per chunk of the LM head + log-softmax in the log-prob passes and the update: the
+    # [R, Lc, V] logits and their gradient never exist whole (same values; 0 = whole logits)
+    c.algorithm.logprob_chunk_size = 0
+    # the policy objective (grpo_jax.losses.policy_loss): clip (PPO/GRPO) | cispo (MiniMax-M1:
+    # clipped, detached IS weight x advantage x log-prob) | sapo (a sigmoid gate, no hard clip)
+    c.algorithm.policy_loss_type = "clip"
+    c.algorithm.ratio_level = "token"  # importance ratio per token | sequence (GSPO)
+    c.algorithm.cispo_epsilon_low = config_dict.placeholder(float)  # CISPO: None = no lower bound
+    c.algorithm.cispo_epsilon_high = 0.28  # CISPO: IS weight capped at 1 + this
+    c.algorithm.sapo_tau_pos = 1.0  # SAPO: gate temperature for A > 0
+    c.algorithm.sapo_tau_neg = 1.05  # SAPO: gate temperature for A <= 0
+    # KL term times the live importance ratio pi/pi_old (TRL's use_bias_correction_kl)
+    c.algorithm.kl_ratio_correction = False
+    # advantage scaling: None = the estimator's own (grpo: group std) | group | batch | none
+    c.algorithm.scale_rewards = config_dict.placeholder(str)
+    c.algorithm.overlong_filtering = False  # DAPO: truncated completions drop out of the loss
+    c.algorithm.overlong_penalty_factor = 0.0  # DAPO soft overlong punishment (0 = off)
+    c.algorithm.overlong_cache_tokens = 0  # DAPO L_cache: the penalty ramps over the last N tokens
+    # truncated importance sampling cap on exp(old - sampler) log-probs (0 = off; verl uses 2)
+    c.algorithm.tis_cap = 0.0
+    c.algorithm.reward_scale = "pm1"  # pm1 (+1/-1, paper) | 01
+    c.algorithm.dynamic_sampling = False  # DAPO: drop all-equal groups and re-sample
+    c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling
+
+    # GDRO controllers: each subsection holds the fields of the dataclass it builds
+    # (grpo_jax.gdro.ClassifierConfig / PromptGDROConfig / RolloutGDROConfig; docs there).
+    c.gdro = ml_collections.ConfigDict()
+    c.gdro.classifier = ml_collections.ConfigDict()
+    # bin edges (B = len + 1 bins)
+    c.gdro.classifier.edges = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    c.gdro.classifier.history = 50  # H: visits kept per prompt
+    # hysteresis margin (-1 = the curriculum's own: 0.03 for Prompt-GDRO, 0 otherwise)
+    c.gdro.classifier.delta = -1.0
+    c.gdro.classifier.unseen_bin = 0  # bin of never-seen prompts
+    # Each section's `mode`: corrected (default) | paper; "paper" reproduces the paper / released
+    # code, and every switch left at None takes its mode's value (docs/gdro.md has the table).
+    c.gdro.classifier.mode = "corrected"
+    # per-visit statistic: success_rate (window pass@1) | any_correct (paper) | pass_at_k
+    c.gdro.classifier.statistic = config_dict.placeholder(str)
+    c.gdro.classifier.pass_k = 4  # k for the pass_at_k statistic
+    # never-seen prompts in their own state (True) or in unseen_bin (paper: False)
+    c.gdro.classifier.separate_unseen = config_dict.placeholder(bool)
+    c.gdro.prompt = ml_collections.ConfigDict()
+    # exponential-weights step size (eta_q; 0 = GRPO). With the failure-rate signal the tilt
+    # between bins is at most exp(eta): 0.65 barely acts (reports/gdro_first_run/gdro_vs_grpo.md)
+    c.gdro.prompt.eta = 0.65
+    c.gdro.prompt.gamma = 0.01  # uniform mixing
+    c.gdro.prompt.beta = 0.12  # EMA rate of bin scores
+    c.gdro.prompt.share_floor = 1e-3  # floor on a bin's batch share in Eq. 12's debiasing
+    c.gdro.prompt.weight_cap = 15.0  # cap on per-rollout advantage weights
+    c.gdro.prompt.score_clip = 0.0  # clip C on scores before exp (0 = none)
+    c.gdro.prompt.apply = "advantage_weight"  # advantage_weight | resample
+    c.gdro.prompt.mode = "corrected"  # corrected | paper
+    # loss signal: failure_rate (corrected) | surrogate_loss (paper; 0 at ratio 1, needs >= 2
+    # mini-batches per step) | informative (share of the bin's rollouts in informative groups)
+    c.gdro.prompt.signal = config_dict.placeholder(str)
+    # Eq. 12's division of a bin's mean signal by its batch share (paper: True)
+    c.gdro.prompt.share_division = config_dict.placeholder(bool)
+    # weights mean 1 over rollouts with non-zero advantage (paper: over all rollouts)
+    c.gdro.prompt.renormalise_informative = config_dict.placeholder(bool)
+    # resample: bins drawn in proportion to population x weight, so eta = 0 is uniform
+    # (paper mode: bins drawn with q itself)
+    c.gdro.prompt.population_weighted = config_dict.placeholder(bool)
+    c.gdro.rollout = ml_collections.ConfigDict()
+    # bandit | sqrt (bins' success rates) | shrunk (per-prompt counts shrunk to a Beta prior)
+    c.gdro.rollout.allocator = "bandit"
+    c.gdro.rollout.n_min = 2  # fewest rollouts per prompt (>= 2)
+    c.gdro.rollout.n_max = 12  # most rollouts per prompt
+    c.gdro.rollout.eta = 0.65  # bandit step size (eta_n)
+    c.gdro.rollout.gamma = 0.01  # bandit uniform mixing
+    c.gdro.rollout.ema_decay = 0.4  # EMA decay of arm scores
+    c.gdro.rollout.alpha_mu = 0.05  # dual-ascent step on the price mu
+    c.gdro.rollout.v_floor = 0.01  # variance floor (sqrt allocator, variance feedback)
+    c.gdro.rollout.mode = "corrected"  # corrected | paper
+    # loss signal: failure_rate (corrected) | surrogate_loss (paper)
+    c.gdro.rollout.signal = config_dict.placeholder(str)
+    # bandit feedback: variance (per-rollout variance, depends on n) | loss (paper)
+    c.gdro.rollout.feedback = config_dict.placeholder(str)
+    # arm choice weighted by each bin's prompt count (paper: unweighted)
+    c.gdro.rollout.count_weighted_dp = config_dict.placeholder(bool)
+    # shrunk allocator: objective informative (expected informative groups) | variance (Neyman)
+    c.gdro.rollout.objective = "informative"
+    c.gdro.rollout.evidence_decay = 0.8  # per-visit decay of a prompt's success/trial counts
+    c.gdro.rollout.min_trials = 8.0  # prompts with fewer (decayed) trials keep >= n_bar rollouts
+    c.gdro.rollout.prior_strength = 0.0  # a + b of the Beta prior (0 = fitted to the pool)
+
+    # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
+    c.ppo = ml_collections.ConfigDict()
+    c.ppo.gamma = 1.0  # GAE discount
+    c.ppo.lam = 0.95  # GAE lambda
+    c.ppo.value_clip = 0.2  # value-loss clip range
+    c.ppo.vf_coef = 0.5  # value-loss coefficient
+    c.ppo.critic_lr = 1e-4  # critic learning rate
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = 1e-6  # AdamW peak learning rate
+    c.optimizer.warmup_steps = 0  # linear warm-up (optimizer updates)
+    c.optimizer.schedule = "constant"  # constant | cosine (after warm-up)
+    c.optimizer.weight_decay = 0.0  # AdamW decoupled weight decay
+    c.optimizer.b1 = 0.9  # Adam beta1
+    c.optimizer.b2 = 0.999  # Adam beta2
+    c.optimizer.grad_clip = 1.0  # global-norm gradient clip (0 = off)
+    c.optimizer.max_consecutive_skips = 5  # stop after this many non-finite updates in a row
+
+    c.sft = ml_collections.ConfigDict()
+    c.sft.steps = 0  # supervised warm-start steps before RL (0 = none)
+    c.sft.batch_size = 64  # examples per warm-start step
+    c.sft.learning_rate = 1e-3  # warm-start learning rate
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1  # data-parallel axis size (-1 = all remaining devices)
+    c.mesh.fsdp = 1  # fully-sharded data-parallel axis size
+    c.mesh.tensor = 1  # tensor-parallel axis size
+    c.mesh.num_devices = 0  # use the first N devices (0 = all of jax.devices())
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_steps = 10  # save every N RL steps (and at the end / on SIGTERM)
+    c.checkpoint.keep = 3  # keep the last N checkpoints
+    c.checkpoint.overwrite = False  # allow a workdir holding a run with another config
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every_steps = 0  # evaluate every N RL steps (0 = only before and after)
+    c.eval.datasets = ("arithmetic",)  # held-out sets (presets, or "custom": data.eval_path)
+    c.eval.max_examples = 200  # problems per held-out set (0 = all)
+    c.eval.num_samples = 8  # samples per problem (k of pass@k, mean@k)
+    c.eval.temperature = 0.6  # paper protocol
+    c.eval.top_p = 0.8  # paper protocol
+    c.eval.top_k = 20  # paper protocol
+    c.eval.max_new_tokens = 0  # 0 = rollout.max_new_tokens
+    c.eval.batch_size = 256  # rollouts per generation call during evaluation
+
+    c.logging = ml_collections.ConfigDict()
+    c.logging.every_steps = 1  # write a metrics row every N steps
+    c.logging.tensorboard = True  # also write TensorBoard event files
+    c.logging.progress_bar = True  # tqdm bars on stderr (warm start, evaluations, RL steps)
+    c.logging.num_samples = (
+        4  # completions per step written to samples.jsonl + TensorBoard text (0 = none)
+    )
+    c.logging.wandb_project = ""  # Weights & Biases project ("" = off; needs `pip install wandb`)
+    c.logging.wandb_entity = ""  # W&B entity (team or user; "" = your default)
+    c.logging.wandb_mode = ""  # online | offline | disabled ("" = wandb's default / WANDB_MODE)
+    c.logging.wandb_name = ""  # run name ("" = the workdir's name)
+    c.reward = ml_collections.ConfigDict()
+    # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
+    # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier
+    c.reward.fn = ""
+    c.reward.task = ""  # built-in verifier: math | gsm8k | arithmetic ("" = by dataset)
+    c.reward.correct_above = 0.0  # reward.fn without correctness: correct = reward > this
+    c.reward.format_pattern = (
+        ""  # regex: format_reward is paid when a completion matches ("" = the task's)
+    )
+    c.reward.extract = ""  # "module:function" completion -> answer for maj@k ("" = the task's)
+    c.reward.timeout_s = 5.0  # per-completion verifier timeout (seconds)
+    c.reward.num_workers = 2  # verifier worker processes
+    c.reward.format_reward = 0.0  # bonus for a well-formed final answer
+    # math-verify: significant digits of numeric comparison (15 scores 1/2^99 == 1/2^98)
+    c.reward.numeric_precision = 100
+    c.reward.float_rounding = 6  # math-verify: decimals kept when one side is a decimal literal
+    return c
+
+
+def upgrade(saved: dict) -> ml_collections.ConfigDict:
+    """A saved config (a workdir's ``config.json``, a checkpoint's meta) on today's schema.
+
+    Every field of `base_config()` the saved dict lacks takes its default; the saved values win
+    everywhere else. Fields the schema does not know (a removed option, a section of your own)
+    are kept as saved. Sequences saved as JSON lists come back as tuples where the default is
+    one, so the result compares equal to the config that wrote it.
+
+    Args:
+      saved: nested dict (JSON-decoded).
+    Returns: a new, unlocked ``ConfigDict``.
+    """
+    config = base_config()
+    _merge(config, saved)
+    return config
+
+
+def _merge(config: ml_collections.ConfigDict, saved: dict) -> None:
+    for key, value in saved.items():
+        if key not in config:
+            config[key] = value
+            continue
+        current = config[key]
+        if isinstance(current, ml_collections.ConfigDict) and isinstance(value, dict):
+            _merge(current, value)
+        elif isinstance(current, tuple) and isinstance(value, list):
+            config[key] = tuple(value)
+        elif isinstance(current, config_dict.FieldReference) or current is None:
+            config[key] = value
+        else:
+            with config.ignore_type():
+                config[key] = value
