@@ -118,7 +118,7 @@ def main():
     n_params = sum(x.size for x in jax.tree.leaves(run.train.params))
     R = config.rollout.prompts_per_step * config.rollout.rollouts_per_prompt
     T = exp.prompt_len + exp.max_new_tokens - 1
-    updates_per_step = config.algorithm.num_iterations * (R // exp.mini_batch_size)
+    updates_per_step = config.algorithm.num_iterations * (R // exp.batching.mini_batch_size)
     flops_per_row = 6 * n_params * T + 12 * mc.num_layers * mc.num_heads * mc.head_dim * T * T
     update_flops = flops_per_row * R * config.algorithm.num_iterations
     phases = sorted(k for k in rows[0] if k.startswith("time/"))

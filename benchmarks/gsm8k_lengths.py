@@ -76,13 +76,13 @@ def main(argv=None) -> dict:
         G, B = args.samples, min(args.batch_prompts or args.prompts, args.prompts)
         # the pool is left-padded to its longest prompt: keep the columns these prompts use
         # (rounded up to 8, one width for every call: one compile)
-        width = int(exp.prompt_mask[ids].sum(axis=1).max())
+        width = int(exp.pool.mask[ids].sum(axis=1).max())
         width = min(exp.prompt_len, -(-width // 8) * 8)
         lengths, truncated, t_gen = [], [], 0.0
         for i in range(0, len(ids), B):
             rows = np.repeat(ids[i : i + B], G)  # G consecutive rows per prompt (a group)
-            tok = exp.prompt_tokens[rows, -width:]
-            msk = exp.prompt_mask[rows, -width:]
+            tok = exp.pool.tokens[rows, -width:]
+            msk = exp.pool.mask[rows, -width:]
             t0 = time.perf_counter()
             out = sampling.generate(
                 exp.graphdef,

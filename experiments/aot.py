@@ -527,7 +527,7 @@ def compile_steps(
         return {**_memory(compiled), **times, **_cost(compiled)}
 
     P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
-    R, mb = P * n_bar, exp.mini_batch_size
+    R, mb = P * n_bar, exp.batching.mini_batch_size
     Lp, Lc = exp.prompt_len, exp.max_new_tokens
 
     def batched(shape, dtype):
@@ -568,11 +568,11 @@ def compile_steps(
             "resident_extra": ref_bytes,
             "rows": mb,
             "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"
-            f"{f', {exp.micro_batch_size} per forward/backward' if exp.micro_batch_size < mb else ''}",
+            f"{f', {exp.batching.micro_batch_size} per forward/backward' if exp.batching.micro_batch_size < mb else ''}",
         }
 
     # 2. the sampler (G = generate_batch_size rows per call, R / G calls; Lp + Lc cache slots).
-    G = exp.generate_batch_size
+    G = exp.batching.generate_batch_size
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
     not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
     if sampler == "full":
@@ -628,7 +628,7 @@ def compile_steps(
             }
 
     # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
-    if logprobs and (needs_ref or not exp.on_policy):
+    if logprobs and (needs_ref or not exp.batching.on_policy):
         rows = R
         info = _compile(
             fns.logprobs,
@@ -642,7 +642,7 @@ def compile_steps(
             "resident_extra": state_bytes + ref_bytes - params_bytes,
             "rows": rows,
             "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
-            f"{exp.micro_batch_size} rows at a time",
+            f"{exp.batching.micro_batch_size} rows at a time",
         }
     for s in steps.values():
         s["peak"] = s["total"] + s["resident_extra"]
@@ -654,8 +654,8 @@ def compile_steps(
         "batch": {
             "R": R,
             "mini_batch": mb,
-            "micro_batch": exp.micro_batch_size,
-            "generate_batch": exp.generate_batch_size,
+            "micro_batch": exp.batching.micro_batch_size,
+            "generate_batch": exp.batching.generate_batch_size,
             "prompt_tokens": Lp,
             "new_tokens": Lc,
         },

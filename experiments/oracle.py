@@ -312,7 +312,7 @@ def estimate_success(exp, params, num_samples: int, seed: int = 0, batch_size: i
     from grpo_jax import transfer as xfer
 
     fns = steps.make_steps(exp)
-    N = len(exp.examples)
+    N = len(exp.pool.examples)
     per = max(1, batch_size // num_samples)  # prompts per call (fixed shape: one compile)
     hits = np.zeros(N)
     key = jax.random.PRNGKey(seed)
@@ -323,13 +323,13 @@ def estimate_success(exp, params, num_samples: int, seed: int = 0, batch_size: i
             key, k = jax.random.split(key)
             ro = fns.generate(
                 params,
-                xfer.to_device(exp.mesh, exp.prompt_tokens[rows]),
-                xfer.to_device(exp.mesh, exp.prompt_mask[rows]),
+                xfer.to_device(exp.mesh, exp.pool.tokens[rows]),
+                xfer.to_device(exp.mesh, exp.pool.mask[rows]),
                 k,
             )
             comp, lengths = xfer.to_host((ro.completion_tokens, ro.lengths))
             texts = xfer.decode_completions(exp.tokenizer, comp, lengths)
-            _, correct, _ = exp.reward_fn(texts, [exp.golds[r] for r in rows])
+            _, correct, _ = exp.reward_fn(texts, [exp.pool.golds[r] for r in rows])
             c = np.asarray(correct, np.float64).reshape(per, num_samples).sum(1)
             valid = np.arange(start, start + per) < N
             hits[ids[valid]] = c[valid]
@@ -602,8 +602,8 @@ def run_oracle(
     exp = experiment.build_experiment(cfg)
     try:
         p = estimate_success(exp, params, num_samples, seed=seed)
-        levels = np.asarray(exp.levels)
-        examples = list(exp.examples)
+        levels = np.asarray(exp.pool.levels)
+        examples = list(exp.pool.examples)
     finally:
         exp.close()
     t2 = time.perf_counter()

@@ -82,7 +82,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         value = _get(config, path)
         if value not in choices:
             raise ConfigError(f"config.{path}={value!r} is not one of {choices}")
-    impl = config.model.get("attention_impl", "auto")  # older configs (a workdir's) lack it
+    impl = config.model.attention_impl
     if impl not in ATTENTION_IMPLS:
         raise ConfigError(f"config.model.attention_impl={impl!r} is not one of {ATTENTION_IMPLS}")
     for path in _POSITIVE:
@@ -146,7 +146,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"(0, rollout.max_new_tokens={config.rollout.max_new_tokens}] when "
             "overlong_penalty_factor > 0"
         )
-    messages = config.data.get("messages_column", "")  # older configs (a workdir's) lack it
+    messages = config.data.messages_column
     if messages and config.data.name != "custom":
         raise ConfigError(
             f"config.data.messages_column={messages!r} applies to your own table "

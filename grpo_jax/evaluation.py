@@ -136,7 +136,7 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
     k = cfg.num_samples
     per_dataset = {}
     pooled_correct = []
-    for name, examples in exp.eval_sets.items():
+    for name, examples in exp.pool.eval_sets.items():
         rng, key = jax.random.split(rng)
         per_dataset[name] = evaluate_policy(
             exp.graphdef,
@@ -183,7 +183,7 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
         raise FileNotFoundError(f"no run in {workdir}: {path} not found")
     with open(path) as f:
         config = config_schema.upgrade(json.load(f))
-    if not need_reward and config.reward.get("fn", ""):
+    if not need_reward and config.reward.fn:
         config.reward.fn = ""
     if configure is not None:
         configure(config)

@@ -4,7 +4,9 @@ optimizer and the algorithm's curriculum and learner.
 `build_experiment(config)` returns an `Experiment`, an immutable description of the run; the
 device programs are made from it by `grpo_jax.steps.make_steps` and the loop is
 `grpo_jax.train`. Kept apart so that evaluation, the AOT compile check and notebooks can build
-the same pieces.
+the same pieces. The builders of each part live with the part: `grpo_jax.data.from_config`,
+`grpo_jax.models.from_config`, `grpo_jax.rewards.from_config`, the algorithm's strategies'
+``from_config``.
 """
 
 from __future__ import annotations
@@ -22,15 +24,84 @@ import optax
 from flax import nnx
 
 from grpo_jax import algorithms, sampling, sharding
+from grpo_jax import state as state_lib
 from grpo_jax.config_utils import ConfigError
+from grpo_jax.data import from_config as data_lib
 from grpo_jax.data import pipeline as pipeline_lib
 from grpo_jax.data import templates
-from grpo_jax.models import attention as attention_lib
 from grpo_jax.models import config as model_config_lib
+from grpo_jax.models import from_config as model_lib
 from grpo_jax.models import lora as lora_lib
-from grpo_jax.models import transformer
 from grpo_jax.rewards import from_config as reward_lib
-from grpo_jax.state import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How one RL step's R rollouts are cut up (every size a multiple of the mesh's data x fsdp).
+
+    Attributes:
+      rollouts_per_step: R = prompts_per_step x rollouts_per_prompt (the mean budget).
+      mini_batch_size: rows per optimizer update; micro_batch_size: rows per forward/backward
+        (gradients accumulate over a mini-batch); generate_batch_size: rows per sampler call.
+      prompt_group_size: G with a shared prompt forward (1 = off).
+      on_policy: one pass over one mini-batch (old log-probs = current ones, never computed).
+    """
+
+    rollouts_per_step: int
+    mini_batch_size: int
+    micro_batch_size: int
+    generate_batch_size: int
+    prompt_group_size: int
+    on_policy: bool
+
+    @classmethod
+    def from_config(cls, config, mesh, algo: algorithms.Algorithm) -> Batching:
+        """The batching of ``config.rollout`` / ``config.algorithm`` on ``mesh`` (the one
+        mesh-dependent config check).
+
+        Raises: ConfigError naming the field that does not divide, or is not a multiple of the
+        mesh's data x fsdp shards.
+        """
+        P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
+        R, div = P * n_bar, sharding.batch_divisor(mesh)
+        if R % div:
+            raise ConfigError(
+                f"config.rollout: prompts_per_step * rollouts_per_prompt = {R} rollouts do not "
+                f"divide over the mesh's data x fsdp = {div} shards; make R a multiple of {div}"
+            )
+        mb = config.algorithm.mini_batch_size or R
+        micro = config.algorithm.micro_batch_size or mb
+        gbs = config.rollout.generate_batch_size or R
+        for name, v, whole, what, zero in (
+            ("algorithm.mini_batch_size", mb, R, "R", "the whole batch"),
+            ("algorithm.micro_batch_size", micro, mb, "mini_batch_size", "no accumulation"),
+            ("rollout.generate_batch_size", gbs, R, "R", "all R rollouts in one sampler call"),
+        ):
+            if v < 0 or whole % v or v % div:
+                raise ConfigError(
+                    f"config.{name}={v} must divide {what}={whole} and be a multiple of the "
+                    f"mesh's data x fsdp = {div} (0 = {zero})"
+                )
+        group = 1
+        if config.algorithm.shared_prompt_forward:
+            group = n_bar
+            if not algo.curriculum.fixed_group_size:
+                raise ConfigError(
+                    "config.algorithm.shared_prompt_forward needs groups of equal size; "
+                    f"{algo.name} allocates a varying number of rollouts per prompt"
+                )
+            for name, v in (
+                ("algorithm.mini_batch_size", mb),
+                ("algorithm.micro_batch_size", micro),
+                ("rollout.generate_batch_size", gbs),
+            ):
+                if v % group:
+                    raise ConfigError(
+                        f"config.{name}={v} must be a multiple of rollouts_per_prompt={group} "
+                        "with config.algorithm.shared_prompt_forward (whole groups per pass)"
+                    )
+        on_policy = config.algorithm.num_iterations == 1 and mb == R
+        return cls(R, mb, micro, gbs, group, on_policy)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -45,19 +116,12 @@ class Experiment:
       model_config, graphdef, param_shardings, init_params_fn: the policy: its architecture,
         ``nnx`` graph, parameter shardings and a pure ``() -> params`` initialiser.
       tokenizer: ``encode``/``decode``/``eos_ids``/``pad_id`` (None in compile-only builds).
-      prompt_len: Lp, prompts left-padded to it; max_new_tokens: Lc.
-      prompt_tokens [N, Lp] int32, prompt_mask [N, Lp] bool, golds [N], levels [N], examples
-        [N]: the training pool, indexed by prompt id.
-      eval_sets: held-out set name -> examples; reward_fn: the training reward;
-        eval_reward_fns: held-out set name -> its reward function.
-      train_sampling, eval_sampling: `sampling.SamplingConfig` of rollouts and evaluation.
       tx: the policy's optax optimizer.
-      mini_batch_size, micro_batch_size, generate_batch_size: rows per update, per
-        forward/backward, per sampler call; prompt_group_size: G with a shared prompt forward.
-      on_policy: one pass over one mini-batch (old log-probs = current ones, never computed).
+      pool: the training prompts and held-out sets (`grpo_jax.data.from_config.PromptPool`).
+      batching: how a step's rollouts are cut up (`Batching`).
+      train_sampling, eval_sampling: `sampling.SamplingConfig` of rollouts and evaluation.
+      reward_fn: the training reward; eval_reward_fns: held-out set name -> its reward.
       algorithm, curriculum, learner: the registered algorithm and its built strategies.
-      data_stats: counts of the data loading (overlong prompts, skipped rows, ...).
-      sft_examples: the dataset's separate warm-start pool ([] = warm start on the RL pool).
       state_shardings, abstract_state: the train state's shardings and shapes (every jitted
         step takes and returns these, so steps never recompile because of a sharding change).
     """
@@ -69,29 +133,16 @@ class Experiment:
     param_shardings: Any
     init_params_fn: Callable[[], Any]
     tokenizer: Any
-    prompt_len: int
-    max_new_tokens: int
-    prompt_tokens: np.ndarray
-    prompt_mask: np.ndarray
-    golds: list
-    levels: list
-    examples: list
-    eval_sets: dict
-    reward_fn: Any
-    eval_reward_fns: dict
+    tx: optax.GradientTransformation
+    pool: data_lib.PromptPool
+    batching: Batching
     train_sampling: sampling.SamplingConfig
     eval_sampling: sampling.SamplingConfig
-    tx: optax.GradientTransformation
-    mini_batch_size: int
-    generate_batch_size: int
-    micro_batch_size: int
-    prompt_group_size: int
-    on_policy: bool
+    reward_fn: Any
+    eval_reward_fns: dict
     algorithm: algorithms.Algorithm
     curriculum: algorithms.Curriculum
     learner: algorithms.Learner
-    data_stats: dict
-    sft_examples: list = dataclasses.field(default_factory=list)
     state_shardings: Any = None
     abstract_state: Any = None
 
@@ -99,12 +150,22 @@ class Experiment:
     def num_bins(self) -> int:
         return self.curriculum.num_bins
 
+    @property
+    def prompt_len(self) -> int:
+        """Lp: prompts are left-padded to it (``pool.prompt_len``)."""
+        return self.pool.prompt_len
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Lc: the rollouts' completion budget."""
+        return self.train_sampling.max_new_tokens
+
     def make_source(self) -> pipeline_lib.PromptSource:
         """The training prompt stream. Every process draws the same *global* batch: the
         controllers need every prompt's bin, and device arrays are assembled from it shard by
         shard (`transfer.to_device`)."""
         return pipeline_lib.PromptSource(
-            self.examples,
+            self.pool.examples,
             self.config.rollout.prompts_per_step,
             seed=self.config.seed,
             process_index=0,
@@ -152,30 +213,31 @@ class Experiment:
     def score(self, completions, rows):
         """The training reward of ``completions`` for the prompts ``rows`` (ids into the pool):
         ``reward_fn(completions, golds)``, plus the rows' example dicts for a reward function
-        that reads row fields (``takes_examples``, e.g. `grpo_jax.rewards.UserRewardFn`)."""
-        golds = [self.golds[r] for r in rows]
+        that reads row fields (``takes_examples``, e.g. `grpo_jax.rewards.custom.UserRewardFn`)."""
+        golds = [self.pool.golds[r] for r in rows]
         if getattr(self.reward_fn, "takes_examples", False):
-            return self.reward_fn(completions, golds, examples=[self.examples[r] for r in rows])
+            examples = [self.pool.examples[r] for r in rows]
+            return self.reward_fn(completions, golds, examples=examples)
         return self.reward_fn(completions, golds)
 
     def render(self, problem) -> str:
-        """A prompt's text (``config.data.template``): a problem string or a conversation's
-        turns (`templates.prompt_of(example)`)."""
-        return render(self.config, self.tokenizer, problem)
+        """A prompt's text (`grpo_jax.data.from_config.render`)."""
+        return data_lib.render(self.config, self.tokenizer, problem)
 
     def sft_data(self):
         """(tokens [N, Lp + La] int32, attention mask bool, target mask float32) for the
         supervised warm start: each prompt followed by its gold answer and EOS. The prompts are
         the dataset's own warm-start pool when it has one (disjoint from the RL prompts: the
         arithmetic task with ``num_sft > 0``), else the training pool."""
-        if self.sft_examples:
-            texts = [self.render(templates.prompt_of(ex)) for ex in self.sft_examples]
+        pool = self.pool
+        if pool.sft_examples:
+            texts = [self.render(templates.prompt_of(ex)) for ex in pool.sft_examples]
             prompts, prompt_mask, _ = templates.encode_prompts(
                 self.tokenizer, texts, self.prompt_len, "truncate"
             )
-            golds = [ex["answer"] for ex in self.sft_examples]
+            golds = [ex["answer"] for ex in pool.sft_examples]
         else:
-            prompts, prompt_mask, golds = self.prompt_tokens, self.prompt_mask, self.golds
+            prompts, prompt_mask, golds = pool.tokens, pool.mask, pool.golds
         answers = [self.tokenizer.encode(str(g)) + [self.tokenizer.eos_ids[0]] for g in golds]
         la = min(max(len(a) for a in answers), self.max_new_tokens)
         n = len(answers)
@@ -198,218 +260,36 @@ class Experiment:
                 close()
 
 
-def state_shardings(exp_mesh, tx, param_shardings, learner, shapes, trained_shardings=None):
-    """Shardings of a train state shaped like ``shapes``: parameters by the mesh rules, every
-    parameter-shaped optimizer leaf (Adam mu/nu, a master copy) like its parameter, the rest
-    replicated. ``trained_shardings``: those of the optimised parameters when the optimizer
-    covers only part of them (LoRA adapters; default all of ``param_shardings``)."""
-    repl = sharding.replicated(exp_mesh)
-    out = jax.tree.map(lambda _: repl, shapes)
-    trained = param_shardings if trained_shardings is None else trained_shardings
-    opt = optax.tree_map_params(
-        tx, lambda _, s: s, shapes.opt_state, trained, transform_non_params=lambda _: repl
+def _sampling_configs(config, tokenizer, group: int):
+    """(training, evaluation) `sampling.SamplingConfig` of ``config.rollout`` / ``config.eval``."""
+    sc, ec = config.rollout, config.eval
+    common = dict(
+        eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (0,),
+        pad_id=tokenizer.pad_id if tokenizer is not None else 0,
+        decode_slots=int(sc.decode_slots),
     )
-    return out.replace(
-        params=param_shardings, opt_state=opt, **learner.extra_shardings(shapes, exp_mesh)
+    train = sampling.SamplingConfig(
+        max_new_tokens=sc.max_new_tokens,
+        temperature=sc.temperature,
+        top_k=sc.top_k,
+        top_p=sc.top_p,
+        prompt_group_size=group,
+        **common,
     )
-
-
-def _load_model(config, tokenizer, platform=None):
-    """(ModelConfig, graphdef, init) of ``config.model``; ``platform`` (the mesh's devices')
-    resolves ``model.attention_impl="auto"`` (None: the default backend's)."""
-    mc = config.model
-    overrides = dict(mc.overrides.to_dict()) if mc.overrides else {}
-    if tokenizer is not None:  # None: compile-only build (vocab from the preset)
-        overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
-    overrides.update(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)
-    overrides["attention_impl"] = attention_lib.resolve_impl(
-        _opt(mc, "attention_impl", "auto"), mc.dtype, platform
+    evaluation = sampling.SamplingConfig(
+        max_new_tokens=ec.max_new_tokens or sc.max_new_tokens,
+        temperature=ec.temperature,
+        top_k=ec.top_k,
+        top_p=ec.top_p,
+        **common,
     )
-    lc = _opt(mc, "lora", None)
-    if lc is not None and int(lc.rank) > 0:
-        overrides.update(
-            lora_rank=int(lc.rank), lora_alpha=float(lc.alpha), lora_targets=tuple(lc.targets)
+    if (sc.top_k or sc.top_p < 1) and not config.algorithm.tis_cap:
+        logging.warning(
+            "config.rollout top_k/top_p truncate the sampler, but its log-probs (and so the "
+            "ratio's 'old' policy) are the untruncated ones; set config.algorithm.tis_cap "
+            "(e.g. 2) for the truncated-importance-sampling correction"
         )
-    if mc.hf_checkpoint or mc.gguf_path:
-        from grpo_jax.models import loading
-
-        if mc.hf_checkpoint:
-            model_cfg, graphdef, params = loading.load_hf_checkpoint(mc.hf_checkpoint)
-        else:
-            model_cfg, graphdef, params = loading.load_gguf(mc.gguf_path)
-        keep = ("dtype", "remat", "attention_impl", "lora_rank", "lora_alpha", "lora_targets")
-        model_cfg = dataclasses.replace(
-            model_cfg, **{k: v for k, v in overrides.items() if k in keep}
-        )
-        graphdef, _ = nnx.split(_abstract_model(model_cfg), nnx.Param)
-        pure = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
-        if mc.param_dtype:
-            pure = jax.tree.map(lambda x: x.astype(mc.param_dtype), pure)
-        if model_cfg.lora_rank:  # fresh adapters on the loaded base, in its storage dtype
-            dt = mc.param_dtype or model_cfg.param_dtype
-            ada = lora_lib.init_adapters(model_cfg.replace(param_dtype=dt), config.seed)
-            pure = lora_lib.combine(pure, ada)
-        return model_cfg, graphdef, lambda: pure
-    model_cfg = model_config_lib.get_preset(mc.preset, **overrides)
-
-    def init():
-        with nnx.use_eager_sharding(False):
-            model = transformer.Transformer(model_cfg, rngs=nnx.Rngs(config.seed))
-        return nnx.split(model, nnx.Param)[1].to_pure_dict()
-
-    graphdef, _ = nnx.split(_abstract_model(model_cfg), nnx.Param)
-    return model_cfg, graphdef, init
-
-
-def _abstract_model(model_cfg, cls=None):
-    cls = cls or transformer.Transformer
-    with nnx.use_eager_sharding(False):
-        return nnx.eval_shape(lambda: cls(model_cfg, rngs=nnx.Rngs(0)))
-
-
-def _opt(section, name: str, default):
-    """A config field that older configs (a workdir's config.json) may lack."""
-    return section.get(name, default) if hasattr(section, "get") else default
-
-
-def _load_tokenizer(config):
-    own = _opt(config.model, "tokenizer", "")
-    pretrained = own or config.model.hf_checkpoint or config.model.gguf_path
-    if config.data.name == "arithmetic" and not pretrained:  # the built-in character vocabulary
-        from grpo_jax.data import arithmetic
-
-        return arithmetic.CharTokenizer()
-    from grpo_jax.models import loading
-    from grpo_jax.models import tokenizer as tokenizer_lib
-
-    field = "tokenizer" if own else "hf_checkpoint" if config.model.hf_checkpoint else "gguf_path"
-    try:
-        if own or config.model.hf_checkpoint:
-            src = own or config.model.hf_checkpoint
-            return tokenizer_lib.Tokenizer.from_dir(loading.resolve_checkpoint(src, what=field))
-        if config.model.gguf_path:
-            return tokenizer_lib.Tokenizer.from_gguf(config.model.gguf_path)
-    except FileNotFoundError as e:
-        raise ConfigError(
-            f"config.model.{field}: {e}; point it at an existing "
-            f"{'GGUF file' if field == 'gguf_path' else 'directory (tokenizer.json) or hub id'}"
-        ) from None
-    raise ConfigError(
-        "config.model: a non-arithmetic dataset needs a tokenizer: set "
-        "config.model.hf_checkpoint, config.model.gguf_path or config.model.tokenizer"
-    )
-
-
-def _columns(config):
-    from grpo_jax.data import datasets
-
-    d = config.data
-    return datasets.Columns(
-        prompt=_opt(d, "prompt_column", "problem"),
-        answer=_opt(d, "answer_column", "answer"),
-        level=_opt(d, "level_column", ""),
-        id=_opt(d, "id_column", ""),
-        messages=_opt(d, "messages_column", ""),
-    )
-
-
-def _is_table_dir(path: str) -> bool:
-    import os
-
-    return os.path.isdir(os.path.expanduser(path)) or path.startswith("hf:") or "*" in path
-
-
-def _load_examples(
-    config, name: str, split: str, stats: dict | None = None, *, train: bool | None = None
-) -> list[dict]:
-    """The examples of a split; ``stats`` (if given) gets `datasets.load_with_stats`' counts.
-
-    ``name``: a preset, or ``"custom"`` (``config.data.path`` with ``config.data.*_column``;
-    held-out rows from ``config.data.eval_path``, else ``data.path``'s ``data.eval_split``).
-    A preset equal to ``config.data.name`` with ``config.data.path`` set reads its layout from
-    that table. ``train``: the training split (default: ``split == config.data.split``).
-    """
-    d = config.data
-    if train is None:
-        train = split == d.split
-    if name == "arithmetic":
-        from grpo_jax.data import arithmetic
-
-        acfg = arithmetic.ArithmeticConfig(**d.arithmetic.to_dict())
-        splits = arithmetic.make_splits(acfg)
-        return splits[split if split in ("train", "sft") else "eval"]
-    from grpo_jax import data as data_lib
-    from grpo_jax.data import datasets
-
-    path, eval_path = _opt(d, "path", ""), _opt(d, "eval_path", "")
-    table = None
-    if name == datasets.CUSTOM:
-        if train:
-            table = path
-        elif eval_path:
-            table, split = eval_path, d.split
-        elif path and _is_table_dir(path):
-            table, split = path, _opt(d, "eval_split", "test")
-        else:
-            raise ConfigError(
-                "config.eval.datasets has 'custom': set config.data.eval_path to your held-out "
-                "table (or make config.data.path a directory / hub id with an eval_split)"
-            )
-        if not table:
-            raise ConfigError(
-                "config.data.name='custom' needs config.data.path (a JSONL/Parquet file, a "
-                "directory, or a hub id 'hf:org/name')"
-            )
-    elif name == d.name and (path or eval_path):
-        if train:
-            table = path or None
-        elif eval_path:
-            table = eval_path
-        elif path and _is_table_dir(path):
-            table = path
-    try:
-        if table is not None:
-            examples, counts = datasets.load_table_with_stats(
-                table,
-                split,
-                columns=_columns(config),
-                name=name,
-                config=(d.config or None) if name == d.name else None,
-                bad_rows=d.bad_rows,
-            )
-        else:
-            examples, counts = data_lib.load_with_stats(
-                name,
-                split,
-                use_tfds=bool(_opt(d, "use_tfds", False)),
-                tfds_data_dir=_opt(d, "tfds_data_dir", "") or None,
-                source_dir=d.source_dir or None,
-                config=(d.config or None) if name == d.name else None,
-                bad_rows=d.bad_rows,
-            )
-    except ValueError as e:
-        if "bad row" not in str(e):
-            raise
-        raise ConfigError(
-            f"{e}; in a run: --config.data.bad_rows=skip drops and counts such rows"
-        ) from None
-    if stats is not None:
-        stats.update(counts)
-    return examples
-
-
-def render(config, tokenizer, problem) -> str:
-    """A prompt's text under ``config.data.template`` (with ``data.prompt_suffix``, None = the
-    DAPO boxed-answer suffix for a problem string and none for a conversation, and
-    ``data.system_prompt`` for the chat template). ``problem``: a string or a conversation's
-    turns (`templates.prompt_of`)."""
-    d = config.data
-    kw = {}
-    if d.template != "arithmetic":
-        kw["suffix"] = _opt(d, "prompt_suffix", None)
-        if _opt(d, "system_prompt", ""):
-            kw["system"] = d.system_prompt
-    return templates.render_prompt(problem, template=d.template, tokenizer=tokenizer, **kw)
+    return train, evaluation
 
 
 def build_experiment(
@@ -423,6 +303,8 @@ def build_experiment(
     ``with_data=False`` builds the compile-only pieces: no data, no reward workers and (except
     for the built-in arithmetic tokenizer) no tokenizer: the vocabulary is the preset's (or
     ``config.model.overrides.vocab_size``), eos_ids=(0,), pad 0.
+
+    Raises: ConfigError naming the config field of a bad value, path or data row.
     """
     try:
         algo = algorithms.get(config.algorithm.name)
@@ -436,151 +318,38 @@ def build_experiment(
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
-    R = P * n_bar
-    div = sharding.batch_divisor(mesh)
-    if R % div:
-        raise ConfigError(
-            f"config.rollout: prompts_per_step * rollouts_per_prompt = {R} rollouts do not "
-            f"divide over the mesh's data x fsdp = {div} shards; make R a multiple of {div}"
-        )
-    mb = config.algorithm.mini_batch_size or R
-    if R % mb or mb % div:
-        raise ConfigError(
-            f"config.algorithm.mini_batch_size={mb} must divide R={R} and be a multiple of "
-            f"the mesh's data x fsdp = {div}"
-        )
-    micro = config.algorithm.micro_batch_size or mb
-    if micro < 0 or mb % micro or micro % div:
-        raise ConfigError(
-            f"config.algorithm.micro_batch_size={micro} must divide mini_batch_size={mb} and "
-            f"be a multiple of the mesh's data x fsdp = {div} (0 = no accumulation)"
-        )
-    gbs = config.rollout.generate_batch_size or R
-    if gbs < 0 or R % gbs or gbs % div:
-        raise ConfigError(
-            f"config.rollout.generate_batch_size={gbs} must divide R={R} and be a multiple "
-            f"of the mesh's data x fsdp = {div} (0 = all R rollouts in one sampler call)"
-        )
-    group = 1
-    if config.algorithm.shared_prompt_forward:
-        group = n_bar
-        if not algo.curriculum.fixed_group_size:
-            raise ConfigError(
-                "config.algorithm.shared_prompt_forward needs groups of equal size; "
-                f"{algo.name} allocates a varying number of rollouts per prompt"
-            )
-        for name, v in (
-            ("algorithm.mini_batch_size", mb),
-            ("algorithm.micro_batch_size", micro),
-            ("rollout.generate_batch_size", gbs),
-        ):
-            if v % group:
-                raise ConfigError(
-                    f"config.{name}={v} must be a multiple of rollouts_per_prompt={group} "
-                    "with config.algorithm.shared_prompt_forward (whole groups per pass)"
-                )
-    load_stats = {}  # the training rows are read first: missing or bad data fails before the weights load
+    batching = Batching.from_config(config, mesh, algo)
+    # the training rows are read first: missing or bad data fails before the weights load
+    load_stats = {}
+    train_split = config.data.split
     raw = (
-        _load_examples(config, config.data.name, config.data.split, load_stats) if with_data else []
+        data_lib.load_examples(config, config.data.name, train_split, load_stats)
+        if with_data
+        else []
     )
-    tokenizer = _load_tokenizer(config) if with_data or config.data.name == "arithmetic" else None
-    model_cfg, graphdef, init_fn = _load_model(config, tokenizer, devices[0].platform)
-    abstract_state = nnx.split(_abstract_model(model_cfg), nnx.Param)[1]
-    shardings = sharding.param_shardings(abstract_state, mesh)
-
-    lp = config.data.max_prompt_tokens
-    data_stats = {}
-    examples, eval_sets = [], {}
-    tokens = mask = np.zeros((0, lp), np.int32)
-    golds, levels = [], []
-    if with_data:
-        if config.data.max_train_examples:
-            raw = raw[: config.data.max_train_examples]
-        texts = [render(config, tokenizer, templates.prompt_of(ex)) for ex in raw]
-        tokens, mask, kept, over = templates.encode_prompts(
-            tokenizer, texts, lp, config.data.overlong_prompts, return_overlong=True
-        )
-        data_stats = {
-            "train_examples": len(raw),
-            "overlong_prompts": int(over.sum()),
-            "overlong_prompts_skipped": int((~kept).sum()),
-            "bad_rows_skipped": int(load_stats.get("num_skipped", 0)),
-        }
-        # ids = positions after filtering (stable for a given dataset and config; the classifier keys on them)
-        examples = pipeline_lib.reindex([ex for ex, k in zip(raw, kept) if k])
-        if not examples:
-            raise ConfigError(
-                f"config.data.max_prompt_tokens={lp}: every training prompt is longer; raise it"
-            )
-        tokens, mask = tokens[kept], mask[kept]
-        num_ids = len(examples)
-        golds = [ex.get("answers", ex["answer"]) for ex in examples]
-        levels = [int(ex.get("level", -1)) for ex in examples]
-        for name in config.eval.datasets:
-            evs = _load_examples(
-                config, name, "eval" if name == "arithmetic" else "test", train=False
-            )
-            if config.eval.max_examples:
-                evs = evs[: config.eval.max_examples]
-            eval_sets[name] = evs
-        # pad to the longest prompt of the train and eval sets (rounded up to 8), not to the budget:
-        # prefill, log-prob and update compute all scale with the padded length
-        longest = int(mask.sum(axis=1).max())
-        for evs in eval_sets.values():
-            longest = max(
-                [longest]
-                + [
-                    len(tokenizer.encode(render(config, tokenizer, templates.prompt_of(ex))))
-                    for ex in evs
-                ]
-            )
-        trimmed = min(lp, -(-longest // 8) * 8)
-        tokens, mask, lp = tokens[:, lp - trimmed :], mask[:, lp - trimmed :], trimmed
-        data_stats["prompt_tokens_padded_to"] = lp
-    else:
-        num_ids = 1
-
+    needs_tokenizer = with_data or config.data.name == "arithmetic"
+    tokenizer = model_lib.load_tokenizer(config) if needs_tokenizer else None
+    model_cfg, graphdef, init_fn = model_lib.load_model(config, tokenizer, devices[0].platform)
+    shardings = sharding.param_shardings(
+        nnx.split(model_lib.abstract_model(model_cfg), nnx.Param)[1], mesh
+    )
+    pool = (
+        data_lib.build_pool(config, tokenizer, raw, load_stats)
+        if with_data
+        else data_lib.PromptPool.empty(config.data.max_prompt_tokens)
+    )
+    R, mb = batching.rollouts_per_step, batching.mini_batch_size
     steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)
     # bfloat16 parameters train through a float32 master copy (state.master_weights)
-    tx = make_optimizer(
+    tx = state_lib.make_optimizer(
         config.optimizer, steps_updates, master=(config.model.param_dtype or "float32") != "float32"
     )
-    sc = config.rollout
-    eos = tuple(tokenizer.eos_ids) if tokenizer is not None else (0,)
-    pad_id = tokenizer.pad_id if tokenizer is not None else 0
-    train_sampling = sampling.SamplingConfig(
-        max_new_tokens=sc.max_new_tokens,
-        temperature=sc.temperature,
-        top_k=sc.top_k,
-        top_p=sc.top_p,
-        eos_ids=eos,
-        pad_id=pad_id,
-        prompt_group_size=group,
-        decode_slots=int(_opt(sc, "decode_slots", 0)),
+    train_sampling, eval_sampling = _sampling_configs(config, tokenizer, batching.prompt_group_size)
+    curriculum, learner = build_strategies(
+        config, algo, pool.num_ids, model_cfg, steps_updates, pool.prompt_len
     )
-    ec = config.eval
-    eval_sampling = sampling.SamplingConfig(
-        max_new_tokens=ec.max_new_tokens or sc.max_new_tokens,
-        temperature=ec.temperature,
-        top_k=ec.top_k,
-        top_p=ec.top_p,
-        eos_ids=eos,
-        pad_id=pad_id,
-        decode_slots=int(_opt(sc, "decode_slots", 0)),
-    )
-    if (sc.top_k or sc.top_p < 1) and not config.algorithm.tis_cap:
-        logging.warning(
-            "config.rollout top_k/top_p truncate the sampler, but its log-probs (and so the "
-            "ratio's 'old' policy) are the untruncated ones; set config.algorithm.tis_cap "
-            "(e.g. 2) for the truncated-importance-sampling correction"
-        )
-    has_sft_pool = (
-        with_data and config.data.name == "arithmetic" and config.data.arithmetic.get("num_sft", 0)
-    )
-    curriculum, learner = build_strategies(config, algo, num_ids, model_cfg, steps_updates, lp)
     reward_fn, eval_reward_fns = (
-        reward_lib.make_reward_fns(config, eval_sets) if with_data else (None, {})
+        reward_lib.make_reward_fns(config, pool.eval_sets) if with_data else (None, {})
     )
     exp = Experiment(
         config=config,
@@ -590,34 +359,21 @@ def build_experiment(
         param_shardings=shardings,
         init_params_fn=init_fn,
         tokenizer=tokenizer,
-        prompt_len=lp,
-        max_new_tokens=sc.max_new_tokens,
-        prompt_tokens=tokens,
-        prompt_mask=mask,
-        golds=golds,
-        levels=levels,
-        examples=examples,
-        eval_sets=eval_sets,
-        reward_fn=reward_fn,
-        eval_reward_fns=eval_reward_fns,
+        tx=tx,
+        pool=pool,
+        batching=batching,
         train_sampling=train_sampling,
         eval_sampling=eval_sampling,
-        tx=tx,
-        mini_batch_size=mb,
-        generate_batch_size=gbs,
-        micro_batch_size=micro,
-        prompt_group_size=group,
-        on_policy=(config.algorithm.num_iterations == 1 and mb == R),
+        reward_fn=reward_fn,
+        eval_reward_fns=eval_reward_fns,
         algorithm=algo,
         curriculum=curriculum,
         learner=learner,
-        data_stats=data_stats,
-        sft_examples=_load_examples(config, config.data.name, "sft") if has_sft_pool else [],
     )
     with exp.mesh_context():
         shapes = jax.eval_shape(exp.state_init_fn)
     trained = lora_lib.adapters(shardings) if model_cfg.lora_rank else None
-    shards = state_shardings(mesh, tx, shardings, learner, shapes, trained)
+    shards = state_lib.state_shardings(mesh, tx, shardings, learner, shapes, trained)
     abstract = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shards
     )

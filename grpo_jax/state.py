@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from grpo_jax import sharding
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -155,3 +157,19 @@ def apply_optimizer(tx, grads, opt_state, params):
     if isinstance(opt_state, MasterWeightsState):
         return jax.tree.map(lambda m, p: m.astype(p.dtype), opt_state.master, params), opt_state
     return optax.apply_updates(params, updates), opt_state
+
+
+def state_shardings(exp_mesh, tx, param_shardings, learner, shapes, trained_shardings=None):
+    """Shardings of a train state shaped like ``shapes``: parameters by the mesh rules, every
+    parameter-shaped optimizer leaf (Adam mu/nu, a master copy) like its parameter, the rest
+    replicated. ``trained_shardings``: those of the optimised parameters when the optimizer
+    covers only part of them (LoRA adapters; default all of ``param_shardings``)."""
+    repl = sharding.replicated(exp_mesh)
+    out = jax.tree.map(lambda _: repl, shapes)
+    trained = param_shardings if trained_shardings is None else trained_shardings
+    opt = optax.tree_map_params(
+        tx, lambda _, s: s, shapes.opt_state, trained, transform_non_params=lambda _: repl
+    )
+    return out.replace(
+        params=param_shardings, opt_state=opt, **learner.extra_shardings(shapes, exp_mesh)
+    )

@@ -126,7 +126,7 @@ def _head_gather(shape, layout: str):
 
 def logprob_chunk_size(exp: Experiment) -> int:
     """``config.algorithm.logprob_chunk_size`` (0 when an older config lacks it)."""
-    return int(exp.config.algorithm.get("logprob_chunk_size", 0) or 0)
+    return int(exp.config.algorithm.logprob_chunk_size)
 
 
 def split_rows(x, chunks: int, group: int = 1):
@@ -212,7 +212,11 @@ def _update_fn(exp: Experiment):
     cfg = exp.config.algorithm
     graphdef, lp = exp.graphdef, exp.prompt_len
     temperature = float(exp.config.rollout.temperature)
-    on_policy, micro, group = exp.on_policy, exp.micro_batch_size, exp.prompt_group_size
+    on_policy, micro, group = (
+        exp.batching.on_policy,
+        exp.batching.micro_batch_size,
+        exp.batching.prompt_group_size,
+    )
     learner = exp.learner
     lp_chunk = logprob_chunk_size(exp)
     # the KL to the reference is paid once: here, unless the learner puts it in the per-token
@@ -333,7 +337,11 @@ def _train_fn(exp: Experiment, update):
     ``per_rollout_loss`` [R] float32 of the first pass, in row order (the controllers' signal).
     """
     R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
-    mb, g, iters = exp.mini_batch_size, exp.prompt_group_size, exp.config.algorithm.num_iterations
+    mb, g, iters = (
+        exp.batching.mini_batch_size,
+        exp.batching.prompt_group_size,
+        exp.config.algorithm.num_iterations,
+    )
     n_mb = R // mb
 
     def train(state, batch, key):
@@ -442,8 +450,8 @@ def make_steps(exp: Experiment) -> Steps:
                     exp.graphdef,
                     prompt_len=exp.prompt_len,
                     temperature=float(exp.config.rollout.temperature),
-                    rows_per_chunk=exp.micro_batch_size,
-                    group_size=exp.prompt_group_size,
+                    rows_per_chunk=exp.batching.micro_batch_size,
+                    group_size=exp.batching.prompt_group_size,
                     logprob_chunk_size=logprob_chunk_size(exp),
                 ),
             )

@@ -97,13 +97,13 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     times["prepare"] = t()
 
     t = _timer()
-    R, gbs = len(rows), exp.generate_batch_size
+    R, gbs = len(rows), exp.batching.generate_batch_size
     keys = [key] if gbs >= R else list(jax.random.split(key, R // gbs))
     parts = [
         fns.generate(
             run.train.params,
-            xfer.to_device(exp.mesh, exp.prompt_tokens[rows[s : s + gbs]]),
-            xfer.to_device(exp.mesh, exp.prompt_mask[rows[s : s + gbs]]),
+            xfer.to_device(exp.mesh, exp.pool.tokens[rows[s : s + gbs]]),
+            xfer.to_device(exp.mesh, exp.pool.mask[rows[s : s + gbs]]),
             k,
         )
         for k, s in zip(keys, range(0, R, gbs))
@@ -128,7 +128,7 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         placement=placement,
         rows=rows,
         rollouts=rollouts,
-        prompt_mask=xfer.to_device(exp.mesh, exp.prompt_mask[rows]),
+        prompt_mask=xfer.to_device(exp.mesh, exp.pool.mask[rows]),
         rewards=rewards,
         correct=correct,
         lengths=np.asarray(lengths),
@@ -214,7 +214,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     # the sampling policy's log-probs: off-policy the update's ratio needs them; on-policy the
     # update uses its own (detached) log-probs and only a learner that reads them gets them (PPO's
     # KL reward penalty); else the field is None, so no consumer can read a placeholder
-    needs_old = not exp.on_policy or exp.learner.needs_policy_logprobs
+    needs_old = not exp.batching.on_policy or exp.learner.needs_policy_logprobs
     batch = Batch(
         tokens=ro.tokens,
         attention_mask=attention_mask,
@@ -283,7 +283,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
     row.update({f"reward/{k}": int(v) for k, v in reward_stats.items()})
     row.update({f"advantages/{k}": int(v) for k, v in adv_stats.items()})
-    levels = np.asarray([exp.levels[r] for r in rd.rows])
+    levels = np.asarray([exp.pool.levels[r] for r in rd.rows])
     for lvl in np.unique(levels):
         row[f"pass_rate/level_{int(lvl)}"] = float(rd.correct[levels == lvl].mean())
     # prompts per bin; the last entry counts never-seen prompts (their own state)
@@ -302,9 +302,9 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     picks = np.unique(first.placement.segment_ids, return_index=True)[1][: cfg.logging.num_samples]
     row["samples"] = [
         {
-            "prompt": exp.examples[first.rows[i]]["problem"],
+            "prompt": exp.pool.examples[first.rows[i]]["problem"],
             "completion": first.texts[i],
-            "answer": exp.golds[first.rows[i]],
+            "answer": exp.pool.golds[first.rows[i]],
             "reward": float(first.rewards[i]),
         }
         for i in picks
@@ -571,7 +571,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
             0,
             {
                 **{f"eval/{k}": v for k, v in before.items()},
-                **{f"data/{k}": v for k, v in exp.data_stats.items()},
+                **{f"data/{k}": v for k, v in exp.pool.stats.items()},
             },
         )
 
@@ -667,7 +667,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         "eval_before": meta["eval_before"],
         "eval_after": eval_after,
         "sft": meta.get("sft", {}),
-        "data": exp.data_stats,
+        "data": exp.pool.stats,
     }
     if jax.process_index() == 0:
         tmp = os.path.join(workdir, "summary.json.tmp")

@@ -14,6 +14,7 @@ from configs import common
 from grpo_jax import experiment, train
 from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import datasets
+from grpo_jax.data import from_config as data_from_config
 from grpo_jax.rewards import from_config as reward_from_config
 
 CHARS = "0123456789+-*=?. abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -187,7 +188,7 @@ def test_user_table_and_reward_train_two_steps_from_the_config(trained, user_fil
 
 def test_user_reward_gets_row_fields_and_may_return_correctness(on_path):
     cfg = byo_config(on_path, **{"reward.fn": "my_rewards:graded"})
-    examples = experiment._load_examples(cfg, "custom", "train")
+    examples = data_from_config.load_examples(cfg, "custom", "train")
     fn = reward_from_config.make_reward_fn(cfg)
     try:
         rewards, correct, stats = fn(["ab", "abc"], [1, 2], examples=examples[:2])
@@ -300,11 +301,11 @@ def test_prompt_suffix_and_system_prompt(on_path):
 
     tok = Tokenizer.from_dir(on_path["tokenizer"])
     cfg = byo_config(on_path)
-    assert experiment.render(cfg, tok, "What is 1+1?") == "What is 1+1? Answer:"
+    assert data_from_config.render(cfg, tok, "What is 1+1?") == "What is 1+1? Answer:"
     cfg.data.prompt_suffix = None  # the default: the DAPO boxed-answer suffix
-    assert experiment.render(cfg, tok, "Q").endswith("within \\boxed{}.")
+    assert data_from_config.render(cfg, tok, "Q").endswith("within \\boxed{}.")
     cfg.data.template, cfg.data.system_prompt, cfg.data.prompt_suffix = "chat", "Be brief.", ""
-    text = experiment.render(cfg, tok, "Q")
+    text = data_from_config.render(cfg, tok, "Q")
     assert (
         text
         == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
@@ -355,9 +356,9 @@ def test_tfds_path_gives_the_same_prompts_as_jsonl(tmp_path):
     _write_jsonl(src / "test.jsonl", rows[:2])
     c = common.base_config()
     c.data.name, c.data.template, c.data.source_dir = "gsm8k", "plain", str(tmp_path / "data")
-    plain = experiment._load_examples(c, "gsm8k", "train")
+    plain = data_from_config.load_examples(c, "gsm8k", "train")
     c.data.use_tfds, c.data.tfds_data_dir = True, str(tmp_path / "tfds")
-    via_tfds = experiment._load_examples(c, "gsm8k", "train")
+    via_tfds = data_from_config.load_examples(c, "gsm8k", "train")
     assert [e["problem"] for e in plain] == [e["problem"] for e in via_tfds]
     assert [e["answer"] for e in plain] == [e["answer"] for e in via_tfds]
     assert list((tmp_path / "tfds").rglob("*.array_record*"))  # prepared once, read back

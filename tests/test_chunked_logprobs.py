@@ -357,7 +357,7 @@ def test_update_from_config_uses_the_field_and_matches_the_whole_logits():
     exps = {chunk: build(chunk) for chunk in (0, 3)}
     assert steps.logprob_chunk_size(exps[3]) == 3 and steps.logprob_chunk_size(exps[0]) == 0
     exp = exps[0]
-    R = exp.mini_batch_size
+    R = exp.batching.mini_batch_size
     L, Lc = exp.prompt_len + exp.max_new_tokens, exp.max_new_tokens
     g = np.random.default_rng(1)
     old = jnp.asarray(g.normal(-2, 0.1, (R, Lc)), jnp.float32)

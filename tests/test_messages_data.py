@@ -12,6 +12,7 @@ from test_byo import byo_config, user_files  # noqa: F401 (fixture)
 
 from grpo_jax import config_utils, experiment, train
 from grpo_jax.data import datasets, templates
+from grpo_jax.data import from_config as data_from_config
 
 CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
 
@@ -105,13 +106,13 @@ def test_conversations_render_through_the_chat_template(chat_files):
     own = [{"role": "system", "content": "Reply."}, *turns]
     head = CHATML.format(role="system", content="Be brief.")
     user = CHATML.format(role="user", content="What is 1+2?")
-    assert experiment.render(cfg, tok, turns) == head + user + "<|im_start|>assistant\n"
+    assert data_from_config.render(cfg, tok, turns) == head + user + "<|im_start|>assistant\n"
     # a conversation with its own system turn keeps it; no suffix unless one is set
     own_head = CHATML.format(role="system", content="Reply.")
-    assert experiment.render(cfg, tok, own) == own_head + user + "<|im_start|>assistant\n"
+    assert data_from_config.render(cfg, tok, own) == own_head + user + "<|im_start|>assistant\n"
     cfg.data.prompt_suffix = "Answer:"
     suffixed = CHATML.format(role="user", content="What is 1+2? Answer:")
-    assert experiment.render(cfg, tok, turns).endswith(suffixed + "<|im_start|>assistant\n")
+    assert data_from_config.render(cfg, tok, turns).endswith(suffixed + "<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="chat template"):
         templates.render_prompt(turns, template="plain", tokenizer=tok)
 
@@ -133,10 +134,10 @@ def test_messages_table_trains_and_evaluates_end_to_end(chat_files, tmp_path):
     cfg = chat_config(chat_files)
     exp = experiment.build_experiment(cfg)
     try:
-        first = exp.examples[0]
+        first = exp.pool.examples[0]
         assert [t["role"] for t in first["messages"]][-1] == "user"
         a, b = (int(x) for x in first["problem"][len("What is ") : -1].split("+"))
-        assert exp.golds[0] == str(a + b)  # the cut-off assistant turn
+        assert exp.pool.golds[0] == str(a + b)  # the cut-off assistant turn
         text = exp.render(templates.prompt_of(first))
         assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
     finally:

@@ -185,7 +185,7 @@ def test_select_subset_sizes_disjoint_and_share(p, num_train, num_eval, share, s
 
 def test_write_subset_reads_back_as_a_custom_table(tmp_path):
     from configs import common
-    from grpo_jax import experiment
+    from grpo_jax.data import from_config as data_from_config
 
     examples = [{"problem": f"{i}+1", "answer": str(i + 1), "level": 1} for i in range(10)]
     p = np.array([0.0, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 1.0, 0.0, 0.25])
@@ -196,7 +196,7 @@ def test_write_subset_reads_back_as_a_custom_table(tmp_path):
     c.data.path = str(tmp_path)  # train.jsonl by the directory layout
     c.data.prompt_column, c.data.answer_column = "problem", "answer"
     c.data.level_column = "oracle_stratum"
-    rows = experiment._load_examples(c, "custom", "train")
+    rows = data_from_config.load_examples(c, "custom", "train")
     assert len(rows) == 4
     for r in rows:
         i = int(r["problem"].split("+")[0])

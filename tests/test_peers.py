@@ -413,8 +413,8 @@ def test_prompt_selection_is_grpo_jax_training_set(tmp_path, monkeypatch):
     import prepare
     import run_grpo_jax
 
-    from grpo_jax import experiment
     from grpo_jax.data import datasets, templates
+    from grpo_jax.data import from_config as data_from_config
     from grpo_jax.models.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUF)
@@ -430,7 +430,7 @@ def test_prompt_selection_is_grpo_jax_training_set(tmp_path, monkeypatch):
     cfg = run_grpo_jax.make_config(args, prompt_len)
     assert cfg.data.max_train_examples == 3 and cfg.rollout.prompts_per_step == 3
     assert cfg.data.max_prompt_tokens == prompt_len and cfg.algorithm.mini_batch_size == 0
-    texts = [experiment.render(cfg, tok, ex["problem"]) for ex in train[:3]]
+    texts = [data_from_config.render(cfg, tok, ex["problem"]) for ex in train[:3]]
     assert texts == [r["text"] for r in rows]
     tokens, mask, kept = templates.encode_prompts(tok, texts, prompt_len, "skip")
     assert kept.all()

@@ -177,7 +177,7 @@ def test_on_policy_batches_carry_the_policys_logprobs_only_where_read():
     # PPO on-policy with the KL in the reward: the policy's own log-probs, computed
     exp, seen = _captured_batches(smoke_config("ppo", **{"algorithm.kl_coef": 0.1}))
     b = seen["in"]
-    assert exp.on_policy and exp.learner.needs_policy_logprobs
+    assert exp.batching.on_policy and exp.learner.needs_policy_logprobs
     np.testing.assert_array_equal(b.old_logprobs, seen["policy"])
     # the reference is the starting policy: KL 0, so the token rewards are the outcomes only
     np.testing.assert_allclose(

@@ -31,6 +31,7 @@ from test_train import REPO, deterministic_rows, smoke_config
 
 from grpo_jax import checkpointing, config_utils, experiment, rewards, steps, train, writers
 from grpo_jax.data import arithmetic
+from grpo_jax.models import from_config as model_from_config
 from grpo_jax.state import Batch
 
 _LOG_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl / glog lines (orbax, jax) on stderr
@@ -441,10 +442,12 @@ def test_bad_rows_skipped_are_counted(tmp_path, monkeypatch):
         },
     )
     # the data path under test, without loading real weights: the character tokenizer
-    monkeypatch.setattr(experiment, "_load_tokenizer", lambda config: arithmetic.CharTokenizer())
+    monkeypatch.setattr(
+        model_from_config, "load_tokenizer", lambda config: arithmetic.CharTokenizer()
+    )
     exp = experiment.build_experiment(cfg)
     try:
-        assert exp.data_stats["bad_rows_skipped"] == 1 and exp.data_stats["train_examples"] == 3
+        assert exp.pool.stats["bad_rows_skipped"] == 1 and exp.pool.stats["train_examples"] == 3
         assert exp.curriculum.num_prompts == 3
     finally:
         exp.close()
@@ -463,7 +466,7 @@ def test_overlong_prompts_are_skipped_or_truncated_and_counted(mode):
     over = sum(len(ex["problem"]) + 1 > budget for ex in train_set)
     assert 0 < over < len(train_set)
     skipped = over if mode == "skip" else 0
-    assert exp.data_stats == {
+    assert exp.pool.stats == {
         "train_examples": len(train_set),
         "overlong_prompts": over,
         "overlong_prompts_skipped": skipped,
@@ -471,7 +474,7 @@ def test_overlong_prompts_are_skipped_or_truncated_and_counted(mode):
         "prompt_tokens_padded_to": budget,
     }
     assert exp.curriculum.num_prompts == len(train_set) - skipped
-    assert exp.prompt_tokens.shape == (len(train_set) - skipped, budget)
+    assert exp.pool.tokens.shape == (len(train_set) - skipped, budget)
 
 
 # ============================================================================ process death, end to end

@@ -35,7 +35,7 @@ def test_prompt_is_natural_language_in_the_chat_template():
     c.mesh.num_devices = 1  # the tests force 8 virtual CPU devices
     exp = build_experiment(c)
     try:
-        ex = exp.examples[0]
+        ex = exp.pool.examples[0]
         text = exp.render(ex["problem"])
         assert f"{ex['problem']} = ?" in text and smollm2_frontier.SYSTEM in text
         assert "<|im_start|>assistant" in text  # the generation prompt of ChatML

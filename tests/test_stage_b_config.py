@@ -5,7 +5,7 @@ import pytest
 
 from experiments import oracle
 from experiments.compare import plan
-from grpo_jax import experiment
+from grpo_jax.data import from_config as data_from_config
 
 
 @pytest.fixture
@@ -33,8 +33,8 @@ def test_the_subset_loads_with_its_strata_as_levels(subset):
     from configs import qwen3_frontier
 
     c = qwen3_frontier.get_config("grpo")
-    rows = experiment._load_examples(c, "custom", "train")
-    held = experiment._load_examples(c, "custom", "test")
+    rows = data_from_config.load_examples(c, "custom", "train")
+    held = data_from_config.load_examples(c, "custom", "test")
     assert len(rows) == 12 and len(held) == 6
     assert {r["level"] for r in rows} <= {0, 1, 2, 3, 4}
     assert sum(r["level"] == 2 for r in rows + held) == 9  # half of 18 in the frontier

@@ -410,10 +410,10 @@ def test_prompts_are_padded_to_the_longest_prompt_not_the_budget():
     cfg = smoke_config("grpo", **{"data.max_prompt_tokens": 64})
     exp = build_experiment(cfg)
     exp.close()
-    longest = int(exp.prompt_mask.sum(axis=1).max())
+    longest = int(exp.pool.mask.sum(axis=1).max())
     assert exp.prompt_len == -(-longest // 8) * 8 < 64  # rounded up to 8, below the budget
-    assert exp.data_stats["prompt_tokens_padded_to"] == exp.prompt_len
-    assert exp.prompt_mask[:, -1].all()  # still left-padded: every row ends real
+    assert exp.pool.stats["prompt_tokens_padded_to"] == exp.prompt_len
+    assert exp.pool.mask[:, -1].all()  # still left-padded: every row ends real
 
 
 def _grouped_batch(P=3, G=4, Lp=6, Lc=5, vocab=97, seed=0):

@@ -72,14 +72,14 @@ def main(argv=None):
     tokens = jnp.asarray(
         np.concatenate(
             [
-                np.repeat(exp.prompt_tokens, args.samples, 0),
+                np.repeat(exp.pool.tokens, args.samples, 0),
                 rng.integers(3, exp.model_config.vocab_size, (R, lc)),
             ],
             1,
         ).astype(np.int32)
     )
     mask = jnp.asarray(
-        np.concatenate([np.repeat(exp.prompt_mask, args.samples, 0), np.ones((R, lc), bool)], 1)
+        np.concatenate([np.repeat(exp.pool.mask, args.samples, 0), np.ones((R, lc), bool)], 1)
     )
     cmask = jnp.ones((R, lc), jnp.float32)
     adv = jnp.asarray(rng.standard_normal(R).astype(np.float32))

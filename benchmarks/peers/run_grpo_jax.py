@@ -87,10 +87,10 @@ def main(argv=None):
     config = make_config(args, prompt_len)
     exp = build_experiment(config)
     # the experiment's prompts must be exactly the prepared ones (same ids, left-padded)
-    if len(exp.examples) != args.prompts:
-        raise SystemExit(f"grpo_jax kept {len(exp.examples)} of {args.prompts} prompts")
+    if len(exp.pool.examples) != args.prompts:
+        raise SystemExit(f"grpo_jax kept {len(exp.pool.examples)} of {args.prompts} prompts")
     for i, p in enumerate(prompts):
-        got = exp.prompt_tokens[i][exp.prompt_mask[i]].tolist()
+        got = exp.pool.tokens[i][exp.pool.mask[i]].tolist()
         if got != p["ids"]:
             raise SystemExit(f"prompt {i}: grpo_jax token ids differ from prompts.json")
     prompt_tokens_per_step = args.samples * sum(len(p["ids"]) for p in prompts)
@@ -160,7 +160,7 @@ def main(argv=None):
     R, Lc, Lp = args.prompts * args.samples, exp.max_new_tokens, exp.prompt_len
     # positions the update runs (padded shapes) and attention query-key pairs; with the shared
     # prompt forward each group's prompt runs once
-    if exp.prompt_group_size > 1:
+    if exp.batching.prompt_group_size > 1:
         positions = args.prompts * Lp + R * (Lc - 1)
         pairs = args.prompts * Lp * Lp + R * (Lc - 1) * (Lp + Lc - 1)
     else:

@@ -64,7 +64,7 @@ def evaluate_per_problem(
 
     cfg = exp.config.eval
     k = int(k or cfg.num_samples)
-    name, held_out = next(iter(exp.eval_sets.items()))
+    name, held_out = next(iter(exp.pool.eval_sets.items()))
     if examples is None:
         examples = held_out
     rec = _RecordingReward(reward_fn or exp.eval_reward_fns[name])
@@ -181,7 +181,7 @@ def warm_start_job(
         params, sft = steps_lib.supervised_warmstart(exp, state.params)
         summary, correct, levels = evaluate_per_problem(exp, params, eval_key(seed, 0))
         if oracle_samples > 0:
-            pool_ex = exp.examples[: rl_prompts or len(exp.examples)]
+            pool_ex = exp.pool.examples[: rl_prompts or len(exp.pool.examples)]
             pool = [ex["problem"] for ex in pool_ex]
             _, ok, _ = evaluate_per_problem(
                 exp,
@@ -277,12 +277,12 @@ def rl_job(
                 eval_seconds += time.perf_counter() - te
                 evals.append(correct)
                 summaries.append({"step": step, **summary})
-        pool = [ex["problem"] for ex in exp.examples]
+        pool = [ex["problem"] for ex in exp.pool.examples]
     finally:
         exp.close()
     ids, bins, n = _placements(placements)
     R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
-    per_step = int(cfg.algorithm.num_iterations) * (R // int(exp.mini_batch_size))
+    per_step = int(cfg.algorithm.num_iterations) * (R // int(exp.batching.mini_batch_size))
     return {
         "method": method,
         "seed": seed,

@@ -226,7 +226,7 @@ class Learner:
     @classmethod
     def resolve_kl_in(cls, config) -> str:
         """``config.algorithm.kl_in``, or the learner's default when it is None."""
-        return config.algorithm.get("kl_in") or cls.default_kl_in
+        return config.algorithm.kl_in or cls.default_kl_in
 
     @classmethod
     def from_config(cls, config, model_config, total_updates: int, prompt_len: int = 0) -> Learner:
