@@ -206,7 +206,7 @@ def run(argv=None) -> dict:
                     rng=key,
                     mesh=mesh,
                     progress=True,
-                )
+                ).summary
             res["excluded_train_overlap"] = before - len(examples) if train_problems else 0
             per_dataset[name] = res
         total = sum(r["num_problems"] for r in per_dataset.values()) or 1

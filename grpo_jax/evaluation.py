@@ -8,6 +8,7 @@ dataset, per difficulty level (where a dataset has one) and pooled.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -46,6 +47,22 @@ def _answer(extract, completion: str):
     return a or None
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """What `evaluate_policy` measured.
+
+    Attributes:
+      summary: ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}},
+        "num_overlong_prompts"}`` (floats: fractions of problems in [0, 1]).
+      correct: [N, k] bool, sample s of problem i was correct (examples in the given order).
+      levels: [N] int, each problem's difficulty level (-1: none).
+    """
+
+    summary: dict
+    correct: np.ndarray
+    levels: np.ndarray
+
+
 def evaluate_policy(
     graphdef,
     params,
@@ -76,7 +93,7 @@ def evaluate_policy(
       mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
 
     Returns:
-      ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
+      the `EvalResult`: the summary and the per-problem correctness it was computed from.
     """
     if extract is None:
         extract = getattr(reward_fn, "extract", None)
@@ -120,14 +137,15 @@ def evaluate_policy(
                 answers[r] = [_answer(extract, completions[j * k + s]) for s in range(k)]
     result = _summarise(correct, answers if extract is not None else None, k)
     result["num_overlong_prompts"] = int(overlong.sum())
+    levels = np.asarray([int(ex.get("level", -1)) for ex in examples])
     by_level = collections.defaultdict(list)
-    for i, ex in enumerate(examples):
-        by_level[int(ex.get("level", -1))].append(i)
+    for i, lvl in enumerate(levels):
+        by_level[int(lvl)].append(i)
     if len(by_level) > 1 or -1 not in by_level:
         result["per_level"] = {
             str(lvl): _summarise(correct[ix], None, k) for lvl, ix in sorted(by_level.items())
         }
-    return result
+    return EvalResult(summary=result, correct=correct, levels=levels)
 
 
 def evaluate(exp, params, rng: jax.Array) -> dict:
@@ -152,7 +170,7 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
             rng=key,
             mesh=exp.mesh,
             progress=exp.config.logging.progress_bar and jax.process_index() == 0,
-        )
+        ).summary
         pooled_correct.append(per_dataset[name])
     total = sum(r["num_problems"] for r in pooled_correct) or 1
     keys = ["mean_at_1", f"pass_at_{k}", "pass_at_1"]
