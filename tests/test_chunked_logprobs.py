@@ -383,7 +383,12 @@ def test_update_from_config_uses_the_field_and_matches_the_whole_logits():
     np.testing.assert_allclose(out[3][0], out[0][0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[3][1], out[0][1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[3][2], out[0][2], rtol=1e-4)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), out[3][3], out[0][3])
+    # Adam's first step moves each parameter by lr * g / (|g| + eps) (lr 1e-4 here): a gradient
+    # entry near eps turns a 1e-7 rounding difference into a few 1e-6 of parameter, while a
+    # dropped or sign-flipped gradient moves it by lr or 2 lr; 0.2 lr separates the two
+    lr = exps[0].config.optimizer.learning_rate
+    tol = lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0.2 * lr)
+    jax.tree.map(tol, out[3][3], out[0][3])
 
 
 def test_config_rejects_a_negative_chunk_size():
