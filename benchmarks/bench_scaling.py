@@ -95,7 +95,16 @@ class Point:
     def step(self) -> dict:
         from grpo_jax import train
 
-        self.run, row = train.rl_step(self.exp, self.fns, self.run, self.source)
+        rows = []
+        self.run, _ = train.run_steps(  # one step: the points' timed steps are interleaved
+            self.exp,
+            self.fns,
+            self.run,
+            self.source,
+            until=int(self.run.train.step) + 1,
+            hooks=(lambda result: rows.append(result.row),),
+        )
+        row = rows[0]
         if row["completion_length"] != self.Lc:
             raise RuntimeError(f"completion length {row['completion_length']} != Lc {self.Lc}")
         return row

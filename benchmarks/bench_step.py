@@ -108,10 +108,13 @@ def main():
     fns = steps.make_steps(exp)
     source = exp.make_source()
     rows = []
-    for i in range(args.warmup + args.steps):
-        run, row = train.rl_step(exp, fns, run, source)
-        if i >= args.warmup:
-            rows.append(row)
+
+    def keep(result) -> None:  # the timed steps' rows
+        if int(result.run.train.step) > args.warmup:
+            rows.append(result.row)
+
+    until = args.warmup + args.steps
+    run, _ = train.run_steps(exp, fns, run, source, until=until, hooks=(keep,))
     peak = matmul_peak()
 
     mc = exp.model_config

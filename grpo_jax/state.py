@@ -55,7 +55,7 @@ class Batch:
         recomputation at sampling time), or None: on-policy (one pass over one mini-batch) the
         update's ratio is its own detached log-probs, and the batch carries them only for a
         learner that reads them (``Learner.needs_policy_logprobs``: PPO's KL reward penalty).
-      ref_logprobs: [R, Lc] float32, log-probs under the frozen reference (zeros without KL).
+      ref_logprobs: [R, Lc] float32, log-probs under the frozen reference (None without one).
       sampler_logprobs: [R, Lc] float32, the sampler's own log-probs of the completion (before
         any top-k/top-p truncation), for truncated importance sampling.
     """
@@ -66,7 +66,7 @@ class Batch:
     advantages: jax.Array
     sample_weights: jax.Array
     old_logprobs: jax.Array | None
-    ref_logprobs: jax.Array
+    ref_logprobs: jax.Array | None
     sampler_logprobs: jax.Array
 
 

@@ -398,6 +398,11 @@ class Steps:
       update: ``(state, batch) -> (state, metrics)``: one mini-batch step, donated state.
       train: ``(state, batch, key) -> (state, metrics)``: all passes and mini-batches of a step
         on device, donated state (metrics as `_train_fn`).
+      shape_rewards: ``(rewards [R] float32, lengths [R] int32) -> [R] float32``: DAPO's soft
+        overlong punishment added when ``algorithm.overlong_penalty_factor`` (else unchanged).
+      masks: ``(prompt_mask [R, Lp] bool, completion_mask [R, Lc], truncated [R] bool) ->
+        (attention_mask [R, Lp + Lc] bool, loss mask [R, Lc])`` (DAPO overlong filtering zeroes
+        truncated rows when ``algorithm.overlong_filtering``).
       take: ``(tree, idx [n] int32) -> tree`` rows laid out over the batch sharding.
       concat: ``([tree, ...]) -> tree`` joined along the rows, over the batch sharding.
     """
@@ -408,6 +413,8 @@ class Steps:
     finish_batch: Callable
     update: Callable
     train: Callable
+    shape_rewards: Callable
+    masks: Callable
     take: Callable
     concat: Callable
 
@@ -424,6 +431,20 @@ def make_steps(exp: Experiment) -> Steps:
         return sampling.generate(
             exp.graphdef, params, prompt_tokens, prompt_mask, key, exp.train_sampling
         )
+
+    def shape_rewards(rewards, lengths):
+        if not algo.overlong_penalty_factor:
+            return rewards
+        penalty = advantages_lib.overlong_penalty(  # DAPO (Yu et al. 2025, Eq. 13)
+            lengths, exp.max_new_tokens, algo.overlong_cache_tokens, algo.overlong_penalty_factor
+        )
+        return rewards + penalty
+
+    def masks(prompt_mask, completion_mask, truncated):
+        attention_mask = jnp.concatenate([prompt_mask, completion_mask > 0], axis=1)
+        if algo.overlong_filtering:  # DAPO: truncated completions carry no loss
+            return attention_mask, losses.overlong_filter(completion_mask, truncated)
+        return attention_mask, completion_mask
 
     def concat(parts):
         return jax.tree.map(
@@ -473,6 +494,8 @@ def make_steps(exp: Experiment) -> Steps:
             out_shardings=(exp.state_shardings, None),
             donate_argnums=0,
         ),
+        shape_rewards=jax.jit(shape_rewards),
+        masks=jax.jit(masks),
         take=jax.jit(functools.partial(_take, mesh)),
         concat=jax.jit(concat),
     )

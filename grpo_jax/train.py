@@ -36,14 +36,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from grpo_jax import advantages as advantages_lib
 from grpo_jax import (
     algorithms,
     checkpointing,
     config_utils,
     evaluation,
     gdro,
-    losses,
     steps,
     writers,
 )
@@ -81,6 +79,11 @@ class Round:
         return algorithms.Visit(self.ids, self.correct, self.placement.segment_ids)
 
 
+# key derivations as device programs (an eager one would send its constants to the device)
+_split_keys = jax.jit(lambda key, n: tuple(jax.random.split(key, n)), static_argnums=1)
+_fold_in = jax.jit(jax.random.fold_in, static_argnums=1)
+
+
 def _timer():
     t0 = time.perf_counter()
     return lambda: time.perf_counter() - t0
@@ -98,7 +101,7 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
 
     t = _timer()
     R, gbs = len(rows), exp.batching.generate_batch_size
-    keys = [key] if gbs >= R else list(jax.random.split(key, R // gbs))
+    keys = [key] if gbs >= R else _split_keys(key, R // gbs)
     parts = [
         fns.generate(
             run.train.params,
@@ -160,7 +163,8 @@ def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Roun
         allocation=gdro.fixed_allocation(bins, n, exp.num_bins),
     )
     rollouts, prompt_mask = fns.take(
-        fns.concat([(x.rollouts, x.prompt_mask) for x in rounds]), jnp.asarray(src)
+        fns.concat([(x.rollouts, x.prompt_mask) for x in rounds]),
+        xfer.to_device(exp.mesh, src.astype(np.int32)),
     )
     return Round(
         ids=np.asarray([rounds[r].ids[g] for r, g in chosen], np.int32),
@@ -177,69 +181,104 @@ def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Roun
     )
 
 
-def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[RunState, dict]:
-    """One RL step (see the module docstring). Returns (run state, metrics row)."""
-    cfg = exp.config
-    P = cfg.rollout.prompts_per_step
-    rng, gen_key = jax.random.split(run.train.rng)
-    order_key = jax.random.fold_in(gen_key, 0x5EED)  # mini-batch shuffles (steps.train)
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one RL step did (`rl_step`).
 
-    # 1-4. prompts -> bins -> allocation -> R rollouts -> rewards (one round; with DAPO dynamic
-    # sampling, more rounds until P groups have unequal rewards, at most 1 + max_rounds rounds).
-    rounds = [sample_round(exp, fns, run, source, gen_key)]
-    if cfg.algorithm.dynamic_sampling:
-        for r in range(cfg.algorithm.dynamic_sampling_max_rounds):
+    Attributes:
+      run: the run state after the step.
+      row: the step's metrics row (``samples``: a few completions to read).
+      rounds: one ``(ids [P] int32, placement)`` per sampling round (DAPO dynamic sampling
+        draws several): which prompts were drawn, their bins and rollouts per prompt.
+      outcome: what the curriculum learned from (`algorithms.StepOutcome` of the trained batch).
+    """
+
+    run: RunState
+    row: dict
+    rounds: tuple
+    outcome: algorithms.StepOutcome
+
+
+def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> list[Round]:
+    """Steps 1-4: one round; with DAPO dynamic sampling, more rounds until P groups have
+    unequal rewards (at most 1 + ``dynamic_sampling_max_rounds``)."""
+    rounds = [sample_round(exp, fns, run, source, key)]
+    algo, P = exp.config.algorithm, exp.config.rollout.prompts_per_step
+    if algo.dynamic_sampling:
+        for r in range(algo.dynamic_sampling_max_rounds):
             if sum(int(x.informative.sum()) for x in rounds) >= P:
                 break
-            rounds.append(sample_round(exp, fns, run, source, jax.random.fold_in(gen_key, r + 1)))
-    rd = rounds[0] if len(rounds) == 1 else keep_informative_groups(exp, fns, rounds)
-    times = {k: sum(x.times[k] for x in rounds) for k in ("prepare", "generate", "reward")}
+            rounds.append(sample_round(exp, fns, run, source, _fold_in(key, r + 1)))
+    return rounds
 
-    # 5-6. advantages, the curriculum's weights, reference and old log-probs -> the batch.
-    t = _timer()
-    algo, ro = cfg.algorithm, rd.rollouts
-    seg = jnp.asarray(rd.placement.segment_ids)
-    rewards = jnp.asarray(rd.rewards)
-    if algo.overlong_penalty_factor:  # DAPO soft overlong punishment (Yu et al. 2025, Eq. 13)
-        rewards = rewards + advantages_lib.overlong_penalty(
-            ro.lengths, exp.max_new_tokens, algo.overlong_cache_tokens, algo.overlong_penalty_factor
-        )
+
+def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
+    """Steps 5-6: advantages, the curriculum's weights, reference and old log-probs.
+
+    Returns: (the learner's batch, advantages [R], advantage stats, weights [R])."""
+    ro = rd.rollouts
+    rewards, seg = (xfer.to_device(exp.mesh, x) for x in (rd.rewards, rd.placement.segment_ids))
+    rewards = fns.shape_rewards(rewards, ro.lengths)
     adv, adv_stats = fns.advantages(rewards, seg)
-    weights = exp.curriculum.weights(run.controllers, rd.placement, adv)
-    attention_mask = jnp.concatenate([rd.prompt_mask, ro.completion_mask > 0], axis=1)
-    uses_ref = exp.uses_reference
-    loss_mask = ro.completion_mask
-    if algo.overlong_filtering:  # DAPO: truncated completions carry no loss
-        loss_mask = losses.overlong_filter(loss_mask, ro.truncated)
+    attention_mask, loss_mask = fns.masks(rd.prompt_mask, ro.completion_mask, ro.truncated)
     # the sampling policy's log-probs: off-policy the update's ratio needs them; on-policy the
     # update uses its own (detached) log-probs and only a learner that reads them gets them (PPO's
-    # KL reward penalty); else the field is None, so no consumer can read a placeholder
+    # KL reward penalty); a field nobody reads is None, never a placeholder
     needs_old = not exp.batching.on_policy or exp.learner.needs_policy_logprobs
+    logprobs = lambda params: fns.logprobs(params, ro.tokens, attention_mask)
+    old_logprobs = logprobs(run.train.params) if needs_old else None
+    ref_logprobs = logprobs(run.ref_params) if exp.uses_reference else None
+    # the curriculum's weights: host bookkeeping from the host advantages (the log-prob passes
+    # above are already dispatched), then onto the batch's layout
+    weights = exp.curriculum.weights(run.controllers, rd.placement, xfer.to_host(adv))
+    weights = xfer.to_device(exp.mesh, np.asarray(weights, np.float32))
     batch = Batch(
         tokens=ro.tokens,
         attention_mask=attention_mask,
         completion_mask=loss_mask,
         advantages=adv,
         sample_weights=weights,
-        old_logprobs=fns.logprobs(run.train.params, ro.tokens, attention_mask)
-        if needs_old
-        else None,
-        ref_logprobs=fns.logprobs(run.ref_params, ro.tokens, attention_mask)
-        if uses_ref
-        else jnp.zeros_like(ro.logprobs),
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
         sampler_logprobs=ro.logprobs,
     )
-    batch = fns.finish_batch(run.train, batch, rewards)
+    return fns.finish_batch(run.train, batch, rewards), adv, adv_stats, weights
+
+
+_increment = jax.jit(lambda x: x + 1)
+
+
+@jax.jit
+def _step_keys(rng: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(next run key, the step's sampling key, its mini-batch shuffle key) on device."""
+    rng, gen_key = jax.random.split(rng)
+    return rng, gen_key, jax.random.fold_in(gen_key, 0x5EED)
+
+
+def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepResult:
+    """One RL step (see the module docstring): sample, score, update, let the curriculum
+    learn. Returns the `StepResult` (new run state, metrics row, placements, outcome)."""
+    rng, gen_key, order_key = _step_keys(run.train.rng)
+
+    # 1-4. prompts -> bins -> allocation -> R rollouts -> rewards
+    rounds = _sample(exp, fns, run, source, gen_key)
+    rd = rounds[0] if len(rounds) == 1 else keep_informative_groups(exp, fns, rounds)
+    times = {k: sum(x.times[k] for x in rounds) for k in ("prepare", "generate", "reward")}
+
+    # 5-6. the batch
+    t = _timer()
+    batch, adv, adv_stats, weights = _batch(exp, fns, run, rd)
     jax.block_until_ready(batch)
     times["reference"] = t()
 
     # 7. the updates: num_iterations passes of mini-batches, on device.
     t = _timer()
     state, upd = fns.train(run.train, batch, order_key)
+    truncated = rd.rollouts.truncated.astype(jnp.float32)
     summary = {
         "advantage_abs_mean": jnp.mean(jnp.abs(adv)),
         "sample_weight_max": jnp.max(weights),
-        "truncated_fraction": jnp.mean(ro.truncated.astype(jnp.float32)),
+        "truncated_fraction": jnp.mean(truncated),
         "consecutive_skips": state.skips,
     }
     upd, adv_stats, summary, adv = xfer.to_host((upd, adv_stats, summary, adv))  # one read
@@ -257,16 +296,26 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     )
     controllers, diagnostics = exp.curriculum.update(run.controllers, outcome)
     state = state.replace(
-        step=jax.device_put(state.step + 1, state.step.sharding),
+        step=jax.device_put(_increment(state.step), state.step.sharding),
         rng=jax.device_put(rng, state.rng.sharding),
     )
     times["controllers"] = t()
 
     # 9. the metrics row.
+    summary["advantages"] = adv_stats
+    row = _metrics_row(exp, rounds, rd, upd, summary, diagnostics, times)
+    new_run = RunState(train=state, controllers=controllers, ref_params=run.ref_params)
+    placements = tuple((x.ids, x.placement) for x in rounds)
+    return StepResult(run=new_run, row=row, rounds=placements, outcome=outcome)
+
+
+def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, times) -> dict:
+    """Step 9: the step's metrics row from its rounds, trained batch ``rd``, the update's host
+    metrics ``upd`` (its ``skipped_updates`` popped) and the curriculum's ``diagnostics``."""
+    cfg, P = exp.config, exp.config.rollout.prompts_per_step
     generated = int(sum(int(x.lengths.sum()) for x in rounds))  # every round's compute
-    seg_np = rd.placement.segment_ids
     any_correct = np.zeros(P, bool)
-    np.logical_or.at(any_correct, seg_np, rd.correct)
+    np.logical_or.at(any_correct, rd.placement.segment_ids, rd.correct)
     row = {
         "reward_mean": float(rd.rewards.mean()),
         "pass_rate": float(rd.correct.mean()),
@@ -282,14 +331,14 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
     }
     reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
     row.update({f"reward/{k}": int(v) for k, v in reward_stats.items()})
-    row.update({f"advantages/{k}": int(v) for k, v in adv_stats.items()})
+    row.update({f"advantages/{k}": int(v) for k, v in summary["advantages"].items()})
     levels = np.asarray([exp.pool.levels[r] for r in rd.rows])
     for lvl in np.unique(levels):
         row[f"pass_rate/level_{int(lvl)}"] = float(rd.correct[levels == lvl].mean())
-    # prompts per bin; the last entry counts never-seen prompts (their own state)
     util = [x.decode_utilisation for x in rounds if x.decode_utilisation is not None]
     if util:
         row["decode_utilisation"] = float(np.mean(util))
+    # prompts per bin; the last entry counts never-seen prompts (their own state)
     row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
     if cfg.algorithm.dynamic_sampling:
         row["dynamic_sampling/rounds"] = len(rounds)
@@ -310,7 +359,28 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
         for i in picks
     ]
     row["tokens_per_s/generate"] = generated / max(times["generate"], 1e-9)
-    return RunState(train=state, controllers=controllers, ref_params=run.ref_params), row
+    return row
+
+
+def run_steps(
+    exp: Experiment, fns: steps.Steps, run: RunState, source, *, until: int, hooks=()
+) -> tuple[RunState, bool]:
+    """The RL loop: `rl_step` until ``run.train.step == until``.
+
+    After each step every hook is called with its `StepResult`, in order; a hook that returns
+    True stops the loop after that step (the others still see it); a hook may raise.
+
+    Returns: (the last run state, whether a hook stopped the loop).
+    """
+    while int(run.train.step) < until:
+        result = rl_step(exp, fns, run, source)
+        run = result.run
+        stop = False
+        for hook in hooks:
+            stop = bool(hook(result)) or stop
+        if stop:
+            return run, True
+    return run, False
 
 
 # ----------------------------------------------------------------------------- the job
@@ -485,112 +555,118 @@ def train_and_evaluate(
         return _train(config, workdir, tuple(allow_changes), sig, stack)
 
 
-def _train(config, workdir, allow_changes, sig, stack) -> dict:
+@dataclasses.dataclass
+class _Job:
+    """The pieces of a running job that its phases share (`_train`)."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    sig: _Preempted
+    exp: Experiment
+    ckpt: checkpointing.Checkpointer
+    source: Any
+    fns: steps.Steps
+    eval_rng: jax.Array
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def save(self, run: RunState, meta: dict | None = None) -> None:
+        extra = {"data": self.source.get_state(), "config": self.config.to_dict()}
+        self.ckpt.save(int(run.train.step), run, {**(self.meta if meta is None else meta), **extra})
+
+    def evaluate(self, run: RunState) -> dict:
+        return evaluation.evaluate(self.exp, run.train.params, self.eval_rng)
+
+
+def _start(config, workdir, allow_changes, sig, stack, progress: dict):
+    """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
+    and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
+    Returns (job, run state, restored?); raises `_Interrupted` on a signal (nothing saved;
+    ``progress["step"]`` is the restored checkpoint's step once it is read)."""
     config_path = os.path.join(workdir, "config.json")
     new_workdir = not os.path.exists(config_path)
-    changes = config_utils.check_workdir(config, workdir, allow_changes)
-    wall0 = time.perf_counter()
-    step = None
-    try:
-        with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
-            try:
-                exp = build_experiment(config)
-                stack.callback(exp.close)
-                _check_runnable(config, exp)
-            except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
-                if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
-                    os.remove(config_path)  # nothing ran: the corrected command must run
-                if isinstance(e, config_utils.ConfigError):
-                    raise
-                raise config_utils.ConfigError(" ".join(str(e).split())) from None
-            ckpt = checkpointing.Checkpointer(
-                os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
-            )
-            stack.callback(ckpt.close)
-            source = exp.make_source()
-            fns = steps.make_steps(exp)
-            eval_rng = jax.random.PRNGKey(config.seed + 7)
-
-            # The initial state: a checkpoint's arrays, restored into the run's shapes and
-            # shardings, or (a new run) the initialisation, warm start and "before" evaluation.
-            restored = ckpt.restore_latest(steps.abstract_run_state(exp))
-            if restored is not None:
-                step, run, meta = restored
-                if "config" in meta:  # the copy that produced this state (also: fall-back steps)
-                    where = f"checkpoint {step} in {ckpt.directory}"
-                    config_utils.check_resume(
-                        meta["config"], config.to_dict(), where, allow_changes, what="a state"
-                    )
-                source.set_state(meta["data"])
-                # every process says it (multi-host launch logs are read per process)
-                print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
-            else:
-                run, sft_metrics = steps.init_run(exp)
-                meta = {"eval_before": evaluation.evaluate(exp, run.train.params, eval_rng)}
-                meta["sft"] = sft_metrics
-    except _Interrupted:
-        _quiesce()
-        where = "resuming" if step is not None else "the set-up, warm start or first evaluation"
-        _say(
-            f"{sig.name} during {where}: nothing new was saved"
-            + (f" (checkpoint {step} is intact)" if step is not None else "")
-            + "; rerun the same command to continue; exiting."
+    with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
+        try:
+            exp = build_experiment(config)
+            stack.callback(exp.close)
+            _check_runnable(config, exp)
+        except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
+            if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
+                os.remove(config_path)  # nothing ran: the corrected command must run
+            if isinstance(e, config_utils.ConfigError):
+                raise
+            raise config_utils.ConfigError(" ".join(str(e).split())) from None
+        ckpt = checkpointing.Checkpointer(
+            os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
         )
-        return {"preempted": True, "step": step, "signal": sig.name}
-    if changes:
-        _say(f"WARNING: continuing with config changes allowed by --allow_changes: {changes}")
-        meta["config_changes"] = [
-            *meta.get("config_changes", []),
-            {"step": int(run.train.step), "changes": changes},
-        ]
+        stack.callback(ckpt.close)
+        job = _Job(
+            config,
+            workdir,
+            sig,
+            exp,
+            ckpt,
+            exp.make_source(),
+            steps.make_steps(exp),
+            jax.random.PRNGKey(config.seed + 7),
+        )
+        restored = ckpt.restore_latest(steps.abstract_run_state(exp))
+        if restored is None:
+            run, sft_metrics = steps.init_run(exp)
+            job.meta = {"eval_before": job.evaluate(run), "sft": sft_metrics}
+            return job, run, False
+        step, run, job.meta = restored
+        progress["step"] = step
+        if "config" in job.meta:  # the copy that produced this state (also: fall-back steps)
+            where = f"checkpoint {step} in {ckpt.directory}"
+            config_utils.check_resume(
+                job.meta["config"], config.to_dict(), where, allow_changes, what="a state"
+            )
+        job.source.set_state(job.meta["data"])
+        # every process says it (multi-host launch logs are read per process)
+        print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
+        return job, run, True
 
-    def save(run: RunState, meta: dict) -> None:
-        extra = {"data": source.get_state(), "config": config.to_dict()}
-        ckpt.save(int(run.train.step), run, {**meta, **extra})
 
-    if restored is None:
-        save(run, meta)
-    pending = meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
-    step = int(run.train.step)
+def _open_writer(job: _Job, step: int, pending, stack) -> writers.MetricsWriter:
+    config = job.config
     writer = writers.MetricsWriter(
-        workdir,
+        job.workdir,
         tensorboard=config.logging.tensorboard,
         # row N precedes checkpoint N; at step 0 that row may not have been written yet (nor
         # the row of a step whose evaluation was interrupted)
         resume_step=step if pending is not None else (step + 1 if step else 0),
-        wandb={
-            k: config.logging.get(f"wandb_{k}", "") or ""
-            for k in ("project", "entity", "mode", "name")
-        },
+        wandb={k: config.logging[f"wandb_{k}"] for k in ("project", "entity", "mode", "name")},
         run_config=config.to_dict(),
     )
     stack.callback(writer.close)
     if step == 0:
-        before = writers.flatten(meta["eval_before"])
+        before = writers.flatten(job.meta["eval_before"])
         writer.write(
             0,
             {
                 **{f"eval/{k}": v for k, v in before.items()},
-                **{f"data/{k}": v for k, v in exp.pool.stats.items()},
+                **{f"data/{k}": v for k, v in job.exp.pool.stats.items()},
             },
         )
+    return writer
 
-    bar = None
-    if config.logging.progress_bar and jax.process_index() == 0:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(
-            total=config.steps,
-            initial=step,
-            desc=config.algorithm.name,
-            dynamic_ncols=True,
-        )
-        stack.callback(bar.close)
+def _progress_bar(config, step: int, stack):
+    if not config.logging.progress_bar or jax.process_index() != 0:
+        return None
+    from tqdm.auto import tqdm  # noqa: PLC0415 - tqdm.auto picks the notebook widget lazily
 
-    final_eval: dict = {}
+    bar = tqdm(total=config.steps, initial=step, desc=config.algorithm.name, dynamic_ncols=True)
+    stack.callback(bar.close)
+    return bar
+
+
+def _step_hooks(job: _Job, writer, bar, final_eval: dict):
+    """The job's `run_steps` hooks: samples, the non-finite stop, evaluation + row + checkpoint.
+    Also returns ``finish_step(run, row, saved)`` (True: a signal stops the run)."""
+    config, sig = job.config, job.sig
 
     def finish_step(run: RunState, row: dict, saved: bool) -> bool:
-        """The step's evaluation, metrics row and checkpoint; True: a signal stops the run."""
         step = int(run.train.step)
         every = config.eval.every_steps
         # the periodic evaluations, and the final one: it is the last step's row (curves and
@@ -598,11 +674,11 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         if (every and step % every == 0) or step == config.steps:
             try:
                 with sig.abortable():
-                    ev = evaluation.evaluate(exp, run.train.params, eval_rng)
+                    ev = job.evaluate(run)
             except _Interrupted:  # keep the step; its evaluation and row are redone on resume
                 _quiesce()
                 if not saved:
-                    save(run, {**meta, _PENDING_EVAL: writers.to_jsonable(row)})
+                    job.save(run, {**job.meta, _PENDING_EVAL: writers.to_jsonable(row)})
                 _say(
                     f"{sig.name} during the evaluation after step {step}: checkpoint written "
                     f"at step {step} (the evaluation is redone on resume); exiting."
@@ -623,36 +699,72 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         if not saved and (
             sig.flag or step % config.checkpoint.every_steps == 0 or step == config.steps
         ):
-            save(run, meta)
+            job.save(run)
         if sig.flag:
             _say(f"{sig.name}: checkpoint written at step {step}; exiting.")
             return True
         return False
 
-    stopped = pending is not None and finish_step(run, pending, saved=True)
-    while not stopped and int(run.train.step) < config.steps:
-        run, row = rl_step(exp, fns, run, source)
-        step = int(run.train.step)
-        writer.write_samples(step, row.pop("samples"))
+    def samples(result: StepResult) -> None:
+        writer.write_samples(int(result.run.train.step), result.row.pop("samples"))
+
+    def non_finite(result: StepResult) -> None:
+        run, step = result.run, int(result.run.train.step)
         if int(run.train.skips) >= config.optimizer.max_consecutive_skips:
-            writer.write(step, row)  # the failing step's row (loss, grad_norm) is diagnosis
-            save(run, meta)
+            writer.write(step, result.row)  # the failing step's row (loss, grad_norm) is diagnosis
+            job.save(run)
             raise FloatingPointError(
                 f"step {step}: {int(run.train.skips)} consecutive updates had a non-finite "
                 "loss, gradient or update and were skipped; the last good parameters are "
-                f"checkpointed (step {step} in {ckpt.directory}). Likely causes: learning "
+                f"checkpointed (step {step} in {job.ckpt.directory}). Likely causes: learning "
                 "rate too high (config.optimizer.learning_rate), bfloat16 overflow "
                 "(config.model.dtype=float32), or non-finite rewards."
             )
-        stopped = finish_step(run, row, saved=False)
+
+    def finish(result: StepResult) -> bool:
+        return finish_step(result.run, result.row, saved=False)
+
+    return (samples, non_finite, finish), finish_step
+
+
+def _train(config, workdir, allow_changes, sig, stack) -> dict:
+    changes = config_utils.check_workdir(config, workdir, allow_changes)
+    wall0 = time.perf_counter()
+    progress = {}
+    try:
+        job, run, restored = _start(config, workdir, allow_changes, sig, stack, progress)
+    except _Interrupted:
+        _quiesce()
+        step = progress.get("step")
+        where = "resuming" if step is not None else "the set-up, warm start or first evaluation"
+        _say(
+            f"{sig.name} during {where}: nothing new was saved"
+            + (f" (checkpoint {step} is intact)" if step is not None else "")
+            + "; rerun the same command to continue; exiting."
+        )
+        return {"preempted": True, "step": step, "signal": sig.name}
+    if changes:
+        _say(f"WARNING: continuing with config changes allowed by --allow_changes: {changes}")
+        job.meta["config_changes"] = [
+            *job.meta.get("config_changes", []),
+            {"step": int(run.train.step), "changes": changes},
+        ]
+    if not restored:
+        job.save(run)
+    pending = job.meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
+    step = int(run.train.step)
+    writer = _open_writer(job, step, pending, stack)
+    bar = _progress_bar(config, step, stack)
+    final_eval: dict = {}
+    hooks, finish_step = _step_hooks(job, writer, bar, final_eval)
+    stopped = pending is not None and finish_step(run, pending, saved=True)
+    if not stopped:
+        run, stopped = run_steps(job.exp, job.fns, run, job.source, until=config.steps, hooks=hooks)
     if stopped:
         return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
-
     try:
         with sig.abortable():  # (already done when the last step ran in this process)
-            eval_after = final_eval.get("eval_after") or evaluation.evaluate(
-                exp, run.train.params, eval_rng
-            )
+            eval_after = final_eval.get("eval_after") or job.evaluate(run)
     except _Interrupted:
         _quiesce()
         _say(
@@ -664,10 +776,10 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         "algorithm": config.algorithm.name,
         "steps": int(run.train.step),
         "wall_seconds": time.perf_counter() - wall0,
-        "eval_before": meta["eval_before"],
+        "eval_before": job.meta["eval_before"],
         "eval_after": eval_after,
-        "sft": meta.get("sft", {}),
-        "data": exp.pool.stats,
+        "sft": job.meta.get("sft", {}),
+        "data": job.exp.pool.stats,
     }
     if jax.process_index() == 0:
         tmp = os.path.join(workdir, "summary.json.tmp")

@@ -7,6 +7,8 @@ identical on all hosts); `to_device` lets each process supply the shards its dev
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import numpy as np
 
@@ -21,9 +23,28 @@ def to_device(mesh, x) -> jax.Array:
       x: array-like [R, ...]; R divisible by the mesh's data x fsdp size.
     """
     x = np.asarray(x)
-    return jax.make_array_from_callback(
-        x.shape, sharding.batch_sharding(mesh, x.ndim), lambda index: x[index]
-    )
+    sh = sharding.batch_sharding(mesh, x.ndim)
+    shards = [  # explicit per-device puts of this process's shards (multi-host: its own rows)
+        jax.device_put(x[index], device)
+        for device, index in sh.addressable_devices_indices_map(x.shape).items()
+    ]
+    return jax.make_array_from_single_device_arrays(x.shape, sh, shards)
+
+
+def put(tree):
+    """Host (numpy) arrays, or a pytree of them -> arrays on the default device, unsharded:
+    the curriculum's small per-step inputs ([P], [R], [B]) for its controllers' jitted math."""
+    return jax.device_put(tree)
+
+
+@contextlib.contextmanager
+def controllers():
+    """The GDRO controllers' own crossings: their pure functions (`grpo_jax.gdro`) take numpy or
+    device arrays and return host diagnostics, so small [P] / [R] / [B] arrays move both ways
+    inside them. The curricula call them under this context (it allows implicit transfers even
+    under ``jax.transfer_guard("disallow")``); nothing of the step's [R, L]-sized data does."""
+    with jax.transfer_guard("allow"):
+        yield
 
 
 def to_host(tree):

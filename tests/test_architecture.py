@@ -165,7 +165,7 @@ def test_a_new_curriculum_is_one_class(tmp_path):
     classifier has never seen, registered with one line and trained from the config alone."""
     import json
 
-    import jax.numpy as jnp
+    import numpy as np
 
     from configs import arithmetic
     from grpo_jax import algorithms, train
@@ -174,7 +174,7 @@ def test_a_new_curriculum_is_one_class(tmp_path):
     class UpweightUnseen(algorithms.Curriculum):
         def weights(self, state, placement, advantages):
             unseen = placement.bins[placement.segment_ids] == self.num_bins
-            return jnp.where(jnp.asarray(unseen), 2.0, 1.0)
+            return np.where(unseen, 2.0, 1.0).astype(np.float32)
 
     algorithms.register("upweight_unseen", curriculum=UpweightUnseen, replace=True)
     cfg = arithmetic.get_config("grpo,smoke")

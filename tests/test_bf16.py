@@ -45,9 +45,8 @@ def _rl(dtype, params):
         before = evaluation.evaluate(exp, params, key)["mean_at_1"]
         run, _ = steps.init_run(exp, params=params)
         fns, source, rows = steps.make_steps(exp), exp.make_source(), []
-        for _ in range(_STEPS):
-            run, row = train.rl_step(exp, fns, run, source)
-            rows.append(row)
+        keep = lambda result: rows.append(result.row)
+        run, _ = train.run_steps(exp, fns, run, source, until=_STEPS, hooks=(keep,))
         after = evaluation.evaluate(exp, run.train.params, key)["mean_at_1"]
         return before, rows, after
     finally:

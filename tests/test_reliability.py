@@ -267,7 +267,8 @@ def test_hung_and_crashing_verifiers_score_wrong_are_counted_and_training_goes_o
         run, _ = steps.init_run(faulty, warm_start=False)
         source = faulty.make_source()
         for step in (1, 2):
-            run, row = train.rl_step(faulty, fns, run, source)
+            result = train.rl_step(faulty, fns, run, source)
+            run, row = result.run, result.row
             assert int(run.train.step) == step
             rewards_, correct, _ = scored[-1]
             np.testing.assert_array_equal(correct, np.arange(R) % 4 == 3)

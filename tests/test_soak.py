@@ -72,12 +72,13 @@ def soak(workdir: str) -> dict:
         )
         writer = writers.MetricsWriter(workdir, tensorboard=False)
         eval_key = jax.random.PRNGKey(cfg.seed + 7)
-        rss, objects, evals, skipped = {}, {}, [], 0
-        for step in range(1, STEPS + 1):
-            phase["step"] = step
-            run, row = train.rl_step(exp, fns, run, source)
-            assert int(run.train.step) == step
-            skipped += row["skipped_updates"]
+        rss, objects, evals, skipped = {}, {}, [], []
+        phase["step"] = 1
+
+        def observe(result) -> None:  # the loop's own hooks: row, checkpoint, evaluation
+            run, row, step = result.run, result.row, int(result.run.train.step)
+            assert step == phase["step"]
+            skipped.append(row["skipped_updates"])
             writer.write(step, row)
             if step == 2 or step % CHECKPOINT_EVERY == 0:
                 ckpt.save(step, run, {"data": source.get_state(), "config": cfg.to_dict()})
@@ -87,6 +88,10 @@ def soak(workdir: str) -> dict:
                 gc.collect()
                 objects[step] = len(gc.get_objects())
             rss[step] = _rss_bytes()
+            phase["step"] = step + 1
+
+        train.run_steps(exp, fns, run, source, until=STEPS, hooks=(observe,))
+        skipped = sum(skipped)
         writer.close()
         ckpt.close()
         exp.close()

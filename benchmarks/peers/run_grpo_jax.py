@@ -108,15 +108,12 @@ def main(argv=None):
     source = exp.make_source()
     steps = []
     total = args.warmup + args.steps
-    for i in range(total):
-        profiling = bool(args.profile_dir) and i == total - 1
-        if profiling:
-            jax.profiler.start_trace(args.profile_dir)
-        t0 = time.perf_counter()
-        run, row = train.rl_step(exp, fns, run, source)
-        jax.block_until_ready(run.train.params)
-        wall = time.perf_counter() - t0
-        if profiling:
+    clock = {"t0": time.perf_counter()}
+
+    def record(result) -> None:  # after each step: its wall time and phases (and the profile)
+        jax.block_until_ready(result.run.train.params)
+        wall, i, row = time.perf_counter() - clock["t0"], int(result.run.train.step) - 1, result.row
+        if args.profile_dir and i == total - 1:
             jax.profiler.stop_trace()
         step = {
             "step_s": wall,
@@ -145,6 +142,13 @@ def main(argv=None):
             ),
             flush=True,
         )
+        if args.profile_dir and i == total - 2:  # the last step is profiled
+            jax.profiler.start_trace(args.profile_dir)
+        clock["t0"] = time.perf_counter()
+
+    if args.profile_dir and total == 1:
+        jax.profiler.start_trace(args.profile_dir)
+    run, _ = train.run_steps(exp, fns, run, source, until=total, hooks=(record,))
     exp.close()
     # the update's model FLOPs (matmuls actually run: 6 x params x positions for the layers, the LM
     # head on the completion positions only, attention scores/values; Kaplan et al. 2020 eq. 2.1

@@ -52,27 +52,29 @@ def main(argv=None):
         return fns.train(state, batch, key)
 
     step_fns = dataclasses.replace(fns, train=train_and_keep)
-    source = exp.make_source()
-    for i in range(args.pairs + 1):
-        t0 = time.perf_counter()
-        run, row = train.rl_step(exp, step_fns, run, source)
-        jax.block_until_ready(run.train.params)
+    clock = {"t0": time.perf_counter()}
+
+    def pair(result) -> None:  # after each step: its time, then the same update alone, twice
+        jax.block_until_ready(result.run.train.params)
+        i, row = int(result.run.train.step) - 1, result.row
         tag = "warm-up" if i == 0 else f"pair {i}"
         print(
-            f"[update_in_step] {tag}: step {time.perf_counter() - t0:.1f} s (generate "
+            f"[update_in_step] {tag}: step {time.perf_counter() - clock['t0']:.1f} s (generate "
             f"{row['time/generate']:.1f}, reference {row['time/reference']:.1f}, update "
             f"{row['time/update']:.1f})",
             flush=True,
         )
-        if i == 0:
-            continue
-        for _ in range(2):
+        for _ in range(2 if i else 0):
             state = jax.block_until_ready(jax.tree.map(jnp.copy, seen["state"]))
             t0 = time.perf_counter()
             jax.block_until_ready(fns.train(state, seen["batch"], seen["key"]))
             print(
                 f"[update_in_step] {tag}: update alone {time.perf_counter() - t0:.1f} s", flush=True
             )
+        clock["t0"] = time.perf_counter()
+
+    until = int(run.train.step) + args.pairs + 1
+    train.run_steps(exp, step_fns, run, exp.make_source(), until=until, hooks=(pair,))
     exp.close()
 
 

@@ -8,7 +8,6 @@ committed ``.jsonl.gz``: the metrics rows). Each is written atomically (temp fil
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import os
@@ -74,25 +73,6 @@ def eval_key(seed: int, step: int):
     import jax
 
     return jax.random.fold_in(jax.random.PRNGKey(int(seed) + 7), int(step))
-
-
-class _RecordingCurriculum:
-    """Delegates to the experiment's curriculum and keeps each ``allocate`` result's prompt ids,
-    bins and rollouts per prompt (the placements the true-WSE diagnostic needs)."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def allocate(self, state, ids):
-        pl = self._inner.allocate(state, ids)
-        ids = np.asarray(ids, np.int32)
-        n = np.bincount(np.asarray(pl.segment_ids), minlength=len(ids)).astype(np.int32)
-        self.calls.append((ids, np.asarray(pl.bins, np.int32), n))
-        return pl
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -179,6 +159,16 @@ def warm_start_job(
     }
 
 
+def _placement(rounds) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A step's (prompt ids [P], bins [P], rollouts per prompt [P]) int32 from its
+    `train.StepResult.rounds`; None when the step sampled more than one round."""
+    if len(rounds) != 1:
+        return None
+    ids, placement = rounds[0]
+    n = np.bincount(placement.segment_ids, minlength=len(ids)).astype(np.int32)
+    return np.asarray(ids, np.int32), np.asarray(placement.bins, np.int32), n
+
+
 def _placements(placements) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-step (ids, bins, n) -> three ``[steps, P]`` arrays (empty when a step allocated more
     than once or not at all)."""
@@ -223,33 +213,33 @@ def rl_job(
     )
     cfg = method_config(method, seed, lr=lr, **kw)
     exp = build_experiment(cfg)
-    rec = _RecordingCurriculum(exp.curriculum)
-    rexp = dataclasses.replace(exp, curriculum=rec)
     when = eval_steps(cfg.steps, eval_every)
     rows, evals, summaries, placements = [], [], [], []
-    eval_seconds = 0.0
+    acc = {"eval_seconds": 0.0, "levels": None}
+
+    def record(result) -> None:  # the row, the step's placement, the scheduled evaluations
+        step = int(result.run.train.step)
+        rows.append(writers.to_jsonable({"step": step, **result.row}))
+        placements.append(_placement(result.rounds))
+        if step in when:
+            te = time.perf_counter()
+            summary, correct, levels = evaluate_per_problem(
+                exp, result.run.train.params, eval_key(seed, step)
+            )
+            acc["eval_seconds"] += time.perf_counter() - te
+            acc["levels"] = levels
+            evals.append(correct)
+            summaries.append({"step": step, **summary})
+
     try:
-        source = rexp.make_source()
         params = jax.tree.map(lambda x: jax.numpy.asarray(x), params)
-        run, _ = steps_lib.init_run(rexp, params=params)
-        fns = steps_lib.make_steps(rexp)
-        while int(run.train.step) < cfg.steps:
-            rec.calls.clear()
-            run, row = train.rl_step(rexp, fns, run, source)
-            step = int(run.train.step)
-            rows.append(writers.to_jsonable({"step": step, **row}))
-            placements.append(rec.calls[0] if len(rec.calls) == 1 else None)
-            if step in when:
-                te = time.perf_counter()
-                summary, correct, levels = evaluate_per_problem(
-                    rexp, run.train.params, eval_key(seed, step)
-                )
-                eval_seconds += time.perf_counter() - te
-                evals.append(correct)
-                summaries.append({"step": step, **summary})
+        run, _ = steps_lib.init_run(exp, params=params)
+        fns = steps_lib.make_steps(exp)
+        train.run_steps(exp, fns, run, exp.make_source(), until=cfg.steps, hooks=(record,))
         pool = [ex["problem"] for ex in exp.pool.examples]
     finally:
         exp.close()
+    eval_seconds, levels = acc["eval_seconds"], acc["levels"]
     ids, bins, n = _placements(placements)
     R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
     per_step = int(cfg.algorithm.num_iterations) * (R // int(exp.batching.mini_batch_size))

@@ -22,10 +22,10 @@ from typing import Any
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import gdro
+from grpo_jax import transfer as xfer
 from grpo_jax.state import Batch, TrainState
 
 
@@ -160,12 +160,10 @@ class Curriculum:
 
     def classify(self, state: CurriculumState, ids: np.ndarray) -> tuple[np.ndarray, Any]:
         """(bins [P] int32, per-bin success [B] float32) of prompts ``ids`` [P] from past visits."""
-        ccfg = self.classifier_config
-        bins = np.asarray(gdro.classify(ccfg, state.classifier, jnp.asarray(ids)))
-        success = gdro.bin_success(
-            ccfg, state.classifier, jnp.asarray(ids), jnp.asarray(bins), self.num_bins
-        )
-        return bins, success
+        ccfg, ids = self.classifier_config, xfer.put(np.asarray(ids, np.int32))
+        bins = gdro.classify(ccfg, state.classifier, ids)
+        success = gdro.bin_success(ccfg, state.classifier, ids, bins, self.num_bins)
+        return xfer.to_host((bins, success))
 
     def allocate(self, state: CurriculumState, ids: np.ndarray) -> Placement:
         """Bins, then rollouts per prompt (R = P * n_bar fixed, so shapes never change)."""
@@ -173,10 +171,13 @@ class Curriculum:
         alloc = gdro.fixed_allocation(bins, self.rollouts_per_prompt, self.num_bins)
         return Placement(bins=bins, success=success, allocation=alloc)
 
-    def weights(self, state: CurriculumState, placement: Placement, advantages) -> jax.Array:
-        """Per-rollout weights [R] float32 multiplying the advantages (ones for GRPO)."""
+    def weights(
+        self, state: CurriculumState, placement: Placement, advantages: np.ndarray
+    ) -> np.ndarray:
+        """Per-rollout weights [R] float32 (host) multiplying the advantages (ones for GRPO),
+        from the step's (unweighted) advantages [R] float32 (host)."""
         del state, advantages
-        return jnp.ones(placement.segment_ids.shape, jnp.float32)
+        return np.ones(placement.segment_ids.shape, np.float32)
 
     def update(self, state: CurriculumState, outcome: StepOutcome) -> tuple[CurriculumState, dict]:
         """Learns from the step: the classifier takes every round's visits, then the controller.
@@ -185,10 +186,9 @@ class Curriculum:
         """
         ccfg, cls_state = self.classifier_config, state.classifier
         for v in outcome.visits:
-            visit = gdro.visit_outcome(
-                ccfg, jnp.asarray(v.correct), jnp.asarray(v.segment_ids), len(v.ids)
-            )
-            cls_state = gdro.classifier_update(ccfg, cls_state, jnp.asarray(v.ids), visit)
+            ids, correct, seg = xfer.put((v.ids, v.correct, v.segment_ids))
+            visit = gdro.visit_outcome(ccfg, correct, seg, len(v.ids))
+            cls_state = gdro.classifier_update(ccfg, cls_state, ids, visit)
         rollout_bins = outcome.placement.bins[outcome.placement.segment_ids]
         diagnostics = gdro.prompt_gdro_diagnostics(
             self.num_bins, rollout_bins, rewards=outcome.rewards

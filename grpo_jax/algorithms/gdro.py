@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import gdro
+from grpo_jax import transfer as xfer
 from grpo_jax.algorithms.base import Curriculum, CurriculumState, Placement, StepOutcome
 
 
@@ -43,23 +43,30 @@ class PromptGDRO(Curriculum):
         # GRPO's own stream (same prompts, same order)
         if self.prompt_config.apply != "resample" or step == 0 or self.prompt_config.eta == 0:
             return source.next()
-        all_ids = jnp.arange(self.num_prompts, dtype=jnp.int32)
-        all_bins = np.asarray(gdro.classify(self.classifier_config, state.classifier, all_ids))
-        # slot B of q: never-seen prompts (their share of the pool; corrected mode)
-        q = np.asarray(gdro.resample_q(self.prompt_config, state.controller, all_bins))
+        with xfer.controllers():
+            all_ids = jnp.arange(self.num_prompts, dtype=jnp.int32)
+            all_bins = np.asarray(gdro.classify(self.classifier_config, state.classifier, all_ids))
+            # slot B of q: never-seen prompts (their share of the pool; corrected mode)
+            q = np.asarray(gdro.resample_q(self.prompt_config, state.controller, all_bins))
         return source.next_by_bin(q, all_bins)
 
-    def weights(self, state: CurriculumState, placement: Placement, advantages) -> jax.Array:
+    def weights(
+        self, state: CurriculumState, placement: Placement, advantages: np.ndarray
+    ) -> np.ndarray:
         if self.prompt_config.apply != "advantage_weight":
             return super().weights(state, placement, advantages)
-        rollout_bins = jnp.asarray(placement.bins[placement.segment_ids])
-        return jnp.asarray(
-            gdro.prompt_gdro_weights(
+        rollout_bins = placement.bins[placement.segment_ids]
+        with xfer.controllers():
+            w = gdro.prompt_gdro_weights(
                 self.prompt_config, state.controller, rollout_bins, advantages=advantages
             )
-        )
+            return np.asarray(w)
 
     def update_controller(self, controller, outcome: StepOutcome):
+        with xfer.controllers():
+            return self._update_controller(controller, outcome)
+
+    def _update_controller(self, controller, outcome: StepOutcome):
         signal = gdro.loss_signal(
             self.prompt_config,
             per_rollout_loss=jnp.asarray(outcome.per_rollout_loss),
@@ -99,10 +106,17 @@ class RolloutGDRO(Curriculum):
 
     def allocate(self, state: CurriculumState, ids: np.ndarray) -> Placement:
         bins, success = self.classify(state, ids)
-        alloc = gdro.allocate(self.rollout_config, state.controller, bins, success, prompt_ids=ids)
+        with xfer.controllers():
+            alloc = gdro.allocate(
+                self.rollout_config, state.controller, bins, success, prompt_ids=ids
+            )
         return Placement(bins=bins, success=success, allocation=alloc)
 
     def update_controller(self, controller, outcome: StepOutcome):
+        with xfer.controllers():
+            return self._update_controller(controller, outcome)
+
+    def _update_controller(self, controller, outcome: StepOutcome):
         signal = gdro.loss_signal(
             self.rollout_config,
             per_rollout_loss=jnp.asarray(outcome.per_rollout_loss),

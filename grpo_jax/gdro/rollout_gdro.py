@@ -271,7 +271,8 @@ class RolloutGDROState:
 
 @flax.struct.dataclass
 class Allocation:
-    """Rollouts of one step.
+    """Rollouts of one step (host numpy arrays: the allocation is host bookkeeping; it reaches
+    the device only inside the batch, as the advantages' segment ids).
 
     Attributes:
       rollouts_per_prompt: ``[P]`` int32, each in ``[n_min, n_max]``, summing to ``R``.
@@ -284,12 +285,12 @@ class Allocation:
       fallback: ``[]`` bool, the bandit used the proportional fallback.
     """
 
-    rollouts_per_prompt: jax.Array
-    segment_ids: jax.Array
-    prompt_bins: jax.Array
-    arm: jax.Array
-    bin_rollouts: jax.Array
-    fallback: jax.Array
+    rollouts_per_prompt: np.ndarray
+    segment_ids: np.ndarray
+    prompt_bins: np.ndarray
+    arm: np.ndarray
+    bin_rollouts: np.ndarray
+    fallback: np.ndarray
 
 
 def rollout_gdro_init(
@@ -431,12 +432,12 @@ def _finish(
         arm = np.where(count > 0, np.rint(mean_n), -1)
     seg = np.repeat(np.arange(len(n), dtype=np.int32), n)
     return Allocation(
-        rollouts_per_prompt=jnp.asarray(n),
-        segment_ids=jnp.asarray(seg),
-        prompt_bins=jnp.asarray(bins),
-        arm=jnp.asarray(arm, jnp.int32),
-        bin_rollouts=jnp.asarray(mean_n, jnp.float32),
-        fallback=jnp.asarray(bool(fallback)),
+        rollouts_per_prompt=n,
+        segment_ids=seg,
+        prompt_bins=bins,
+        arm=np.asarray(arm, np.int32),
+        bin_rollouts=np.asarray(mean_n, np.float32),
+        fallback=np.asarray(bool(fallback)),
     )
 
 
