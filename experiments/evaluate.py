@@ -96,7 +96,7 @@ def run(argv=None) -> dict:
     del argv
     import jax
 
-    from grpo_jax import evaluation, rewards, sampling, sharding
+    from grpo_jax import evaluation, rewards, sampling, sharding, train
     from grpo_jax.data import datasets, templates
 
     if _WORKDIR.value:
@@ -111,7 +111,7 @@ def run(argv=None) -> dict:
             if _DATASETS.value:
                 e.datasets = tuple(_DATASETS.value)
 
-        exp, run, step = evaluation.restore_run(
+        exp, run, step = train.restore_run(
             _WORKDIR.value, need_reward=True, configure=configure
         )
         config = exp.config

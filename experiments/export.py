@@ -37,9 +37,9 @@ def export(workdir: str, out: str) -> str:
     """Writes the Hugging Face directory ``out`` from a workdir's checkpoint; returns ``out``."""
     import jax
 
-    from grpo_jax.evaluation import restore_run
     from grpo_jax.models import lora
     from grpo_jax.models.loading import save_hf_checkpoint
+    from grpo_jax.train import restore_run
 
     exp, run, step = restore_run(workdir)
     try:

@@ -118,6 +118,27 @@ class AdvantageConfig:
             raise ValueError(msg + hint) from None
 
 
+def _checked_inputs(rewards, segment_ids, num_segments, cfg: AdvantageConfig):
+    """`compute`'s argument checks: (rewards, segment_ids as arrays, num_segments as int)."""
+    try:
+        num_segments = operator.index(num_segments)
+    except TypeError:
+        raise ValueError(
+            f"num_segments must be a static Python int (jit: mark it static), got "
+            f"{type(num_segments).__name__}"
+        ) from None
+    if num_segments < 1:
+        raise ValueError(f"num_segments must be >= 1, got {num_segments}")
+    rewards = jnp.asarray(rewards)
+    segment_ids = jnp.asarray(segment_ids)
+    chex.assert_rank([rewards, segment_ids], 1)
+    chex.assert_equal_shape([rewards, segment_ids])
+    chex.assert_type(segment_ids, int)
+    if cfg.nonfinite == "raise":
+        _check_finite_eagerly(rewards, segment_ids, num_segments)
+    return rewards, segment_ids, num_segments
+
+
 def compute(
     rewards: chex.Array,
     segment_ids: chex.Array,
@@ -185,25 +206,9 @@ def compute(
       ValueError: bad `num_segments`, or a non-finite reward with `nonfinite="raise"` and concrete inputs.
       AssertionError: (chex) wrong ranks/shapes/dtypes of `rewards` or `segment_ids`.
     """
-    estimator, std, eps, clip, nonfinite = cfg.estimator, cfg.std, cfg.eps, cfg.clip, cfg.nonfinite
+    estimator, std, eps, clip = cfg.estimator, cfg.std, cfg.eps, cfg.clip
     scale = cfg.resolved_scale
-    try:
-        num_segments = operator.index(num_segments)
-    except TypeError:
-        raise ValueError(
-            f"num_segments must be a static Python int (jit: mark it static), got "
-            f"{type(num_segments).__name__}"
-        ) from None
-    if num_segments < 1:
-        raise ValueError(f"num_segments must be >= 1, got {num_segments}")
-    rewards = jnp.asarray(rewards)
-    segment_ids = jnp.asarray(segment_ids)
-    chex.assert_rank([rewards, segment_ids], 1)
-    chex.assert_equal_shape([rewards, segment_ids])
-    chex.assert_type(segment_ids, int)
-    if nonfinite == "raise":
-        _check_finite_eagerly(rewards, segment_ids, num_segments)
-
+    rewards, segment_ids, num_segments = _checked_inputs(rewards, segment_ids, num_segments, cfg)
     r = rewards.astype(jnp.float32)
     in_group = (segment_ids >= 0) & (segment_ids < num_segments)
     finite = jnp.isfinite(r)

@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
 import re
 import socket
+import sys
+import tempfile
+import time
 from typing import Any
 
 import jax
@@ -121,8 +125,6 @@ class WorkdirLock:
         self._fd = None
 
     def acquire(self) -> WorkdirLock:
-        import fcntl
-        import time
 
         if jax.process_index() != 0:
             return self
@@ -157,7 +159,6 @@ class WorkdirLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        import fcntl
 
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)  # an empty lock file: released cleanly
@@ -183,7 +184,6 @@ def _read_lock(fd) -> dict:
 def _describe(holder: dict) -> str:
     if not holder:
         return "holder unknown"
-    import time
 
     started = holder.get("started")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
@@ -197,8 +197,6 @@ class _CapturedStderr:
         self._saved = self._file = None
 
     def __enter__(self):
-        import sys
-        import tempfile
 
         try:
             sys.stderr.flush()
@@ -210,7 +208,6 @@ class _CapturedStderr:
         return self
 
     def __exit__(self, *exc):
-        import sys
 
         if self._saved is not None:
             with contextlib.suppress(OSError, ValueError):

@@ -7,9 +7,14 @@ import difflib
 import json
 import math
 import os
+import shutil
 from typing import Any
 
+import jax
 import ml_collections
+
+from grpo_jax import advantages, algorithms, losses
+from grpo_jax.models import config as model_config_lib
 
 
 class ConfigError(ValueError):
@@ -89,9 +94,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
         value = _get(config, path)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"config.{path}={value!r} must be a positive integer")
+    _validate_algorithm(config)
+    _validate_data_and_sampling(config)
+    _validate_ranges(config)
+
+
+def _validate_algorithm(config) -> None:
+    """The algorithm's name, its curriculum's controller configs, the loss and advantage
+    options (their own configs validate them) and the DAPO options."""
     # The algorithm, and the controller configs its curriculum builds (they validate their
     # own fields: one source for each range and choice). Only the sections it uses are read.
-    from grpo_jax import algorithms  # local: config files import this module without JAX
 
     name = config.algorithm.name
     if name not in algorithms.names():
@@ -121,7 +133,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0"
             )
     a = config.algorithm
-    from grpo_jax import advantages, losses  # their options: their own configs check them
 
     try:
         losses.PolicyLossConfig.from_config(a)
@@ -146,6 +157,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"(0, rollout.max_new_tokens={config.rollout.max_new_tokens}] when "
             "overlong_penalty_factor > 0"
         )
+
+
+def _validate_data_and_sampling(config) -> None:
+    """Conversational data and the sampling settings of training and evaluation."""
     messages = config.data.messages_column
     if messages and config.data.name != "custom":
         raise ConfigError(
@@ -171,7 +186,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
         )
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
-    _validate_ranges(config)
 
 
 def _num(config, path, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False):
@@ -239,7 +253,6 @@ def _validate_ranges(config) -> None:
     for axis in ("data", "fsdp", "tensor"):  # -1: all remaining devices (at most one axis)
         if config.mesh[axis] != -1:
             _num(config, f"mesh.{axis}", 1, integer=True)
-    from grpo_jax.models import config as model_config_lib  # local: no JAX for config files
 
     fields = {f.name for f in dataclasses.fields(model_config_lib.ModelConfig)}
     if config.model.preset not in model_config_lib.PRESETS and not (
@@ -370,7 +383,6 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str, allow_changes
       ConfigError: naming the differing fields, the workdir, ``config.checkpoint.overwrite`` and
       ``--allow_changes``.
     """
-    import jax  # local: config files import this module without starting JAX
 
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -405,8 +417,6 @@ def _check_workdir(config, workdir: str, allow_changes, write: bool) -> list[str
     if not write:
         return changes
     if config.checkpoint.overwrite:
-        import shutil
-
         for name in ("checkpoints", "metrics.jsonl", "tensorboard", "summary.json"):
             p = os.path.join(workdir, name)
             if os.path.isdir(p):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 
 def _detected_cluster() -> str | None:
     """The multi-process cluster JAX can configure itself from, if any."""
@@ -78,7 +80,6 @@ def initialize(
     cluster = _detected_cluster()
     if mode == "auto" and not explicit and cluster is None:
         return False
-    import jax
 
     if not jax.config.jax_cpu_collectives_implementation:
         jax.config.update(

@@ -180,43 +180,6 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
     return {**pooled, "per_dataset": per_dataset}
 
 
-def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
-    """(experiment, restored RunState, step) of a workdir's latest checkpoint.
-
-    ``configure(config)``, if given, edits the run's config before the build (evaluation
-    settings; nothing that changes the checkpoint's shapes).
-
-    ``need_reward=False`` builds the experiment with the built-in verifier in place of
-    ``config.reward.fn`` (exporting needs no reward, nor your reward module on the path).
-    The caller closes the experiment (``exp.close()``).
-    """
-    import json
-    import os
-
-    from grpo_jax import checkpointing, config_schema, steps
-    from grpo_jax.experiment import build_experiment
-
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no run in {workdir}: {path} not found")
-    with open(path) as f:
-        config = config_schema.upgrade(json.load(f))
-    if not need_reward and config.reward.fn:
-        config.reward.fn = ""
-    if configure is not None:
-        configure(config)
-    exp = build_experiment(config)
-    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        restored = ckpt.restore_latest(steps.abstract_run_state(exp))
-    finally:
-        ckpt.close()
-    if restored is None:
-        exp.close()
-        raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
-    return exp, restored[1], restored[0]
-
-
 def format_summary(summary: dict) -> str:
     """A small text table of before/after evaluation."""
     before, after = summary["eval_before"], summary["eval_after"]

@@ -893,12 +893,10 @@ def policy_loss(
     - `loss = aggregate_loss(L, mask, loss_agg_mode)`: token-mean (DAPO), seq-mean-token-mean
       (GRPO), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO, `R * max_len`).
 
-    `old_logprobs`, `ref_logprobs`, `sampler_logprobs` are constants (`stop_gradient`):
-    `old_logprobs = logprobs` gives `rho = 1` and, for every built-in surrogate, exactly the
-    REINFORCE gradient `-A grad(logprobs)`. Micro-batching: pass the full mini-batch's
-    `loss_denominator` as `denominator` to every micro-batch; their losses and gradients then
-    sum to the full batch's. Masked positions of any [R, T] input may be NaN/inf: they change
-    neither loss nor gradient.
+    `old_logprobs`, `ref_logprobs`, `sampler_logprobs` are constants (`stop_gradient`);
+    `old_logprobs = logprobs` gives `rho = 1` and, for every built-in surrogate, the REINFORCE
+    gradient `-A grad(logprobs)`. Micro-batches given the full mini-batch's `loss_denominator`
+    sum to its loss and gradient. Masked positions of [R, T] inputs may be NaN/inf.
 
     Args:
       logprobs: [R, T] float, current-policy log-probs of the sampled tokens (differentiated).
@@ -924,20 +922,9 @@ def policy_loss(
       ValueError: `kl_coef > 0` without `ref_logprobs`; only one of `sampler_logprobs` and
         `cfg.tis_cap`. AssertionError (chex): wrong ranks, shapes or dtypes.
     """
-    if ref_logprobs is None and _concrete(cfg.kl_coef) and float(cfg.kl_coef) != 0.0:
-        raise ValueError(f"kl_coef = {cfg.kl_coef} needs ref_logprobs")
-    if (sampler_logprobs is None) != (cfg.tis_cap is None):
-        raise ValueError(
-            "truncated importance sampling needs both sampler_logprobs and tis_cap (got "
-            f"sampler_logprobs {'None' if sampler_logprobs is None else 'given'}, "
-            f"tis_cap {cfg.tis_cap})"
-        )
-    logprobs, old_logprobs, advantages = map(jnp.asarray, (logprobs, old_logprobs, advantages))
-    chex.assert_rank([logprobs, old_logprobs, advantages], [2, 2, {1, 2}])
-    chex.assert_type([logprobs, old_logprobs, advantages], float)
-    chex.assert_equal_shape([logprobs, old_logprobs, completion_mask])
-    r, t = logprobs.shape
-    chex.assert_shape(advantages, (r,) if advantages.ndim == 1 else (r, t))
+    logprobs, old_logprobs, advantages = _checked_policy_inputs(
+        logprobs, old_logprobs, advantages, completion_mask, cfg, ref_logprobs, sampler_logprobs
+    )
     m = _bool_mask(completion_mask)
     cnt = jnp.sum(m, axis=1).astype(jnp.float32)  # [R]
     sg = lax.stop_gradient
@@ -950,22 +937,11 @@ def policy_loss(
 
     lp = jnp.where(m, _f32(logprobs), 0.0)
     old = const(old_logprobs)
-    adv = sg(_f32(advantages))
-    adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
-    adv_w = adv
-    if sample_weights is not None:
-        sample_weights = jnp.asarray(sample_weights)
-        chex.assert_shape(sample_weights, (r,))
-        adv_w = adv * jnp.where(m, _f32(sample_weights)[:, None], 0.0)
+    adv, adv_w = _token_advantages(advantages, sample_weights, m)
 
-    log_ratio = lp - old  # 0 where masked
-    if cfg.ratio_level == "sequence":
-        seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(cnt, 1.0)
-        log_ratio = jnp.where(m, seq[:, None], 0.0)
-    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-
-    tis_w = None
-    if sampler_logprobs is not None:
+    ratio = _ratio(lp, old, m, cnt, cfg.ratio_level)
+    tis_w = tis_raw = None
+    if sampler_logprobs is not None:  # truncated importance sampling (Yao et al. 2025)
         tis_raw = jnp.exp(
             jnp.clip(old - const(sampler_logprobs), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         )
@@ -979,13 +955,8 @@ def policy_loss(
         return jnp.where(m, pg, 0.0), clipped
 
     pg_t, clipped = pg_terms(adv_w)
-    per_token, kl_t = pg_t, None
-    if ref_logprobs is not None:
-        kl_t = kl(lp, const(ref_logprobs), cfg.kl_kind)
-        if cfg.kl_ratio_correction:  # TRL use_bias_correction_kl: times the live ratio
-            kl_t = kl_t * ratio
-        kl_t = jnp.where(m, kl_t, 0.0)
-        per_token = pg_t + cfg.kl_coef * kl_t
+    kl_t = None if ref_logprobs is None else _kl_term(lp, const(ref_logprobs), ratio, m, cfg)
+    per_token = pg_t if kl_t is None else pg_t + cfg.kl_coef * kl_t
 
     agg = functools.partial(
         aggregate_loss,
@@ -1012,11 +983,68 @@ def policy_loss(
         aux["tis_weight_mean"] = _masked_mean(tis_w, m)
         aux["tis_clip_fraction"] = _masked_mean((tis_raw > cfg.tis_cap).astype(jnp.float32), m)
     if logits is not None:
-        logits = jnp.asarray(logits)
-        chex.assert_rank(logits, 3)
-        chex.assert_equal_shape_prefix([logits, logprobs], 2)
-        aux["entropy"] = _masked_mean(entropy_from_logits(sg(logits)), m)
+        aux["entropy"] = _entropy(logits, logprobs, m)
     return loss, aux
+
+
+def _token_advantages(advantages, sample_weights, m) -> tuple[jax.Array, jax.Array]:
+    """(advantages, advantages x sample_weights), both [R, T] float32, detached, 0 where the
+    mask ``m`` [R, T] is off; [R] advantages are broadcast over the row's tokens."""
+    adv = lax.stop_gradient(_f32(advantages))
+    adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
+    if sample_weights is None:
+        return adv, adv
+    sample_weights = jnp.asarray(sample_weights)
+    chex.assert_shape(sample_weights, (m.shape[0],))
+    return adv, adv * jnp.where(m, _f32(sample_weights)[:, None], 0.0)
+
+
+def _kl_term(lp, ref, ratio, m, cfg: PolicyLossConfig) -> jax.Array:
+    """Per-token KL to the reference [R, T] float32 (before `kl_coef`), times the live ratio
+    with `kl_ratio_correction` (TRL's use_bias_correction_kl); 0 where masked."""
+    kl_t = kl(lp, ref, cfg.kl_kind)
+    if cfg.kl_ratio_correction:
+        kl_t = kl_t * ratio
+    return jnp.where(m, kl_t, 0.0)
+
+
+def _ratio(lp, old, m, cnt, ratio_level: str) -> jax.Array:
+    """The importance ratio [R, T] float32: per token, or (GSPO Eq. 7, "sequence") the row's
+    token-mean log-ratio broadcast to its tokens; the log-ratio clamped to +-LOG_RATIO_CLAMP."""
+    log_ratio = lp - old  # 0 where masked
+    if ratio_level == "sequence":
+        seq = jnp.sum(log_ratio, axis=1) / jnp.maximum(cnt, 1.0)
+        log_ratio = jnp.where(m, seq[:, None], 0.0)
+    return jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def _checked_policy_inputs(
+    logprobs, old_logprobs, advantages, completion_mask, cfg, ref_logprobs, sampler_logprobs
+):
+    """`policy_loss`'s argument checks; returns (logprobs, old_logprobs, advantages) as arrays."""
+    if ref_logprobs is None and _concrete(cfg.kl_coef) and float(cfg.kl_coef) != 0.0:
+        raise ValueError(f"kl_coef = {cfg.kl_coef} needs ref_logprobs")
+    if (sampler_logprobs is None) != (cfg.tis_cap is None):
+        raise ValueError(
+            "truncated importance sampling needs both sampler_logprobs and tis_cap (got "
+            f"sampler_logprobs {'None' if sampler_logprobs is None else 'given'}, "
+            f"tis_cap {cfg.tis_cap})"
+        )
+    logprobs, old_logprobs, advantages = map(jnp.asarray, (logprobs, old_logprobs, advantages))
+    chex.assert_rank([logprobs, old_logprobs, advantages], [2, 2, {1, 2}])
+    chex.assert_type([logprobs, old_logprobs, advantages], float)
+    chex.assert_equal_shape([logprobs, old_logprobs, completion_mask])
+    r, t = logprobs.shape
+    chex.assert_shape(advantages, (r,) if advantages.ndim == 1 else (r, t))
+    return logprobs, old_logprobs, advantages
+
+
+def _entropy(logits, logprobs, m) -> jax.Array:
+    """Token-mean entropy of ``logits`` [R, T, V] over the mask ``m`` [R, T] (no gradient)."""
+    logits = jnp.asarray(logits)
+    chex.assert_rank(logits, 3)
+    chex.assert_equal_shape_prefix([logits, logprobs], 2)
+    return _masked_mean(entropy_from_logits(lax.stop_gradient(logits)), m)
 
 
 def overlong_filter(completion_mask: chex.Array, truncated: chex.Array) -> jax.Array:

@@ -39,9 +39,11 @@ import numpy as np
 from grpo_jax import (
     algorithms,
     checkpointing,
+    config_schema,
     config_utils,
     evaluation,
     gdro,
+    sharding,
     steps,
     writers,
 )
@@ -383,6 +385,37 @@ def run_steps(
     return run, False
 
 
+def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
+    """(experiment, restored RunState, step) of a workdir's latest checkpoint.
+
+    ``configure(config)``, if given, edits the run's config before the build (evaluation
+    settings; nothing that changes the checkpoint's shapes).
+
+    ``need_reward=False`` builds the experiment with the built-in verifier in place of
+    ``config.reward.fn`` (exporting needs no reward, nor your reward module on the path).
+    The caller closes the experiment (``exp.close()``).
+    """
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no run in {workdir}: {path} not found")
+    with open(path) as f:
+        config = config_schema.upgrade(json.load(f))
+    if not need_reward and config.reward.fn:
+        config.reward.fn = ""
+    if configure is not None:
+        configure(config)
+    exp = build_experiment(config)
+    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        restored = ckpt.restore_latest(steps.abstract_run_state(exp))
+    finally:
+        ckpt.close()
+    if restored is None:
+        exp.close()
+        raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
+    return exp, restored[1], restored[0]
+
+
 # ----------------------------------------------------------------------------- the job
 
 
@@ -654,7 +687,8 @@ def _open_writer(job: _Job, step: int, pending, stack) -> writers.MetricsWriter:
 def _progress_bar(config, step: int, stack):
     if not config.logging.progress_bar or jax.process_index() != 0:
         return None
-    from tqdm.auto import tqdm  # noqa: PLC0415 - tqdm.auto picks the notebook widget lazily
+
+    from tqdm.auto import tqdm  # the notebook widget in notebooks: chosen when imported
 
     bar = tqdm(total=config.steps, initial=step, desc=config.algorithm.name, dynamic_ncols=True)
     stack.callback(bar.close)
@@ -794,7 +828,6 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
 
 def _check_runnable(config, exp: Experiment) -> None:
     """Checks that need the built experiment (the mesh), before any work is done."""
-    from grpo_jax import sharding
 
     div = sharding.batch_divisor(exp.mesh)
     k = config.eval.num_samples

@@ -16,6 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from grpo_jax.config_utils import ConfigError
+
 
 def to_jsonable(value: Any) -> Any:
     """numpy/JAX scalars and arrays -> Python floats/ints/lists (NaN/inf kept as strings)."""
@@ -134,7 +136,6 @@ class MetricsWriter:
 
 def _init_wandb(workdir: str, cfg: Mapping[str, Any], run_config: Mapping[str, Any] | None):
     """``wandb.init`` for this workdir: the same run id on every resume (``wandb_run_id``)."""
-    from grpo_jax.config_utils import ConfigError
 
     try:
         import wandb

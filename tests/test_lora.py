@@ -154,7 +154,7 @@ def test_lora_run_checkpoints_adapters_and_exports_merged_weights(tmp_path):
     workdir = str(tmp_path / "run")
     summary = train.train_and_evaluate(cfg, workdir)
     assert summary["steps"] == 2
-    from grpo_jax.evaluation import restore_run
+    from grpo_jax.train import restore_run
 
     exp, run, step = restore_run(workdir)
     try:

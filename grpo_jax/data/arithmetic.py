@@ -250,15 +250,15 @@ class ArithmeticConfig:
 
     def __post_init__(self):
         # Accept lists (e.g. from a ConfigDict.to_dict()) and keep the dataclass hashable.
-        object.__setattr__(self, "levels", tuple(int(lv) for lv in self.levels))
-        if self.level_weights is not None:
-            object.__setattr__(self, "level_weights", tuple(float(w) for w in self.level_weights))
-        if self.sft_levels is not None:
-            object.__setattr__(self, "sft_levels", tuple(int(lv) for lv in self.sft_levels))
-        if self.sft_level_weights is not None:
-            object.__setattr__(
-                self, "sft_level_weights", tuple(float(w) for w in self.sft_level_weights)
-            )
+        for name, kind in (
+            ("levels", int),
+            ("level_weights", float),
+            ("sft_levels", int),
+            ("sft_level_weights", float),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(kind(v) for v in value))
         if self.generator not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
         if self.train_pool not in ("rl", "sft"):
@@ -267,6 +267,9 @@ class ArithmeticConfig:
             raise ValueError(f"num_sft must be >= 0, got {self.num_sft}")
         if self.train_pool == "sft" and self.num_sft == 0:
             raise ValueError("train_pool='sft' needs num_sft > 0")
+        self._check_levels()
+
+    def _check_levels(self) -> None:
         known = range(1, LADDER_MAX + 1) if self.generator == "ladder" else LEVELS
         for name in ("levels", "sft_levels"):
             lvs = getattr(self, name) or ()

@@ -64,6 +64,7 @@ the TFDS builders in `grpo_jax.data.builders` (array_record files prepared once 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -71,6 +72,9 @@ import pathlib
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from grpo_jax.data.arithmetic import ArithmeticConfig, make_arithmetic
+from grpo_jax.rewards.extract import gsm8k_marker, last_boxed, normalize_number, split_top_level
 
 __all__ = [
     "CJK_RE",
@@ -145,7 +149,6 @@ def _int_like(s: str) -> str:
 
 
 def _gsm8k(row: dict) -> dict:
-    from grpo_jax.rewards.extract import gsm8k_marker, normalize_number
 
     solution = _text(row, "answer")
     gold = gsm8k_marker(solution)
@@ -188,7 +191,6 @@ def _simple(row: dict) -> dict:
 
 
 def _minerva(row: dict) -> dict:
-    from grpo_jax.rewards.extract import last_boxed
 
     solution = _text(row, "solution")
     gold = last_boxed(solution)
@@ -209,7 +211,6 @@ def _strip_dollars(s: str) -> str:
 
 def split_multiple_answer(text: str) -> list[str]:
     """Split an OlympiadBench multi-answer string at top-level commas (``$`` removed)."""
-    from grpo_jax.rewards.extract import split_top_level
 
     return [p for p in (_strip_dollars(x) for x in split_top_level(_strip_dollars(text))) if p]
 
@@ -407,8 +408,6 @@ def _table_files(path: str, split: str) -> list[pathlib.Path]:
             )
         return files
     if any(c in path for c in "*?["):
-        import glob
-
         files = sorted(pathlib.Path(f) for f in glob.glob(os.path.expanduser(path)))
         if not files:
             raise FileNotFoundError(f"table {path}: the pattern matches no file")
@@ -686,8 +685,6 @@ def load_with_stats(
       FileNotFoundError: data directory or file missing (one line naming dataset, path, setting).
     """
     if name == "arithmetic":
-        from grpo_jax.data.arithmetic import ArithmeticConfig, make_arithmetic
-
         if split not in ("train", "test", "eval"):
             raise ValueError(f"dataset 'arithmetic' has splits train/test (eval), got {split!r}")
         train, evals = make_arithmetic(arithmetic_config or ArithmeticConfig())

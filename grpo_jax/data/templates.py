@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpo_jax.data.arithmetic import format_prompt
+
 __all__ = ["DAPO_SUFFIX", "TEMPLATES", "prompt_of", "render_prompt", "render_example"]
 
 DAPO_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
@@ -68,7 +70,6 @@ def render_prompt(
     if template == "arithmetic":
         if suffix or system:
             raise ValueError("the arithmetic template takes no suffix or system message")
-        from grpo_jax.data.arithmetic import format_prompt
 
         return format_prompt(problem)
     suffix = DAPO_SUFFIX if suffix is None else suffix

@@ -182,10 +182,17 @@ class RolloutGDROConfig:
         self.validate()
 
     def validate(self) -> None:
-        if self.allocator not in ALLOCATORS:
-            raise ValueError(
-                f"RolloutGDROConfig.allocator must be one of {ALLOCATORS}; got {self.allocator!r}"
-            )
+        for name, choices in (
+            ("allocator", ALLOCATORS),
+            ("signal", SIGNALS),
+            ("feedback", FEEDBACKS),
+            ("objective", OBJECTIVES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"RolloutGDROConfig.{name} must be one of {choices}; "
+                    f"got {getattr(self, name)!r}"
+                )
         if self.n_min < 2:
             raise ValueError(
                 f"RolloutGDROConfig.n_min must be >= 2 (a singleton group has no "
@@ -210,18 +217,6 @@ class RolloutGDROConfig:
             raise ValueError(f"RolloutGDROConfig.alpha_mu must be >= 0; got {self.alpha_mu}")
         if not self.v_floor > 0:
             raise ValueError(f"RolloutGDROConfig.v_floor must be > 0; got {self.v_floor}")
-        if self.signal not in SIGNALS:
-            raise ValueError(
-                f"RolloutGDROConfig.signal must be one of {SIGNALS}; got {self.signal!r}"
-            )
-        if self.feedback not in FEEDBACKS:
-            raise ValueError(
-                f"RolloutGDROConfig.feedback must be one of {FEEDBACKS}; got {self.feedback!r}"
-            )
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"RolloutGDROConfig.objective must be one of {OBJECTIVES}; got {self.objective!r}"
-            )
         if not 0.0 < self.evidence_decay <= 1.0:
             raise ValueError(
                 f"RolloutGDROConfig.evidence_decay must be in (0, 1]; got {self.evidence_decay}"

@@ -40,6 +40,7 @@ import math
 import flax
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from grpo_jax.models.config import ATTENTION_IMPLS as IMPLS
 
@@ -426,7 +427,6 @@ def _sharded(fn, args_axes, out_axes):
     ``args_axes`` / ``out_axes``: per argument (per output; a tuple for several), one entry per
     dimension: "rows", "heads" or None. Without a mesh (or on one device): ``fn`` itself.
     """
-    from jax.sharding import PartitionSpec as P
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or math.prod(mesh.axis_sizes) == 1:

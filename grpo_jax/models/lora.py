@@ -17,8 +17,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
+from flax import nnx, traverse_util
 
+from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 
 SUFFIX = "_lora"
@@ -71,9 +72,6 @@ def merge(params: dict, config: ModelConfig) -> dict:
 def init_adapters(config: ModelConfig, seed: int = 0) -> dict:
     """Fresh adapters (A He-uniform, B zeros) for a base loaded from a checkpoint, as the
     model's own initialiser draws them (one key per adapter, folded from ``seed``)."""
-    from flax import nnx
-
-    from grpo_jax.models import transformer
 
     with nnx.use_eager_sharding(False):
         abstract = nnx.eval_shape(lambda: transformer.Transformer(config, rngs=nnx.Rngs(0)))

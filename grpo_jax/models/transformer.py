@@ -44,6 +44,7 @@ from __future__ import annotations
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from grpo_jax import sharding
@@ -904,7 +905,6 @@ def random_params(config: ModelConfig, seed: int = 0, *, stddev: float = 0.02, c
     (weights N(0, stddev^2), norms 1, biases 0): `(graphdef, params)` without compiling an init
     program, which takes XLA ~1 s per threefry-normal on a CPU. For tests and benchmarks.
     cls: Transformer (default) or CriticModel."""
-    import numpy as np
 
     cls = cls or Transformer
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))), nnx.Param)

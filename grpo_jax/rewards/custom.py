@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grpo_jax.rewards.extract import extract_answer
 from grpo_jax.rewards.verify import CRASH, OK, TIMEOUT, VerifierPool, resolve_checker
 
 __all__ = ["UserRewardFn", "call_user_reward", "resolve_callable"]
@@ -129,7 +130,6 @@ class UserRewardFn:
         """The completion's final answer for maj@k (``reward.extract``, else the task's)."""
         if self._extract is not None:
             return self._extract(completion)
-        from grpo_jax.rewards.extract import extract_answer
 
         return extract_answer(completion, self.task)[0]
 

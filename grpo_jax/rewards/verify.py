@@ -335,77 +335,97 @@ class VerifierPool:
             queues[zlib.crc32(repr(gold).encode()) % len(queues)].append(idx)
         remaining = len(items)
         while remaining:
-            # Dispatch to idle ready workers.
-            for k, w in enumerate(self._workers):
-                if w.ready and w.item is None:
-                    queue = queues[k] if queues[k] else max(queues, key=len)
-                    if not queue:
-                        continue
-                    idx = queue.popleft()
-                    try:
-                        w.conn.send((idx, items[idx][0], items[idx][1]))
-                    except (OSError, ValueError):  # broken pipe: died while idle
-                        queue.appendleft(idx)
-                        w.proc.kill()  # the dead-worker branch below replaces it
-                        continue
-                    w.item = idx
-                    w.deadline = time.monotonic() + self.timeout_s
-            now = time.monotonic()
-            deadlines = [
-                w.deadline if w.item is not None else w.started + self.startup_timeout_s
-                for w in self._workers
-                if w.item is not None or not w.ready
-            ]
-            wait_s = max(0.0, min(deadlines) - now) if deadlines else None
-            handles = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
-            ready_handles = set(mp_connection.wait(handles, timeout=wait_s))
+            self._dispatch(queues, items)
+            ready_handles = self._wait()
             for k, w in enumerate(self._workers):
                 if w.conn in ready_handles or w.proc.sentinel in ready_handles:
-                    # Drain a message first: a worker may answer and then exit.
-                    msg = None
-                    try:
-                        if w.conn.poll():
-                            msg = w.conn.recv()
-                    except (EOFError, OSError):
-                        msg = None
-                    if msg is not None:
-                        if msg[0] == "ready":
-                            w.ready = True
-                        elif msg[0] == "init_error":
-                            self._close_workers()
-                            raise RuntimeError(
-                                f"verifier workers cannot start (checker {self.checker!r}): {msg[1]}"
-                            )
-                        else:
-                            idx, status, value = msg
-                            if idx == w.item:
-                                results[idx] = (status, value)
-                                remaining -= 1
-                                w.item = None
-                        continue
-                    if not w.proc.is_alive():
-                        if not w.ready and w.item is None:
-                            self._close_workers()
-                            raise RuntimeError(
-                                f"verifier worker died during start-up (exit code "
-                                f"{w.proc.exitcode}, checker {self.checker!r})"
-                            )
-                        if w.item is not None:
-                            results[w.item] = (CRASH, f"worker died (exit code {w.proc.exitcode})")
-                            remaining -= 1
-                        self._replace(k)
-            now = time.monotonic()
-            for k, w in enumerate(self._workers):
-                if w.item is not None and now >= w.deadline:
-                    results[w.item] = (TIMEOUT, None)
-                    remaining -= 1
-                    self._replace(k)
-                elif not w.ready and w.item is None and now >= w.started + self.startup_timeout_s:
-                    self._close_workers()
-                    raise RuntimeError(
-                        f"verifier worker did not start within {self.startup_timeout_s:.0f} s"
-                    )
+                    remaining -= self._collect(k, w, results)
+            remaining -= self._expire(results)
         return results  # type: ignore[return-value]
+
+    def _dispatch(self, queues: list[deque], items: list[tuple[str, Any]]) -> None:
+        """Sends the next item of its queue (or of the longest one) to each idle ready worker."""
+        for k, w in enumerate(self._workers):
+            if not (w.ready and w.item is None):
+                continue
+            queue = queues[k] if queues[k] else max(queues, key=len)
+            if not queue:
+                continue
+            idx = queue.popleft()
+            try:
+                w.conn.send((idx, items[idx][0], items[idx][1]))
+            except (OSError, ValueError):  # broken pipe: died while idle
+                queue.appendleft(idx)
+                w.proc.kill()  # `_collect` replaces it
+                continue
+            w.item = idx
+            w.deadline = time.monotonic() + self.timeout_s
+
+    def _wait(self) -> set:
+        """Blocks until a worker answers or exits, or the nearest deadline passes."""
+        now = time.monotonic()
+        deadlines = [
+            w.deadline if w.item is not None else w.started + self.startup_timeout_s
+            for w in self._workers
+            if w.item is not None or not w.ready
+        ]
+        wait_s = max(0.0, min(deadlines) - now) if deadlines else None
+        handles = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
+        return set(mp_connection.wait(handles, timeout=wait_s))
+
+    def _collect(self, k: int, w: _Worker, results: list) -> int:
+        """Reads worker ``k``'s message, or notices that it died (its item a crash, the worker
+        replaced). Returns the number of items it finished (0 or 1)."""
+        msg = None
+        try:  # drain a message first: a worker may answer and then exit
+            if w.conn.poll():
+                msg = w.conn.recv()
+        except (EOFError, OSError):
+            msg = None
+        if msg is not None:
+            if msg[0] == "ready":
+                w.ready = True
+                return 0
+            if msg[0] == "init_error":
+                self._close_workers()
+                raise RuntimeError(
+                    f"verifier workers cannot start (checker {self.checker!r}): {msg[1]}"
+                )
+            idx, status, value = msg
+            if idx != w.item:
+                return 0
+            results[idx] = (status, value)
+            w.item = None
+            return 1
+        if w.proc.is_alive():
+            return 0
+        if not w.ready and w.item is None:
+            self._close_workers()
+            raise RuntimeError(
+                f"verifier worker died during start-up (exit code "
+                f"{w.proc.exitcode}, checker {self.checker!r})"
+            )
+        done = 0
+        if w.item is not None:
+            results[w.item] = (CRASH, f"worker died (exit code {w.proc.exitcode})")
+            done = 1
+        self._replace(k)
+        return done
+
+    def _expire(self, results: list) -> int:
+        """Times out items past their deadline (worker replaced); returns how many."""
+        now, done = time.monotonic(), 0
+        for k, w in enumerate(self._workers):
+            if w.item is not None and now >= w.deadline:
+                results[w.item] = (TIMEOUT, None)
+                done += 1
+                self._replace(k)
+            elif not w.ready and w.item is None and now >= w.started + self.startup_timeout_s:
+                self._close_workers()
+                raise RuntimeError(
+                    f"verifier worker did not start within {self.startup_timeout_s:.0f} s"
+                )
+        return done
 
     def _close_workers(self) -> None:
         for w in self._workers:
