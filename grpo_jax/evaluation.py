@@ -78,6 +78,8 @@ def evaluate_policy(
     Returns:
       ``{"mean_at_1", "pass_at_k", ..., "per_level": {level: {...}}, "num_overlong_prompts"}``.
     """
+    # evaluation scores correctness with the verifier alone (a reward model's wrapper keeps it)
+    reward_fn = getattr(reward_fn, "verifier", reward_fn)
     if extract is None:
         extract = getattr(reward_fn, "extract", None)
     texts = [render(prompt_of(ex)) for ex in examples]

@@ -281,7 +281,10 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> tuple[R
         **{k: float(v) for k, v in upd.items()},
     }
     reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
+    score_sum = reward_stats.pop("model_score_sum", None)  # a reward model's (float) scores
     row.update({f"reward/{k}": int(v) for k, v in reward_stats.items()})
+    if score_sum is not None:
+        row["reward/model_score_mean"] = score_sum / max(reward_stats["num_model_scored"], 1)
     row.update({f"advantages/{k}": int(v) for k, v in adv_stats.items()})
     levels = np.asarray([exp.pool.levels[r] for r in rd.rows])
     for lvl in np.unique(levels):
