@@ -39,6 +39,12 @@ uses ``xla_backend_optimization_level=0`` (LLVM code generation only; buffer ass
 the figures, are the same) to keep the 8B compiles short. Layers are scanned (``lax.scan``), so
 compile time does not grow with depth: the Qwen3-8B compile takes tens of seconds, not minutes.
 
+**Reward model** (``--reward_model``, ``config.reward.model``): a learned reward model's frozen
+weights are resident (``resident["reward_model"]``; analytic ``reward_model_weights`` =
+``reward_model_num_params`` x its param bytes) and its scoring forward over the R rollouts
+(``grpo_jax.rewards.model.make_score_fn``) is one more program, ``reward_model_score``
+(analytic ``reward_model_activations``, a phase of its own beside generation and the update).
+
 Caveat: compiled on the CPU backend (this project's CI). XLA:CPU has no native bfloat16 matmul and
 keeps some bfloat16 intermediates in float32 (e.g. the logits gradient), so with ``--dtype
 bfloat16`` the measured temp is larger than a GPU/TPU compile of the same program would be.

@@ -223,6 +223,7 @@ def test_grpo_trains_with_a_reward_model(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
     for r in rows:
+        print({k: r[k] for k in ("step", "reward_mean", "pass_rate", "reward/model_score_mean")})
         assert np.isfinite(r["loss"]) and r["skipped_updates"] == 0
         assert np.isfinite(r["reward_mean"]) and np.isfinite(r["reward/model_score_mean"])
         assert r["reward/num_model_scored"] == R and r["reward/num_model_truncated"] == 0
