@@ -39,6 +39,12 @@ uses ``xla_backend_optimization_level=0`` (LLVM code generation only; buffer ass
 the figures, are the same) to keep the 8B compiles short. Layers are scanned (``lax.scan``), so
 compile time does not grow with depth: the Qwen3-8B compile takes tens of seconds, not minutes.
 
+**Reward model** (``--reward_model``, ``config.reward.model``): a learned reward model's frozen
+weights are resident (``resident["reward_model"]``; analytic ``reward_model_weights`` =
+``reward_model_num_params`` x its param bytes) and its scoring forward over the R rollouts
+(``grpo_jax.rewards.model.make_score_fn``) is one more program, ``reward_model_score``
+(analytic ``reward_model_activations``, a phase of its own beside generation and the update).
+
 Caveat: compiled on the CPU backend (this project's CI). XLA:CPU has no native bfloat16 matmul and
 keeps some bfloat16 intermediates in float32 (e.g. the logits gradient), so with ``--dtype
 bfloat16`` the measured temp is larger than a GPU/TPU compile of the same program would be.
@@ -87,9 +93,12 @@ _ORDER = (
     "critic_grads",
     "critic_adam",
     "reference_weights",
+    "reward_model_weights",
     "activations",
     "kv_cache",
+    "reward_model_activations",
 )
+_PHASES = ("activations", "kv_cache", "reward_model_activations")  # separate in time
 _COLORS = {
     "actor_weights": "#1f77b4",
     "actor_grads": "#6baed6",
@@ -98,8 +107,10 @@ _COLORS = {
     "critic_grads": "#fc9272",
     "critic_adam": "#fee0d2",
     "reference_weights": "#7f7f7f",
+    "reward_model_weights": "#9467bd",
     "activations": "#2ca02c",
     "kv_cache": "#98df8a",
+    "reward_model_activations": "#c5b0d5",
 }
 
 
@@ -144,6 +155,42 @@ def critic_num_params(model_config: ModelConfig) -> int:
     c = model_config
     lm_head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
     return c.num_params - lm_head + c.hidden_size + 1
+
+
+def reward_model_num_params(model_config: ModelConfig) -> int:
+    """Parameters of a reward model (`grpo_jax.rewards.model`): the Decoder trunk (embedding,
+    layers, final norm; no lm_head) plus the bias-free one-label score head ``[E]``."""
+    c = model_config
+    lm_head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
+    return c.num_params - lm_head + c.hidden_size
+
+
+def reward_model_activation_bytes(
+    model_config: ModelConfig,
+    *,
+    batch_rollouts: int,
+    prompt_len: int,
+    completion_len: int,
+    activation_bytes: int = 2,
+) -> int:
+    """Peak activations of the reward model's forward over the R rollouts (no backward pass,
+    layers scanned: one layer's tensors live at a time), assuming its tokenizer gives Lp + Lc
+    tokens (``T``, ``N = R T``): the residual stream ``N E a`` plus one layer's ``S_lin`` and
+    ``S_att`` (`activation_bytes_estimate`'s terms) and no logits (the score head reads one
+    position). With ``config.reward.model_batch_size`` rows per forward, R is that size. Bytes."""
+    _check_positive(
+        batch_rollouts=batch_rollouts,
+        prompt_len=prompt_len,
+        completion_len=completion_len,
+        activation_bytes=activation_bytes,
+    )
+    c, a = model_config, activation_bytes
+    E, F, H, K, D = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    T = prompt_len + completion_len
+    N = batch_rollouts * T
+    s_lin = N * a * (4 * E + 2 * (H + 2 * K) * D + H * D + 3 * F)
+    s_att = batch_rollouts * H * T * T * (4 + a)
+    return N * E * a + s_lin + s_att
 
 
 def _check_positive(**kw) -> None:
@@ -243,6 +290,7 @@ def analytic_breakdown(
     grad_bytes: int = 4,
     adam_bytes: int = 4,
     activation_bytes: int = 2,
+    reward_model: ModelConfig | None = None,
 ) -> dict:
     """Analytic per-device memory of one PPO step and one GRPO step (one device, no sharding).
 
@@ -253,6 +301,8 @@ def analytic_breakdown(
       param_bytes, grad_bytes, adam_bytes: bytes per parameter of the weights, of the gradients and
         of *each* of the two Adam moments (float32: 4; bfloat16: 2).
       activation_bytes: bytes per activation element (the compute dtype; bfloat16: 2).
+      reward_model: a learned reward model's architecture (``config.reward.model``; its
+        ``param_dtype`` / ``dtype`` give its bytes), None = no reward model.
 
     Returns:
       ``{"ppo": {component: bytes}, "grpo": {component: bytes}, "ppo_total", "grpo_total",
@@ -262,7 +312,10 @@ def analytic_breakdown(
       (``activation_bytes_estimate``; the critic's backward pass runs after the actor's, so PPO's
       activation peak is the actor's) and ``kv_cache`` (``kv_cache_bytes``, generation phase).
       ``<algo>_total = state + max(activations, kv_cache)`` (generation and update are separate
-      phases; the state stays resident through both), ``saved_fraction = 1 - grpo/ppo``. Also:
+      phases; the state stays resident through both), ``saved_fraction = 1 - grpo/ppo``. With
+      ``reward_model``: ``reward_model_weights`` (``reward_model_num_params`` x its param bytes,
+      frozen, resident) and ``reward_model_activations`` (`reward_model_activation_bytes`, the
+      scoring phase: the max is then over three phases). Also:
       ``state_only`` ({"ppo", "grpo", "saved_fraction"}: weights + grads + Adam + reference, the
       seed's arithmetic), ``update_total`` ({"ppo", "grpo"}: state + activations, what the compiled
       update step holds), ``num_params``, ``critic_num_params``, ``settings``.
@@ -304,11 +357,23 @@ def analytic_breakdown(
         "critic_adam": 2 * Pc * adam_bytes,
         "reference_weights": P * param_bytes,
     }
+    phases = dict(activations=act, kv_cache=kv)
+    if reward_model is not None:
+        rm_bytes = _DTYPE_BYTES[reward_model.param_dtype]
+        for d in (ppo, grpo):
+            d["reward_model_weights"] = reward_model_num_params(reward_model) * rm_bytes
+        phases["reward_model_activations"] = reward_model_activation_bytes(
+            reward_model,
+            batch_rollouts=batch_rollouts,
+            prompt_len=prompt_len,
+            completion_len=completion_len,
+            activation_bytes=_DTYPE_BYTES[reward_model.dtype],
+        )
     state = {"ppo": sum(ppo.values()), "grpo": sum(grpo.values())}
     for d in (ppo, grpo):
-        d.update(activations=act, kv_cache=kv)
-    ppo_total = state["ppo"] + max(act, kv)
-    grpo_total = state["grpo"] + max(act, kv)
+        d.update(phases)
+    ppo_total = state["ppo"] + max(phases.values())
+    grpo_total = state["grpo"] + max(phases.values())
     return {
         "ppo": ppo,
         "grpo": grpo,
@@ -419,6 +484,24 @@ def _compile_stats(jitted, *args) -> dict:
     return d
 
 
+def _reward_model_phase(model_config: ModelConfig, mesh, rows: int, length: int):
+    """(bytes of the reward model's frozen weights, `_compile_stats` of its jitted scoring
+    forward on ``[rows, length]`` tokens), from shapes only."""
+    from grpo_jax.rewards import model as rm_lib
+
+    cfg = model_config.replace(tie_word_embeddings=True)  # the trunk: no lm_head
+    graphdef, abstract = rm_lib.abstract_params(cfg)
+    shards = rm_lib.param_shardings(cfg, mesh)
+    params = {"decoder": abstract["decoder"].to_pure_dict(), "score": abstract["score"]}
+    params = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), params, shards
+    )
+    score = rm_lib.make_score_fn(graphdef, mesh, shards, pad_id=0)
+    tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    mask = jax.ShapeDtypeStruct((rows, length), jnp.bool_)
+    return _nbytes(params), _compile_stats(score, params, tokens, mask)
+
+
 def compiled_memory(
     model_config: ModelConfig,
     *,
@@ -427,6 +510,7 @@ def compiled_memory(
     completion_len: int,
     kl_coef: float = 1e-3,
     algorithms: Sequence[str] = ("ppo", "grpo"),
+    reward_model: ModelConfig | None = None,
 ) -> dict:
     """XLA's compiled peak memory (bytes, one device) of the training part of one RL step.
 
@@ -438,6 +522,10 @@ def compiled_memory(
       batch_rollouts, prompt_len, completion_len: R, Lp, Lc.
       kl_coef: KL-to-reference coefficient (> 0 keeps the frozen reference; 0 drops it).
       algorithms: which of "ppo", "grpo" to compile.
+      reward_model: a learned reward model's architecture (``config.reward.model``): its frozen
+        weights are resident (``resident["reward_model"]``, sharded like the reference) and its
+        scoring forward over the R rollouts of Lp + Lc tokens is a phase
+        (``"reward_model_score"``). None = no reward model.
 
     Returns:
       ``{algo: {"peak", "resident": {state, reference, batch}, "phases": {name: {argument,
@@ -461,7 +549,7 @@ def compiled_memory(
             raise ValueError(f"algorithms: unknown {a!r}; choose from ('ppo', 'grpo')")
     R, lp, lc = batch_rollouts, prompt_len, completion_len
     out: dict[str, Any] = {}
-    ref_phase = None
+    ref_phase = rm = None
     for algo in algorithms:
         t0 = time.perf_counter()
         cfg = _experiment_config(model_config, algo, R, lp, lc, kl_coef)
@@ -485,6 +573,10 @@ def compiled_memory(
             if ref_phase is None:  # the same program for both algorithms: compile once
                 ref_phase = _compile_stats(fns.logprobs, ref, batch.tokens, batch.attention_mask)
             phases["reference_logprobs"] = ref_phase
+        if reward_model is not None:
+            if rm is None:  # the same program for both algorithms: compile once
+                rm = _reward_model_phase(reward_model, exp.mesh, R, lp + lc)
+            resident["reward_model"], phases["reward_model_score"] = rm
         if algo == "ppo":
             phases["ppo_advantages"] = _compile_stats(
                 fns.finish_batch, state, rollout_batch, rewards
@@ -584,10 +676,9 @@ def _plot_one(ax, result: Mapping[str, Any], title: str | None):
     for x, algo in enumerate(("ppo", "grpo")):
         if has_parts:
             parts = dict(result[algo])
-            act, kv = parts.pop("activations", 0), parts.pop("kv_cache", 0)
-            parts["activations" if act >= kv else "kv_cache"] = max(
-                act, kv
-            )  # the larger phase counts
+            phases = {k: parts.pop(k, 0) for k in _PHASES}
+            top = max(phases, key=phases.get)  # the largest phase counts
+            parts[top] = phases[top]
             bottom = 0.0
             for k in _ORDER:
                 if k in parts:
@@ -714,7 +805,9 @@ def component_rows(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         "|---|" + "---|" * len(_ORDER),
     ]
     for name, r in results.items():
-        rows.append(f"| {name} | " + " | ".join(f"{r['ppo'][k] / GB:.4g}" for k in _ORDER) + " |")
+        rows.append(
+            f"| {name} | " + " | ".join(f"{r['ppo'].get(k, 0) / GB:.4g}" for k in _ORDER) + " |"
+        )
     return rows
 
 
@@ -731,11 +824,19 @@ def run(
     dtype: str,
     remat: bool,
     kl_coef: float = 1e-3,
+    reward_model: str = "",
     log=print,
 ) -> dict:
     """``{name: analytic_breakdown(...) | {"measured": compiled_memory(...), "model_config": ...}}``
-    for each model (preset name or HF config path)."""
+    for each model (preset name or HF config path); ``reward_model`` (a preset or a
+    ``*ForSequenceClassification`` config.json / its dir, "" = none) adds a reward model's
+    terms, in the same precision."""
     results = {}
+    rm = (
+        model_config_from_arg(reward_model, dtype=dtype, param_dtype=param_dtype, remat=False)
+        if reward_model
+        else None
+    )
     for name in models:
         cfg = model_config_from_arg(name, dtype=dtype, param_dtype=param_dtype, remat=remat)
         pb, ab = _DTYPE_BYTES[cfg.param_dtype], _DTYPE_BYTES[cfg.dtype]
@@ -743,9 +844,15 @@ def run(
             batch_rollouts=batch_rollouts, prompt_len=prompt_len, completion_len=completion_len
         )
         r = analytic_breakdown(
-            cfg, **sizes, param_bytes=pb, grad_bytes=pb, adam_bytes=pb, activation_bytes=ab
+            cfg,
+            **sizes,
+            param_bytes=pb,
+            grad_bytes=pb,
+            adam_bytes=pb,
+            activation_bytes=ab,
+            reward_model=rm,
         )
-        r["measured"] = compiled_memory(cfg, **sizes, kl_coef=kl_coef)
+        r["measured"] = compiled_memory(cfg, **sizes, kl_coef=kl_coef, reward_model=rm)
         r["model_config"] = dataclasses.asdict(cfg)
         label = (
             os.path.basename(os.path.dirname(name))
@@ -982,6 +1089,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     p.add_argument("--sweep_model", default="qwen3-8b", help="model of the --sweep settings")
     p.add_argument(
+        "--reward_model",
+        default="",
+        help="a learned reward model (config.reward.model): a preset or a "
+        "*ForSequenceClassification config.json / its dir; its frozen weights and scoring "
+        "forward are counted ('' = none)",
+    )
+    p.add_argument(
         "--lora_rank",
         type=int,
         default=0,
@@ -1007,6 +1121,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         remat=args.remat,
         kl_coef=args.kl_coef,
     )
+    if args.reward_model:
+        settings["reward_model"] = args.reward_model
     t0 = time.perf_counter()
     if args.lora_rank > 0:
         lines = []

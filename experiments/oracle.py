@@ -329,7 +329,8 @@ def estimate_success(exp, params, num_samples: int, seed: int = 0, batch_size: i
             )
             comp, lengths = xfer.to_host((ro.completion_tokens, ro.lengths))
             texts = xfer.decode_completions(exp.tokenizer, comp, lengths)
-            _, correct, _ = exp.reward_fn(texts, [exp.pool.golds[r] for r in rows])
+            verifier = getattr(exp.reward_fn, "verifier", exp.reward_fn)  # correctness only
+            _, correct, _ = verifier(texts, [exp.pool.golds[r] for r in rows])
             c = np.asarray(correct, np.float64).reshape(per, num_samples).sum(1)
             valid = np.arange(start, start + per) < N
             hits[ids[valid]] = c[valid]

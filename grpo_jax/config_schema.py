@@ -276,6 +276,19 @@ def base_config() -> ml_collections.ConfigDict:
     # math-verify: significant digits of numeric comparison (15 scores 1/2^99 == 1/2^98)
     c.reward.numeric_precision = 100
     c.reward.float_rounding = 6  # math-verify: decimals kept when one side is a decimal literal
+    # a learned reward model (grpo_jax.rewards.model): a HF *ForSequenceClassification checkpoint
+    # (Llama / Qwen2 / Qwen3, one label), a directory or a hub id in the local HF cache ("" = none)
+    c.reward.model = ""
+    # the training reward = verifier_weight * verifier reward + model_weight * RM score; pass
+    # rates / GDRO bins ("correct") and held-out evaluation stay the verifier's
+    c.reward.model_weight = 1.0
+    c.reward.verifier_weight = 1.0  # 0 = the reward model alone (the verifier still gives correct)
+    # what the RM reads: text (the prompt text the policy saw + the completion) | chat (the RM's
+    # chat template on the prompt turns + {"role": "assistant", "content": completion})
+    c.reward.model_template = "text"
+    c.reward.model_max_tokens = 0  # RM input cap: longer texts keep their last tokens (0 = none)
+    c.reward.model_batch_size = 0  # rows per RM forward (0 = a round's rollouts at once)
+    c.reward.model_dtype = ""  # RM weights and compute: float32 | bfloat16 ("" = model.dtype)
     return c
 
 

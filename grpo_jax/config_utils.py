@@ -97,6 +97,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_algorithm(config)
     _validate_data_and_sampling(config)
     _validate_ranges(config)
+    _validate_reward_model(config)
 
 
 def _validate_algorithm(config) -> None:
@@ -186,6 +187,32 @@ def _validate_data_and_sampling(config) -> None:
         )
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
+
+
+def _validate_reward_model(config) -> None:
+    """The ``config.reward.model*`` fields (read only when a reward model is set)."""
+    r = config.reward
+    if not r.get("model", ""):
+        return
+    inf = math.inf
+    for path in ("reward.model_weight", "reward.verifier_weight"):
+        _num(config, path, -inf, inf, lo_open=True, hi_open=True)
+    if r.model_weight == 0:
+        raise ConfigError(
+            f"config.reward.model_weight=0 with config.reward.model={r.model!r}: the reward model "
+            "would be loaded and ignored (set a weight, or model='' for no reward model)"
+        )
+    if r.model_template not in ("text", "chat"):
+        raise ConfigError(
+            f"config.reward.model_template={r.model_template!r} is not one of ('text', 'chat')"
+        )
+    if r.model_dtype not in ("", "float32", "bfloat16"):
+        raise ConfigError(
+            f"config.reward.model_dtype={r.model_dtype!r} is not one of ('', 'float32', "
+            "'bfloat16') ('' = config.model.dtype)"
+        )
+    for path in ("reward.model_max_tokens", "reward.model_batch_size"):
+        _num(config, path, 0, integer=True)
 
 
 def _num(config, path, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False):

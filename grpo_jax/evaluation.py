@@ -95,6 +95,8 @@ def evaluate_policy(
     Returns:
       the `EvalResult`: the summary and the per-problem correctness it was computed from.
     """
+    # evaluation scores correctness with the verifier alone (a reward model's wrapper keeps it)
+    reward_fn = getattr(reward_fn, "verifier", reward_fn)
     if extract is None:
         extract = getattr(reward_fn, "extract", None)
     texts = [render(prompt_of(ex)) for ex in examples]

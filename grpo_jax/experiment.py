@@ -213,12 +213,17 @@ class Experiment:
     def score(self, completions, rows):
         """The training reward of ``completions`` for the prompts ``rows`` (ids into the pool):
         ``reward_fn(completions, golds)``, plus the rows' example dicts for a reward function
-        that reads row fields (``takes_examples``, e.g. `grpo_jax.rewards.custom.UserRewardFn`)."""
+        that reads row fields (``takes_examples``, e.g. `grpo_jax.rewards.custom.UserRewardFn`)
+        and the prompt texts the policy saw for one that reads them (``takes_prompts``, the
+        reward model's `grpo_jax.rewards.model.ModelReward`)."""
         golds = [self.pool.golds[r] for r in rows]
+        kw = {}
         if getattr(self.reward_fn, "takes_examples", False):
-            examples = [self.pool.examples[r] for r in rows]
-            return self.reward_fn(completions, golds, examples=examples)
-        return self.reward_fn(completions, golds)
+            kw["examples"] = [self.pool.examples[r] for r in rows]
+        if getattr(self.reward_fn, "takes_prompts", False):
+            text = {r: self.render(templates.prompt_of(self.pool.examples[r])) for r in set(rows)}
+            kw["prompts"] = [text[r] for r in rows]
+        return self.reward_fn(completions, golds, **kw)
 
     def render(self, problem) -> str:
         """A prompt's text (`grpo_jax.data.from_config.render`)."""
@@ -349,7 +354,7 @@ def build_experiment(
         config, algo, pool.num_ids, model_cfg, steps_updates, pool.prompt_len
     )
     reward_fn, eval_reward_fns = (
-        reward_lib.make_reward_fns(config, pool.eval_sets) if with_data else (None, {})
+        reward_lib.make_reward_fns(config, pool.eval_sets, mesh) if with_data else (None, {})
     )
     exp = Experiment(
         config=config,

@@ -332,7 +332,10 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         **{k: float(v) for k, v in upd.items()},
     }
     reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
+    score_sum = reward_stats.pop("model_score_sum", None)  # a reward model's (float) scores
     row.update({f"reward/{k}": int(v) for k, v in reward_stats.items()})
+    if score_sum is not None:
+        row["reward/model_score_mean"] = score_sum / max(reward_stats["num_model_scored"], 1)
     row.update({f"advantages/{k}": int(v) for k, v in summary["advantages"].items()})
     levels = np.asarray([exp.pool.levels[r] for r in rd.rows])
     for lvl in np.unique(levels):

@@ -141,3 +141,43 @@ def test_compiled_ppo_exceeds_grpo_by_the_critic_state():
         == sum(ppo["resident"].values())
         + max(d["temp"] + d["output"] - d["alias"] for d in ppo["phases"].values())
     )
+
+
+def test_reward_model_term_is_its_frozen_weights():
+    rm = TINY.replace(num_layers=1, hidden_size=32, head_dim=8, intermediate_size=48)
+    rm_p = memory.reward_model_num_params(rm)
+    # the trunk (tied: the embedding once, no lm_head) + the one-label score head [E]
+    assert rm_p == rm.num_params + 32
+    untied = rm.replace(tie_word_embeddings=False)
+    assert memory.reward_model_num_params(untied) == rm_p
+    sizes = dict(batch_rollouts=2, prompt_len=4, completion_len=4)
+    base = memory.analytic_breakdown(TINY, **sizes)
+    r = memory.analytic_breakdown(TINY, **sizes, reward_model=rm)
+    assert "reward_model_weights" not in base["grpo"]
+    for algo in ("ppo", "grpo"):
+        assert r[algo]["reward_model_weights"] == rm_p * 4  # float32 weights
+        assert r["state_only"][algo] == base["state_only"][algo] + rm_p * 4
+    assert r["grpo"]["reward_model_activations"] == memory.reward_model_activation_bytes(
+        rm, **sizes, activation_bytes=4
+    )
+    bf16 = rm.replace(param_dtype="bfloat16", dtype="bfloat16")
+    half = memory.analytic_breakdown(TINY, **sizes, reward_model=bf16)
+    assert half["grpo"]["reward_model_weights"] == rm_p * 2
+    assert "reward model weights" in memory.component_rows({"tiny": r})[0]
+
+
+@pytest.mark.slow
+def test_compiled_memory_counts_the_reward_model():
+    rm = TINY.replace(num_layers=1)
+    m = memory.compiled_memory(
+        TINY,
+        batch_rollouts=4,
+        prompt_len=8,
+        completion_len=8,
+        algorithms=("grpo",),
+        reward_model=rm,
+    )["grpo"]
+    assert m["resident"]["reward_model"] == 4 * memory.reward_model_num_params(rm)
+    phase = m["phases"]["reward_model_score"]
+    assert phase["argument"] >= m["resident"]["reward_model"] and phase["temp"] > 0
+    assert m["peak"] >= sum(m["resident"].values()) + phase["extra"]

@@ -233,13 +233,13 @@ def _looks_like_hub_id(s: str) -> bool:
     )
 
 
-def resolve_checkpoint(path_or_id: str, *, what: str = "checkpoint") -> str:
+def resolve_checkpoint(path_or_id: str, *, what: str = "checkpoint", download: bool = True) -> str:
     """The local directory of a checkpoint given as a directory or a Hugging Face hub id.
 
     A hub id (``"org/name"`` or ``"org/name@revision"``) is looked up in the local Hugging Face
     cache first (``local_files_only``), then downloaded (config, safetensors, tokenizer files;
-    skipped when ``HF_HUB_OFFLINE`` is set). Raises FileNotFoundError with one line naming the
-    id when it is neither a directory nor resolvable.
+    skipped when ``HF_HUB_OFFLINE`` is set or ``download=False``). Raises FileNotFoundError
+    with one line naming the id when it is neither a directory nor resolvable.
     """
     path = os.path.expanduser(str(path_or_id))
     if os.path.isdir(path):
@@ -260,7 +260,9 @@ def resolve_checkpoint(path_or_id: str, *, what: str = "checkpoint") -> str:
     except Exception as cached_error:
         reason = f"not in the local Hugging Face cache ({type(cached_error).__name__})"
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    if not offline:
+    if not download:
+        reason += " (downloads are off for it: fetch it first, e.g. `hf download ID`)"
+    elif not offline:
         try:
             return huggingface_hub.snapshot_download(**kw)
         except Exception as e:

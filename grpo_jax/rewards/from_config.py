@@ -1,13 +1,17 @@
 """The rewards of a run, built from its config (``config.reward``).
 
 `make_reward_fns(config)` gives the training reward and one per held-out set; sets scored the
-same way share one function (and its verifier worker pool).
+same way share one function (and its verifier worker pool). With ``config.reward.model`` the
+training reward is `grpo_jax.rewards.model.ModelReward` (the verifier plus a learned reward
+model on the mesh); the held-out sets are scored by the verifiers alone.
 """
 
 from __future__ import annotations
 
+from grpo_jax import sharding
 from grpo_jax.config_utils import ConfigError
 from grpo_jax.rewards import RewardConfig, RewardFn, custom
+from grpo_jax.rewards import model as model_lib
 
 
 def reward_task(dataset: str, config=None) -> str:
@@ -72,11 +76,53 @@ def make_reward_fn(config, dataset: str | None = None):
     return fn
 
 
-def make_reward_fns(config, eval_names=()) -> tuple:
+def make_model_reward(config, verifier, mesh):
+    """``verifier`` combined with the reward model of ``config.reward.model`` on ``mesh``
+    (`grpo_jax.rewards.model.ModelReward`).
+
+    Raises: ConfigError naming config.reward.model (missing files, not a one-label
+    sequence-classification checkpoint, unsupported architecture) or the batch size field.
+    """
+    r = config.reward
+    div = sharding.batch_divisor(mesh)
+    if r.model_batch_size % div:
+        raise ConfigError(
+            f"config.reward.model_batch_size={r.model_batch_size} must be a multiple of the "
+            f"mesh's data x fsdp = {div} (0 = all rollouts at once)"
+        )
+    platform = mesh.devices.flat[0].platform
+    try:
+        scorer = model_lib.RewardModelScorer.load(
+            r.model,
+            mesh,
+            dtype=r.model_dtype or config.model.dtype,
+            platform=platform,
+            batch_size=r.model_batch_size,
+            max_tokens=r.model_max_tokens,
+            template=r.model_template,
+        )
+    except (FileNotFoundError, ValueError, OSError) as e:
+        msg = " ".join(str(e).split())
+        raise ConfigError(f"config.reward.model={r.model!r}: {msg}") from None
+    return model_lib.ModelReward(
+        verifier, scorer, model_weight=r.model_weight, verifier_weight=r.verifier_weight
+    )
+
+
+def make_reward_fns(config, eval_names=(), mesh=None) -> tuple:
     """(training reward, {held-out set name: its reward}); equal `reward_key`s share one
-    function. The caller closes them (``close()``)."""
-    train = make_reward_fn(config)
-    shared = {reward_key(config): train}
+    function. With ``config.reward.model`` (needs ``mesh``) the training reward adds the
+    reward model's score (`make_model_reward`) and held-out sets keep the verifier. The caller
+    closes them (``close()``)."""
+    verifier = make_reward_fn(config)
+    shared = {reward_key(config): verifier}
+    train = verifier
+    if config.reward.get("model", ""):
+        try:
+            train = make_model_reward(config, verifier, mesh)
+        except BaseException:
+            verifier.close()
+            raise
     evals = {}
     for name in eval_names:
         key = reward_key(config, name)
