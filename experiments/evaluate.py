@@ -111,9 +111,7 @@ def run(argv=None) -> dict:
             if _DATASETS.value:
                 e.datasets = tuple(_DATASETS.value)
 
-        exp, run, step = train.restore_run(
-            _WORKDIR.value, need_reward=True, configure=configure
-        )
+        exp, run, step = train.restore_run(_WORKDIR.value, need_reward=True, configure=configure)
         config = exp.config
         k = config.eval.num_samples
         protocol = {

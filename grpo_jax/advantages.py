@@ -253,15 +253,21 @@ def compute(
     else:
         num_clipped = jnp.zeros((), jnp.int32)
 
-    stats = {
-        "num_groups": jnp.sum(n >= 1).astype(jnp.int32),
-        "num_singleton_groups": jnp.sum(n == 1).astype(jnp.int32),
-        "num_zero_std_groups": jnp.sum((n >= 2) & ~(gmax > gmin)).astype(jnp.int32),
-        "num_nonfinite_rewards": jnp.sum(in_group & ~finite).astype(jnp.int32),
-        "num_padding_rows": jnp.sum(~in_group).astype(jnp.int32),
+    return adv.astype(jnp.float32), _stats(n, gmax > gmin, in_group, finite, num_clipped)
+
+
+def _stats(n, unequal, in_group, finite, num_clipped) -> dict[str, jax.Array]:
+    """`compute`'s int32 counts from the group sizes n [P], unequal-rewards flags [P] and the
+    row masks in_group / finite [R]."""
+    count = lambda x: jnp.sum(x).astype(jnp.int32)
+    return {
+        "num_groups": count(n >= 1),
+        "num_singleton_groups": count(n == 1),
+        "num_zero_std_groups": count((n >= 2) & ~unequal),
+        "num_nonfinite_rewards": count(in_group & ~finite),
+        "num_padding_rows": count(~in_group),
         "num_clipped": num_clipped,
     }
-    return adv.astype(jnp.float32), stats
 
 
 def overlong_penalty(

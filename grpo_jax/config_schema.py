@@ -19,6 +19,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0  # one seed for init, data order and sampling
     c.steps = 100  # RL steps (one step = generate + score + update)
 
+    _model_fields(c)
+    _data_fields(c)
+    _rollout_fields(c)
+    _algorithm_fields(c)
+    _gdro_fields(c)
+    _training_fields(c)
+    _evaluation_and_logging_fields(c)
+    _reward_fields(c)
+    return c
+
+
+def _model_fields(c: ml_collections.ConfigDict) -> None:
+    """The policy model (preset or checkpoint) and its numerics."""
     c.model = ml_collections.ConfigDict()
     c.model.preset = "tiny"  # name in grpo_jax.models.PRESETS (ignored if a checkpoint is given)
     # ModelConfig fields overriding the preset (e.g. hidden_size)
@@ -44,6 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
     # projections with an adapter: any of q, k, v, o (attention), gate, up, down (MLP)
     c.model.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")
 
+
+def _data_fields(c: ml_collections.ConfigDict) -> None:
+    """The training and held-out data, and how prompts are rendered."""
     c.data = ml_collections.ConfigDict()
     # training set: a preset (arithmetic | gsm8k | dapo_math | math500 | ...) or "custom" (your
     # own table: data.path with the columns below; docs/byo.md)
@@ -84,6 +100,9 @@ def base_config() -> ml_collections.ConfigDict:
     # grpo_jax.data.arithmetic.ArithmeticConfig fields
     c.data.arithmetic = ml_collections.ConfigDict()
 
+
+def _rollout_fields(c: ml_collections.ConfigDict) -> None:
+    """Sampling: prompts and rollouts per step, lengths, temperature."""
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_step = 32  # P: prompts drawn per RL step
     # n_bar: rollouts per prompt (the mean under Rollout-GDRO); R = P * n_bar
@@ -98,6 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
     # when its completion ends (0 = one static batch; training and evaluation; sampling.py)
     c.rollout.decode_slots = 0
 
+
+def _algorithm_fields(c: ml_collections.ConfigDict) -> None:
+    """The algorithm, its loss and advantage options, DAPO's options."""
     c.algorithm = ml_collections.ConfigDict()
     c.algorithm.name = (
         "grpo"  # a name registered in grpo_jax.algorithms (grpo | prompt_gdro | rollout_gdro | ppo)
@@ -144,6 +166,10 @@ def base_config() -> ml_collections.ConfigDict:
 
     # GDRO controllers: each subsection holds the fields of the dataclass it builds
     # (grpo_jax.gdro.ClassifierConfig / PromptGDROConfig / RolloutGDROConfig; docs there).
+
+
+def _gdro_fields(c: ml_collections.ConfigDict) -> None:
+    """The GDRO classifier and controllers (docs/gdro.md)."""
     c.gdro = ml_collections.ConfigDict()
     c.gdro.classifier = ml_collections.ConfigDict()
     # bin edges (B = len + 1 bins)
@@ -205,6 +231,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.gdro.rollout.prior_strength = 0.0  # a + b of the Beta prior (0 = fitted to the pool)
 
     # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
+
+
+def _training_fields(c: ml_collections.ConfigDict) -> None:
+    """PPO's critic, the optimizer, the SFT warm start, mesh, checkpoints."""
     c.ppo = ml_collections.ConfigDict()
     c.ppo.gamma = 1.0  # GAE discount
     c.ppo.lam = 0.95  # GAE lambda
@@ -238,6 +268,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint.keep = 3  # keep the last N checkpoints
     c.checkpoint.overwrite = False  # allow a workdir holding a run with another config
 
+
+def _evaluation_and_logging_fields(c: ml_collections.ConfigDict) -> None:
+    """The held-out evaluation protocol and the metrics files."""
     c.eval = ml_collections.ConfigDict()
     c.eval.every_steps = 0  # evaluate every N RL steps (0 = only before and after)
     c.eval.datasets = ("arithmetic",)  # held-out sets (presets, or "custom": data.eval_path)
@@ -260,6 +293,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging.wandb_entity = ""  # W&B entity (team or user; "" = your default)
     c.logging.wandb_mode = ""  # online | offline | disabled ("" = wandb's default / WANDB_MODE)
     c.logging.wandb_name = ""  # run name ("" = the workdir's name)
+
+
+def _reward_fields(c: ml_collections.ConfigDict) -> None:
+    """The reward: the built-in verifier, your function, a reward model."""
     c.reward = ml_collections.ConfigDict()
     # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
     # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier
@@ -289,7 +326,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.model_max_tokens = 0  # RM input cap: longer texts keep their last tokens (0 = none)
     c.reward.model_batch_size = 0  # rows per RM forward (0 = a round's rollouts at once)
     c.reward.model_dtype = ""  # RM weights and compute: float32 | bfloat16 ("" = model.dtype)
-    return c
 
 
 def upgrade(saved: dict) -> ml_collections.ConfigDict:

@@ -57,6 +57,25 @@ def smollm2_config(llama_lib, hf: dict):
     )
 
 
+def _tokenizer(transformers, mdir: str, prompts: list[dict]):
+    """The transformers tokenizer of ``mdir``, checked to give prompts.json's ids."""
+    tok = transformers.AutoTokenizer.from_pretrained(mdir)
+    # Tunix masks every pad-id token (attention mask and positions = tokens != pad); SmolLM2's pad
+    # is its eos <|im_end|>, which also occurs inside chat prompts: pad with <|endoftext|> instead.
+    tok.pad_token = "<|endoftext|>"
+    if (
+        tok.pad_token_id in {i for p in prompts for i in p["ids"]}
+        or tok.pad_token_id == tok.eos_token_id
+    ):
+        raise SystemExit("no pad id free of the prompts for Tunix")
+    for i, p in enumerate(prompts):
+        if tok.encode(p["text"]) != p["ids"]:
+            raise SystemExit(
+                f"prompt {i}: the transformers tokenizer gives other ids than prompts.json"
+            )
+    return tok
+
+
 def main(argv=None):
     parser = common.add_workload_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument(
@@ -93,21 +112,7 @@ def main(argv=None):
             "Tunix Llama3 attention ignores config.rope_theta (uses apply_rope's default "
             "1e6); patched to SmolLM2's 1e5"
         )
-    tok = transformers.AutoTokenizer.from_pretrained(mdir)
-    # Tunix masks every pad-id token (attention mask and positions = tokens != pad); SmolLM2's pad
-    # is its eos <|im_end|>, which also occurs inside chat prompts: pad with <|endoftext|> instead.
-    tok.pad_token = "<|endoftext|>"
-    if (
-        tok.pad_token_id in {i for p in prompts for i in p["ids"]}
-        or tok.pad_token_id == tok.eos_token_id
-    ):
-        raise SystemExit("no pad id free of the prompts for Tunix")
-    for i, p in enumerate(prompts):
-        ids = tok.encode(p["text"])
-        if ids != p["ids"]:
-            raise SystemExit(
-                f"prompt {i}: the transformers tokenizer gives other ids than prompts.json"
-            )
+    tok = _tokenizer(transformers, mdir, prompts)
 
     # a plain Mesh (Auto axes; jax.make_mesh's default Explicit axes break Tunix's embedding gather)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))

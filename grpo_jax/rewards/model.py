@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
 
 from grpo_jax import sharding, transfer
 from grpo_jax.models import attention as attention_lib
@@ -101,8 +102,6 @@ def param_shardings(model_cfg: ModelConfig, mesh):
 
 def _read_tensor(path: str, key: str) -> np.ndarray | None:
     """Tensor ``key`` of a checkpoint directory (single file or index), None when absent."""
-    from safetensors import safe_open
-
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
