@@ -187,3 +187,36 @@ def test_a_new_curriculum_is_one_class(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[1]["sample_weight_max"] == 2.0  # step 1: every prompt is unseen
+
+
+def _functions(path: pathlib.Path):
+    tree = ast.parse(path.read_text())
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_library_stays_within_its_size_limits():
+    """Issue #33's limits: no function over 120 lines in grpo_jax/, policy_loss with at most 10
+    parameters, experiment.py at most 400 lines."""
+    long = [
+        f"{p.relative_to(ROOT)}:{f.name} ({f.end_lineno - f.lineno + 1} lines)"
+        for p in sorted((ROOT / "grpo_jax").rglob("*.py"))
+        for f in _functions(p)
+        if f.end_lineno - f.lineno + 1 > 120
+    ]
+    assert not long, long
+    (policy_loss,) = [f for f in _functions(ROOT / "grpo_jax/losses.py") if f.name == "policy_loss"]
+    a = policy_loss.args
+    assert len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) <= 10
+    assert len((ROOT / "grpo_jax/experiment.py").read_text().splitlines()) <= 400
+
+
+def test_scripts_drive_rl_steps_only_through_run_steps():
+    """One RL loop: experiments/ and benchmarks/ call `train.run_steps` (with hooks), never
+    `rl_step` in a loop of their own."""
+    callers = [
+        str(p.relative_to(ROOT))
+        for d in ("experiments", "benchmarks")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if re.search(r"\brl_step\(", p.read_text())
+    ]
+    assert not callers, callers
