@@ -350,6 +350,13 @@ def markdown_table(result: dict) -> str:
             f"| {_fmt_ci(r[f'pass_at_{k}'], r['ci'][f'pass_at_{k}'])} | {r['pass_at_1']:.3f} | "
             f"{'' if maj is None else f'{maj:.3f}'} |"
         )
+    flat = [r["ci"][m] for _, r in named for m in r["ci"]]
+    if any(low == high for low, high in flat):
+        rows.append(
+            "\nA zero-width interval: every problem scored the same, which the bootstrap cannot "
+            "see past (with 0 of n problems solved the exact 95% upper bound would be "
+            "1 - 0.025^(1/n), e.g. 0.37 for n = 8, 0.12 for n = 30)."
+        )
     return f"{caption}\n\n{head}" + "\n".join(rows) + "\n"
 
 

@@ -219,7 +219,9 @@ def bootstrap_ci(
 
     The samples within a problem are not resampled: the interval is over the benchmark's
     problems (the per-problem values already average the k samples), so a constant ``values``
-    has the degenerate interval ``(c, c)``.
+    has the degenerate interval ``(c, c)``: the percentile bootstrap cannot see past a benchmark
+    where every problem scored 0 (or 1); with 0 of n solved the exact (Clopper-Pearson) 95%
+    upper bound would be ``1 - 0.025 ** (1 / n)`` (0.12 for AIME's 30 problems).
 
     Args:
       values: ``[N]`` float, one value per problem (e.g. `pass_at_k` or `mean_at_k` rows).
