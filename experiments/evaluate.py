@@ -5,27 +5,62 @@ Either a training workdir (its latest checkpoint and config) or a model on disk:
   python -m experiments.evaluate --workdir=workdirs/arith
   python -m experiments.evaluate --hf_checkpoint=DIR --datasets=gsm8k,math500
   python -m experiments.evaluate --gguf=PATH --datasets=gsm8k --max_examples=32
+  python -m experiments.evaluate --hf_checkpoint=DIR --suite=math      # = experiments.benchmark
+
+``--suite=math`` runs MATH-500, AIME 2024, AIME 2025, AMC 2023 and GSM8K (the suites are
+`grpo_jax.evaluation.SUITES`; ``--datasets`` names sets one by one; not both). The data are
+read from local files in the `experiments.prepare_data` layout (``--source_dir``, else
+``$GRPO_JAX_DATA_DIR``, else ``../shared/data``), never downloaded; each file's sha256 is
+recorded (and compared with prepare_data's pinned one).
 
 A workdir is evaluated with its own config's protocol (eval sets, samples, temperature, top-p,
 top-k, problem count, batch size) and the training run's evaluation seed (``config.seed + 7``,
 as `grpo_jax.train` uses), so re-evaluating a finished run reproduces its summary.json
 ``eval_after``; any flag given overrides. Models on disk default to the paper protocol: 8
-samples per problem at temperature 0.6, top-p 0.8, top-k 20 (gdro.md section 5), seed 0.
-Reports mean@k, unbiased pass@k and maj@k (answers extracted as the reward extracts them) per
-benchmark and pooled: JSON on stdout (last line) and in --output, a markdown table beside it.
-Exit status 0 on success. `--exclude_train_overlap` drops problems that also occur in
-DAPO-Math-17k (counted).
+samples per problem at temperature 0.6, top-p 0.8, top-k 20 (gdro.md section 5), seed 0; each
+benchmark's sampling key is ``fold_in(PRNGKey(seed), crc32(name))``, so a benchmark scores the
+same alone or in a suite.
+
+Reports mean@k, unbiased pass@k (Chen et al. 2021) and maj@k (answers extracted as the reward
+extracts them) per benchmark and pooled over the benchmarks (problem-weighted), with 95%
+confidence intervals for mean@k and pass@k: a percentile bootstrap over problems (Efron 1979;
+`grpo_jax.metrics.bootstrap_ci`, 10,000 resamples seeded with the sampling seed; the pooled
+interval resamples within each benchmark). The intervals cover the choice of problems only,
+not the sampling of the k completions. Rerunning a command reproduces its files exactly.
+
+Output: JSON (results, intervals, protocol, model, data files with sha256, versions) in
+--output (default ``<workdir or .>/benchmark.json`` with --suite, else ``eval.json``), the
+markdown table beside it (``.md``), the table and the JSON (last line) on stdout. Exit 0 on
+success; a bad input (flags, paths, data) is one ``error: ...`` line on stderr and exit 2.
+`--exclude_train_overlap` drops problems that also occur in DAPO-Math-17k (counted).
 """
 
 import json
 import os
+import platform
 import re
+import sys
+import zlib
 
+import flax
+import jax
 from absl import app, flags
+
+import grpo_jax
+from experiments import prepare_data
+from grpo_jax import config_schema, evaluation, rewards, sampling, sharding, train
+from grpo_jax.data import datasets, templates
+from grpo_jax.models import loading
+from grpo_jax.models import tokenizer as tokenizer_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", "", "Training workdir to evaluate (latest checkpoint).")
 _HF = flags.DEFINE_string("hf_checkpoint", "", "Hugging Face checkpoint directory.")
 _GGUF = flags.DEFINE_string("gguf", "", "GGUF file (dequantised).")
+_SUITE = flags.DEFINE_string(
+    "suite",
+    "",
+    "Benchmark suite: " + "; ".join(f"{s} = {','.join(d)}" for s, d in evaluation.SUITES.items()),
+)
 _DATASETS = flags.DEFINE_list(
     "datasets",
     [],
@@ -52,19 +87,30 @@ _EXCLUDE = flags.DEFINE_bool(
     "Drop problems that also occur in DAPO-Math-17k (counted in the output).",
 )
 _SOURCE = flags.DEFINE_string(
-    "source_dir", "", "Raw data dir (default $GRPO_JAX_DATA_DIR or ../shared/data)."
+    "source_dir",
+    "",
+    "Data dir in the prepare_data layout (default: the workdir config's data.source_dir, "
+    "else $GRPO_JAX_DATA_DIR or ../shared/data).",
 )
 _OUT = flags.DEFINE_string(
     "output",
     "",
-    "JSON output path (default <workdir>/eval.json or ./eval.json); "
+    "JSON output path (default <workdir or .>/benchmark.json with --suite, else eval.json); "
     "a .md table is written beside it.",
 )
 _SEED = flags.DEFINE_integer(
     "seed", None, "Sampling seed (default: the run's evaluation seed, config.seed + 7; else 0)."
 )
+_RESAMPLES = flags.DEFINE_integer(
+    "bootstrap_resamples", 10_000, "Bootstrap resamples of the confidence intervals."
+)
+_CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Coverage of the confidence intervals.")
 
 _PAPER = {"num_samples": 8, "temperature": 0.6, "top_p": 0.8, "top_k": 20, "batch_size": 64}
+_PREPARE_HINT = (
+    "build the data with `python -m experiments.prepare_data --out=DIR` "
+    f"and pass --source_dir=DIR (or set {datasets.ENV_VAR}=DIR)"
+)
 
 
 def _flag(flag, default):
@@ -75,150 +121,310 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
 
 
-def markdown_table(results: dict, k: int) -> str:
-    head = f"| benchmark | problems | mean@{k} | pass@1 | pass@{k} | maj@{k} |\n|---|---|---|---|---|---|\n"
-    rows = []
-    for name, r in results["per_dataset"].items():
-        rows.append(
-            f"| {name} | {r['num_problems']} | {r['mean_at_1']:.4f} | {r['pass_at_1']:.4f} | "
-            f"{r[f'pass_at_{k}']:.4f} | {r.get(f'maj_at_{k}', float('nan')):.4f} |"
-        )
-    p = results["pooled"]
-    maj = p.get(f"maj_at_{k}")
-    rows.append(
-        f"| **pooled** | {p['num_problems']} | {p['mean_at_1']:.4f} | {p['pass_at_1']:.4f} | "
-        f"{p[f'pass_at_{k}']:.4f} | {'' if maj is None else f'{maj:.4f}'} |"
+def _check_flags() -> None:
+    """ValueError (one line) for inconsistent or out-of-range flags; nothing is loaded yet."""
+    given = [f"--{f.name}" for f in (_WORKDIR, _HF, _GGUF) if f.value]
+    if len(given) != 1:
+        what = "pass one of" if not given else f"{' and '.join(given)} conflict: pass only one of"
+        raise ValueError(f"{what} --workdir, --hf_checkpoint or --gguf")
+    checks = [
+        (_K.value is None or _K.value >= 1, f"--num_samples must be >= 1, got {_K.value}"),
+        (
+            _TEMPERATURE.value is None or _TEMPERATURE.value >= 0,
+            f"--temperature must be >= 0, got {_TEMPERATURE.value}",
+        ),
+        (
+            _TOP_P.value is None or 0 < _TOP_P.value <= 1,
+            f"--top_p must lie in (0, 1], got {_TOP_P.value}",
+        ),
+        (_TOP_K.value is None or _TOP_K.value >= 0, f"--top_k must be >= 0, got {_TOP_K.value}"),
+        (
+            _MAX_EXAMPLES.value is None or _MAX_EXAMPLES.value >= 0,
+            f"--max_examples must be >= 0, got {_MAX_EXAMPLES.value}",
+        ),
+        (
+            _BATCH.value is None or _BATCH.value >= 1,
+            f"--batch_size must be >= 1, got {_BATCH.value}",
+        ),
+        (_MAX_NEW.value >= 1, f"--max_new_tokens must be >= 1, got {_MAX_NEW.value}"),
+        (_MAX_PROMPT.value >= 1, f"--max_prompt_tokens must be >= 1, got {_MAX_PROMPT.value}"),
+        (
+            _TEMPLATE.value in ("chat", "plain"),
+            f"--template must be chat or plain, got {_TEMPLATE.value!r}",
+        ),
+        (_RESAMPLES.value >= 1, f"--bootstrap_resamples must be >= 1, got {_RESAMPLES.value}"),
+        (0 < _CONFIDENCE.value < 1, f"--confidence must lie in (0, 1), got {_CONFIDENCE.value}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    if _WORKDIR.value and not os.path.isfile(os.path.join(_WORKDIR.value, "config.json")):
+        raise FileNotFoundError(f"--workdir={_WORKDIR.value}: no config.json (not a training run)")
+    if _GGUF.value and not os.path.isfile(_GGUF.value):
+        raise FileNotFoundError(f"--gguf={_GGUF.value}: file not found")
+    if _HF.value:
+        loading.resolve_checkpoint(_HF.value)  # one line naming a missing directory
+
+
+def _workdir_config():
+    with open(os.path.join(_WORKDIR.value, "config.json")) as f:
+        return config_schema.upgrade(json.load(f))
+
+
+def _data_files(names, source_dir: str) -> dict:
+    """``{name: [{"file", "sha256", "pinned_sha256"}]}`` of the test files the sets read (sha256
+    of the bytes read; pinned: `experiments.prepare_data.SOURCES`). FileNotFoundError: one line
+    telling the user to run prepare_data."""
+    pinned = {rel: sha for srcs in prepare_data.SOURCES.values() for rel, _, sha in srcs}
+    pinned.update(prepare_data.DAPO_PARTS)
+    out = {}
+    for name, split in names:
+        if name not in datasets.DATASETS:  # arithmetic (generated) or custom: no preset file
+            out[name] = []
+            continue
+        try:
+            root = datasets.resolve_source_dir(name, source_dir or None)
+            files = datasets.source_files(name, split, root)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{str(e).split('; set ')[0]}; {_PREPARE_HINT}") from None
+        out[name] = []
+        for f in files:
+            rel = f.relative_to(root).as_posix()
+            sha = prepare_data.sha256_file(str(f))
+            if pinned.get(rel) and pinned[rel] != sha:
+                print(f"warning: {f}: sha256 differs from prepare_data's pin", file=sys.stderr)
+            out[name].append({"file": rel, "sha256": sha, "pinned_sha256": pinned.get(rel, "")})
+    return out
+
+
+def _evaluate_workdir(names, source_dir: str) -> tuple[dict, dict, dict]:
+    """``({name: EvalResult}, protocol, model)`` of a workdir's latest checkpoint."""
+
+    def configure(config):  # the run's protocol, unless a flag overrides it
+        e = config.eval
+        e.num_samples = _flag(_K, e.num_samples)
+        e.temperature = _flag(_TEMPERATURE, e.temperature)
+        e.top_p, e.top_k = _flag(_TOP_P, e.top_p), _flag(_TOP_K, e.top_k)
+        e.max_examples = _flag(_MAX_EXAMPLES, e.max_examples)
+        e.batch_size = _flag(_BATCH, e.batch_size)
+        e.datasets = tuple(names)
+        config.data.source_dir = source_dir
+
+    exp, run, step = train.restore_run(_WORKDIR.value, need_reward=True, configure=configure)
+    config = exp.config
+    seed = _flag(_SEED, config.seed + 7)  # grpo_jax.train's evaluation key
+    try:
+        results = evaluation.evaluate_sets(exp, run.train.params, jax.random.PRNGKey(seed))
+    finally:
+        exp.close()
+    e = config.eval
+    protocol = {
+        "num_samples": e.num_samples,
+        "temperature": e.temperature,
+        "top_p": e.top_p,
+        "top_k": e.top_k,
+        "max_new_tokens": exp.eval_sampling.max_new_tokens,
+        "max_prompt_tokens": exp.prompt_len,
+        "max_examples": e.max_examples,
+        "batch_size": e.batch_size,
+        "seed": seed,
+    }
+    return results, protocol, {"workdir": _WORKDIR.value, "checkpoint_step": int(step)}
+
+
+def _load_model():
+    """``(graphdef, params, tokenizer, model)`` of --hf_checkpoint or --gguf."""
+    if _HF.value:
+        path = loading.resolve_checkpoint(_HF.value)
+        _, graphdef, params = loading.load_hf_checkpoint(path)
+        tok = tokenizer_lib.Tokenizer.from_dir(path)
+        model = {"hf_checkpoint": _HF.value}
+    else:
+        _, graphdef, params = loading.load_gguf(_GGUF.value)
+        tok = tokenizer_lib.Tokenizer.from_gguf(_GGUF.value)
+        model = {"gguf": _GGUF.value}
+    params = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
+    return graphdef, params, tok, model
+
+
+def _examples(name: str, train_problems: set) -> tuple[list, int]:
+    """A benchmark's problems (train overlap dropped, first --max_examples) and the count dropped."""
+    examples = datasets.load(name, "test", source_dir=_SOURCE.value or None)
+    before = len(examples)
+    if train_problems:
+        examples = [ex for ex in examples if _normalise(ex["problem"]) not in train_problems]
+    dropped = before - len(examples)
+    if _MAX_EXAMPLES.value:
+        examples = examples[: _MAX_EXAMPLES.value]
+    if not examples:
+        raise ValueError(f"no problems left in {name}")
+    return examples, dropped
+
+
+def _evaluate_on_disk(names) -> tuple[dict, dict, dict, dict]:
+    """``({name: EvalResult}, protocol, model, {name: train overlap dropped})``."""
+    graphdef, params, tok, model = _load_model()
+    k = _flag(_K, _PAPER["num_samples"])
+    protocol = {
+        "num_samples": k,
+        "temperature": _flag(_TEMPERATURE, _PAPER["temperature"]),
+        "top_p": _flag(_TOP_P, _PAPER["top_p"]),
+        "top_k": _flag(_TOP_K, _PAPER["top_k"]),
+        "max_new_tokens": _MAX_NEW.value,
+        "max_prompt_tokens": _MAX_PROMPT.value,
+        "max_examples": _MAX_EXAMPLES.value or 0,
+        "batch_size": _flag(_BATCH, _PAPER["batch_size"]),
+        "template": _TEMPLATE.value,
+        "seed": _flag(_SEED, 0),
+    }
+    scfg = sampling.SamplingConfig(
+        max_new_tokens=_MAX_NEW.value,
+        temperature=protocol["temperature"],
+        top_k=protocol["top_k"],
+        top_p=protocol["top_p"],
+        eos_ids=tuple(tok.eos_ids),
+        pad_id=tok.pad_id,
     )
-    return head + "\n".join(rows) + "\n"
+    train_problems = set()
+    if _EXCLUDE.value:
+        train_problems = {
+            _normalise(ex["problem"])
+            for ex in datasets.load(
+                "dapo_math", "train", source_dir=_SOURCE.value or None, config="full"
+            )
+        }
+    mesh = sharding.make_mesh({"data": -1})
+    results, dropped = {}, {}
+    for name in names:
+        examples, dropped[name] = _examples(name, train_problems)
+        task = "gsm8k" if name == "gsm8k" else "math"
+        with rewards.RewardFn(rewards.RewardConfig(task=task)) as reward_fn:
+            results[name] = evaluation.evaluate_policy(
+                graphdef,
+                params,
+                examples,
+                tokenizer=tok,
+                reward_fn=reward_fn,
+                sampling_config=scfg,
+                render=lambda p: templates.render_prompt(
+                    p, template=_TEMPLATE.value, tokenizer=tok
+                ),
+                prompt_len=_MAX_PROMPT.value,
+                k=k,
+                batch_size=protocol["batch_size"],
+                rng=jax.random.fold_in(
+                    jax.random.PRNGKey(protocol["seed"]), zlib.crc32(name.encode())
+                ),
+                mesh=mesh,
+                progress=True,
+                desc=name,
+            )
+    return results, protocol, model, dropped
+
+
+def _fmt_ci(value: float, ci) -> str:
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def markdown_table(result: dict) -> str:
+    """The per-benchmark table (mean@k and pass@k with their CIs, pass@1, maj@k) and its caption."""
+    p, ci = result["protocol"], result["confidence_intervals"]
+    k = p["num_samples"]
+    caption = (
+        f"k = {k} samples per problem, temperature {p['temperature']}, top-p {p['top_p']}, "
+        f"top-k {p['top_k']}, at most {p['max_new_tokens']} new tokens, seed {p['seed']}. "
+        f"pass@k: unbiased estimator (Chen et al. 2021). [low, high]: {ci['confidence']:.0%} "
+        f"percentile-bootstrap CI over problems (Efron 1979; {ci['resamples']} resamples, seed "
+        f"{ci['seed']}; pooled: problem-weighted, resampled within each benchmark)."
+    )
+    head = (
+        f"| benchmark | problems | mean@{k} [{ci['confidence']:.0%} CI] | pass@{k} "
+        f"[{ci['confidence']:.0%} CI] | pass@1 | maj@{k} |\n|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    named = [*result["per_dataset"].items(), ("**pooled**", result["pooled"])]
+    for name, r in named:
+        maj = r.get(f"maj_at_{k}")
+        rows.append(
+            f"| {name} | {r['num_problems']} | {_fmt_ci(r['mean_at_1'], r['ci'][f'mean_at_{k}'])} "
+            f"| {_fmt_ci(r[f'pass_at_{k}'], r['ci'][f'pass_at_{k}'])} | {r['pass_at_1']:.3f} | "
+            f"{'' if maj is None else f'{maj:.3f}'} |"
+        )
+    flat = [r["ci"][m] for _, r in named for m in r["ci"]]
+    if any(low == high for low, high in flat):
+        rows.append(
+            "\nA zero-width interval: every problem scored the same, which the bootstrap cannot "
+            "see past (with 0 of n problems solved the exact 95% upper bound would be "
+            "1 - 0.025^(1/n), e.g. 0.37 for n = 8, 0.12 for n = 30)."
+        )
+    return f"{caption}\n\n{head}" + "\n".join(rows) + "\n"
+
+
+def assemble(results: dict, protocol: dict, *, seed: int) -> dict:
+    """The JSON result: per-dataset and pooled summaries, each with its ``ci``."""
+    k = protocol["num_samples"]
+    ci = evaluation.confidence_intervals(
+        results, k, confidence=_CONFIDENCE.value, num_resamples=_RESAMPLES.value, seed=seed
+    )
+    per_dataset = {}
+    for name, r in results.items():
+        per_dataset[name] = {**r.summary, "ci": ci["per_dataset"][name]}
+    keys = ["mean_at_1", f"mean_at_{k}", "pass_at_1", f"pass_at_{k}", f"maj_at_{k}"]
+    pooled = evaluation.pooled_summary(per_dataset, keys)
+    pooled["ci"] = ci["pooled"]
+    return {
+        "per_dataset": per_dataset,
+        "pooled": pooled,
+        "protocol": protocol,
+        "confidence_intervals": {
+            "method": "percentile bootstrap over problems (Efron 1979); pooled: stratified "
+            "by benchmark",
+            "confidence": _CONFIDENCE.value,
+            "resamples": _RESAMPLES.value,
+            "seed": seed,
+        },
+    }
 
 
 def run(argv=None) -> dict:
+    """The whole command (flags already parsed); returns the JSON result."""
     del argv
-    import jax
-
-    from grpo_jax import evaluation, rewards, sampling, sharding, train
-    from grpo_jax.data import datasets, templates
-
+    _check_flags()
+    names = evaluation.resolve_datasets(_SUITE.value, _DATASETS.value)
     if _WORKDIR.value:
-
-        def configure(config):  # the run's protocol, unless a flag overrides it
-            e = config.eval
-            e.num_samples = _flag(_K, e.num_samples)
-            e.temperature = _flag(_TEMPERATURE, e.temperature)
-            e.top_p, e.top_k = _flag(_TOP_P, e.top_p), _flag(_TOP_K, e.top_k)
-            e.max_examples = _flag(_MAX_EXAMPLES, e.max_examples)
-            e.batch_size = _flag(_BATCH, e.batch_size)
-            if _DATASETS.value:
-                e.datasets = tuple(_DATASETS.value)
-
-        exp, run, step = train.restore_run(_WORKDIR.value, need_reward=True, configure=configure)
-        config = exp.config
-        k = config.eval.num_samples
-        protocol = {
-            "num_samples": k,
-            "temperature": config.eval.temperature,
-            "top_p": config.eval.top_p,
-            "top_k": config.eval.top_k,
-        }
-        seed = _flag(_SEED, config.seed + 7)  # grpo_jax.train's evaluation key
-        try:
-            result = evaluation.evaluate(exp, run.train.params, jax.random.PRNGKey(seed))
-        finally:
-            exp.close()
-        result = {
-            "pooled": {kk: v for kk, v in result.items() if kk != "per_dataset"},
-            "per_dataset": result["per_dataset"],
-            "checkpoint_step": step,
-        }
-        result["pooled"]["num_problems"] = sum(
-            r["num_problems"] for r in result["per_dataset"].values()
-        )
+        config = _workdir_config()
+        source_dir = _SOURCE.value or config.data.source_dir
+        names = names or tuple(config.eval.datasets)
     else:
-        from grpo_jax.models import loading
-        from grpo_jax.models import tokenizer as tokenizer_lib
-
-        if _HF.value:
-            model_cfg, graphdef, params = loading.load_hf_checkpoint(_HF.value)
-            tok = tokenizer_lib.Tokenizer.from_dir(loading.resolve_checkpoint(_HF.value))
-        elif _GGUF.value:
-            model_cfg, graphdef, params = loading.load_gguf(_GGUF.value)
-            tok = tokenizer_lib.Tokenizer.from_gguf(_GGUF.value)
-        else:
-            raise SystemExit("error: pass --workdir, --hf_checkpoint or --gguf")
-        k = _flag(_K, _PAPER["num_samples"])
-        protocol = {
-            "num_samples": k,
-            "temperature": _flag(_TEMPERATURE, _PAPER["temperature"]),
-            "top_p": _flag(_TOP_P, _PAPER["top_p"]),
-            "top_k": _flag(_TOP_K, _PAPER["top_k"]),
-        }
-        seed = _flag(_SEED, 0)
-        params = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
-        mesh = sharding.make_mesh({"data": -1})
-        names = _DATASETS.value or ["gsm8k"]
-        scfg = sampling.SamplingConfig(
-            max_new_tokens=_MAX_NEW.value,
-            temperature=protocol["temperature"],
-            top_k=protocol["top_k"],
-            top_p=protocol["top_p"],
-            eos_ids=tuple(tok.eos_ids),
-            pad_id=tok.pad_id,
-        )
-        train_problems = set()
-        if _EXCLUDE.value:
-            train_problems = {
-                _normalise(ex["problem"])
-                for ex in datasets.load(
-                    "dapo_math", "train", source_dir=_SOURCE.value or None, config="full"
-                )
-            }
-        per_dataset = {}
-        rng = jax.random.PRNGKey(seed)
-        for name in names:
-            examples = datasets.load(name, "test", source_dir=_SOURCE.value or None)
-            before = len(examples)
-            if train_problems:
-                examples = [
-                    ex for ex in examples if _normalise(ex["problem"]) not in train_problems
-                ]
-            if _MAX_EXAMPLES.value:
-                examples = examples[: _MAX_EXAMPLES.value]
-            if not examples:
-                raise SystemExit(f"error: no problems left in {name}")
-            task = "gsm8k" if name == "gsm8k" else "math"
-            with rewards.RewardFn(rewards.RewardConfig(task=task)) as reward_fn:
-                rng, key = jax.random.split(rng)
-                res = evaluation.evaluate_policy(
-                    graphdef,
-                    params,
-                    examples,
-                    tokenizer=tok,
-                    reward_fn=reward_fn,
-                    sampling_config=scfg,
-                    render=lambda p: templates.render_prompt(
-                        p, template=_TEMPLATE.value, tokenizer=tok
-                    ),
-                    prompt_len=_MAX_PROMPT.value,
-                    k=k,
-                    batch_size=_flag(_BATCH, _PAPER["batch_size"]),
-                    rng=key,
-                    mesh=mesh,
-                    progress=True,
-                ).summary
-            res["excluded_train_overlap"] = before - len(examples) if train_problems else 0
-            per_dataset[name] = res
-        total = sum(r["num_problems"] for r in per_dataset.values()) or 1
-        pooled = {
-            key: sum(r[key] * r["num_problems"] for r in per_dataset.values()) / total
-            for key in ("mean_at_1", "pass_at_1", f"pass_at_{k}", f"maj_at_{k}")
-        }
-        pooled["num_problems"] = total
-        result = {"pooled": pooled, "per_dataset": per_dataset}
-    result["protocol"] = {**protocol, "seed": seed}
-    out = _OUT.value or os.path.join(_WORKDIR.value or ".", "eval.json")
+        source_dir, names = _SOURCE.value, names or ("gsm8k",)
+    reads = [(n, "arithmetic" if n == "arithmetic" else "test") for n in names]
+    files = _data_files(reads + [("dapo_math", "train")] * _EXCLUDE.value, source_dir)
+    if _WORKDIR.value:
+        results, protocol, model = _evaluate_workdir(names, source_dir)
+        dropped = {}
+    else:
+        results, protocol, model, dropped = _evaluate_on_disk(names)
+    result = assemble(results, protocol, seed=protocol["seed"])
+    for name, n in dropped.items():
+        result["per_dataset"][name]["excluded_train_overlap"] = n
+    result.update(
+        suite=_SUITE.value,
+        model=model,
+        data={"source_dir": str(source_dir or datasets.default_source_dir() or ""), "files": files},
+        versions={
+            "grpo_jax": grpo_jax.__version__,
+            "jax": jax.__version__,
+            "flax": flax.__version__,
+            "python": platform.python_version(),
+        },
+    )
+    if "checkpoint_step" in model:
+        result["checkpoint_step"] = model["checkpoint_step"]
+    default = "benchmark.json" if _SUITE.value else "eval.json"
+    out = _OUT.value or os.path.join(_WORKDIR.value or ".", default)
     with open(out, "w") as f:
         json.dump(result, f, indent=2, sort_keys=True, default=float)
-    table = markdown_table(result, k)
+    table = markdown_table(result)
     with open(os.path.splitext(out)[0] + ".md", "w") as f:
         f.write(table)
     print(table)
@@ -227,9 +433,26 @@ def run(argv=None) -> dict:
     return result
 
 
+def parse_flags(argv):
+    """absl flag parsing, but a bad flag is one ``error: ...`` line (exit 2), not FATAL + usage."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv):
-    run(argv)  # returns None: absl exits 0 (a returned dict would be the exit status)
+    """Runs `run`; a bad input (ValueError, a missing file) is one ``error:`` line, exit 2."""
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {' '.join(argv[1:])}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run(argv)  # returns None: absl exits 0 (a returned dict would be the exit status)
+    except (ValueError, OSError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

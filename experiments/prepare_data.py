@@ -118,7 +118,8 @@ DAPO_PARTS = (
 DAPO_PART1_ROWS = 8959
 
 
-def _sha256(path: str) -> str:
+def sha256_file(path: str) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -127,8 +128,8 @@ def _sha256(path: str) -> str:
 
 
 def _check(path: str, sha: str, origin: str) -> None:
-    if sha and _sha256(path) != sha:
-        raise ValueError(f"{origin}: sha256 of {path} is {_sha256(path)}, expected {sha}")
+    if sha and sha256_file(path) != sha:
+        raise ValueError(f"{origin}: sha256 of {path} is {sha256_file(path)}, expected {sha}")
 
 
 def _fetch(rel: str, source: str, sha: str, out: str, from_dir: str) -> bool:

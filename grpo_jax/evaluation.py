@@ -17,6 +17,7 @@ import numpy as np
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling, sharding
 from grpo_jax import transfer as xfer
+from grpo_jax.data import datasets
 from grpo_jax.data.templates import encode_prompts, prompt_of
 
 
@@ -79,7 +80,8 @@ def evaluate_policy(
     extract: Callable[[str], str] | None = None,
     progress: bool = False,
     mesh=None,
-) -> dict:
+    desc: str = "eval",
+) -> EvalResult:
     """Samples ``k`` completions per problem and scores them.
 
     Args:
@@ -91,6 +93,7 @@ def evaluate_policy(
         function's own ``extract`` if it has one, else no maj@k; answers that come back None
         do not vote).
       mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
+      desc: the progress bar's label.
 
     Returns:
       the `EvalResult`: the summary and the per-problem correctness it was computed from.
@@ -112,7 +115,7 @@ def evaluate_policy(
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(iterator, desc="eval", total=(num + per_call - 1) // per_call)
+        iterator = tqdm(iterator, desc=desc, total=(num + per_call - 1) // per_call)
     if mesh is None:
         generate, put = sampling.generate, jax.numpy.asarray
     else:
@@ -150,15 +153,16 @@ def evaluate_policy(
     return EvalResult(summary=result, correct=correct, levels=levels)
 
 
-def evaluate(exp, params, rng: jax.Array) -> dict:
-    """Evaluates ``params`` on the experiment's held-out sets; pooled + per dataset."""
+def evaluate_sets(exp, params, rng: jax.Array) -> dict[str, EvalResult]:
+    """`evaluate_policy` on each of the experiment's held-out sets: ``{name: EvalResult}``.
+
+    One key per set, split from ``rng`` in the sets' order (the training run's evaluation).
+    """
     cfg = exp.config.eval
-    k = cfg.num_samples
-    per_dataset = {}
-    pooled_correct = []
+    out = {}
     for name, examples in exp.pool.eval_sets.items():
         rng, key = jax.random.split(rng)
-        per_dataset[name] = evaluate_policy(
+        out[name] = evaluate_policy(
             exp.graphdef,
             params,
             examples,
@@ -167,19 +171,118 @@ def evaluate(exp, params, rng: jax.Array) -> dict:
             sampling_config=exp.eval_sampling,
             render=exp.render,
             prompt_len=exp.prompt_len,
-            k=k,
+            k=cfg.num_samples,
             batch_size=cfg.batch_size,
             rng=key,
             mesh=exp.mesh,
             progress=exp.config.logging.progress_bar and jax.process_index() == 0,
-        ).summary
-        pooled_correct.append(per_dataset[name])
-    total = sum(r["num_problems"] for r in pooled_correct) or 1
-    keys = ["mean_at_1", f"pass_at_{k}", "pass_at_1"]
-    if pooled_correct and all(f"maj_at_{k}" in r for r in pooled_correct):
-        keys.append(f"maj_at_{k}")
-    pooled = {key: sum(r[key] * r["num_problems"] for r in pooled_correct) / total for key in keys}
+            desc=name,
+        )
+    return out
+
+
+def pooled_summary(summaries: dict[str, dict], keys) -> dict:
+    """Problem-weighted mean of per-dataset summaries (= the mean over all their problems).
+
+    ``keys``: the metrics to pool; one missing from any dataset (e.g. maj@k without an answer
+    extractor) is left out. Also returns ``num_problems`` (the total).
+    """
+    rs = list(summaries.values())
+    total = sum(r["num_problems"] for r in rs)
+    pooled = {
+        key: sum(r[key] * r["num_problems"] for r in rs) / (total or 1)
+        for key in keys
+        if rs and all(key in r for r in rs)
+    }
+    return {**pooled, "num_problems": total}
+
+
+def evaluate(exp, params, rng: jax.Array) -> dict:
+    """Evaluates ``params`` on the experiment's held-out sets; pooled + per dataset."""
+    k = exp.config.eval.num_samples
+    per_dataset = {n: r.summary for n, r in evaluate_sets(exp, params, rng).items()}
+    pooled = pooled_summary(per_dataset, ["mean_at_1", f"pass_at_{k}", "pass_at_1", f"maj_at_{k}"])
+    del pooled["num_problems"]
     return {**pooled, "per_dataset": per_dataset}
+
+
+# Benchmark suites: name -> datasets (`grpo_jax.data.datasets` names), in table order.
+SUITES: dict[str, tuple[str, ...]] = {
+    "math": ("math500", "aime24", "aime25", "amc23", "gsm8k"),
+}
+
+
+def resolve_datasets(suite: str = "", names=()) -> tuple[str, ...]:
+    """The datasets of ``suite`` (a `SUITES` key) or the given ``names``; () when neither.
+
+    Raises:
+      ValueError: both given, an unknown suite, or a name `grpo_jax.data.datasets` does not know
+        (a one-line message listing the choices).
+    """
+    names = tuple(n.strip() for n in names if n.strip())
+    if suite and names:
+        raise ValueError("pass --suite or --datasets, not both")
+    if suite:
+        if suite not in SUITES:
+            raise ValueError(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
+        return SUITES[suite]
+    unknown = [n for n in names if n not in datasets.NAMES]
+    if unknown:
+        raise ValueError(
+            f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(datasets.NAMES)}"
+        )
+    return names
+
+
+def per_problem_scores(correct: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """``{"mean_at_k": [N], "pass_at_k": [N]}`` float64 per-problem scores of a ``[N, k]`` bool
+    matrix (keys spelt with the number, e.g. ``pass_at_8``): mean@k is the fraction of correct
+    samples, pass@k the unbiased estimate of Chen et al. 2021 (`metrics.pass_at_k`); a
+    benchmark's score is their mean over problems."""
+    c = np.asarray(correct, bool).reshape(-1, k)
+    return {
+        f"mean_at_{k}": metrics_lib.mean_at_k(c) if c.size else np.zeros(0),
+        f"pass_at_{k}": np.asarray(
+            metrics_lib.pass_at_k(np.full(c.shape[0], k), c.sum(axis=1), k), np.float64
+        ).reshape(-1),
+    }
+
+
+def confidence_intervals(
+    results: dict[str, EvalResult],
+    k: int,
+    *,
+    confidence: float = 0.95,
+    num_resamples: int = 10_000,
+    seed: int = 0,
+) -> dict:
+    """Percentile-bootstrap CIs (Efron; `metrics.bootstrap_ci`) of mean@k and pass@k.
+
+    Per dataset: the problems are resampled. Pooled (problem-weighted, as `pooled_summary`):
+    stratified, each dataset's problems resampled within it, so every replicate keeps the
+    suite's composition. The per-problem scores come from ``EvalResult.correct`` ([N, k] bool).
+
+    Returns:
+      ``{"per_dataset": {name: {metric: [low, high]}}, "pooled": {metric: [low, high]}}`` with
+      metric ``mean_at_{k}`` and ``pass_at_{k}``; floats in [0, 1].
+    """
+    kw = dict(confidence=confidence, num_resamples=num_resamples, seed=seed)
+    scores = {name: per_problem_scores(r.correct, k) for name, r in results.items()}
+    metrics = (f"mean_at_{k}", f"pass_at_{k}")
+    per_dataset = {
+        name: {m: list(metrics_lib.bootstrap_ci(s[m], **kw)) for m in metrics}
+        for name, s in scores.items()
+    }
+    strata = np.concatenate([np.full(len(r.correct), i) for i, r in enumerate(results.values())])
+    pooled = {
+        m: list(
+            metrics_lib.bootstrap_ci(
+                np.concatenate([s[m] for s in scores.values()]), strata=strata, **kw
+            )
+        )
+        for m in metrics
+    }
+    return {"per_dataset": per_dataset, "pooled": pooled}
 
 
 def format_summary(summary: dict) -> str:

@@ -1,5 +1,6 @@
 """Evaluation metrics over sampled answers: unbiased pass@k, mean@k, maj@k (host side, numpy),
-and the per-prompt weighted standard error of a rollout allocation.
+the per-prompt weighted standard error of a rollout allocation, and the percentile-bootstrap
+confidence interval of a benchmark score (`bootstrap_ci`).
 
 pass@k, mean@k and maj@k return one value per prompt (`[P]` float64); a benchmark score is their
 mean over prompts. Source for pass@k: Chen et al. 2021, *Evaluating Large Language Models
@@ -195,3 +196,70 @@ def weighted_standard_error(
         raise ValueError("weighted_standard_error: weights must be >= 0 with a positive sum")
     se = sd / np.sqrt(n)
     return float(np.sum(w * se) / np.sum(w))
+
+
+def bootstrap_ci(
+    values,
+    *,
+    strata=None,
+    confidence: float = 0.95,
+    num_resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of a mean over problems (Efron 1979).
+
+    Each of ``num_resamples`` replicates draws the problems with replacement (within each
+    stratum, keeping its size, when ``strata`` is given: a suite's pooled score keeps each
+    benchmark's problem count) and takes the mean of their ``values``; the interval is the
+    ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of the replicate means
+    (numpy's default linear interpolation). Source: B. Efron, *Bootstrap methods: another look at
+    the jackknife*, Ann. Statist. 7 (1979); the percentile interval of Efron & Tibshirani, *An
+    Introduction to the Bootstrap* (1993), ch. 13. Deterministic: the replicates come from
+    ``numpy.random.default_rng(seed)`` in fixed chunks, so equal inputs give equal intervals.
+
+    The samples within a problem are not resampled: the interval is over the benchmark's
+    problems (the per-problem values already average the k samples), so a constant ``values``
+    has the degenerate interval ``(c, c)``: the percentile bootstrap cannot see past a benchmark
+    where every problem scored 0 (or 1); with 0 of n solved the exact (Clopper-Pearson) 95%
+    upper bound would be ``1 - 0.025 ** (1 / n)`` (0.12 for AIME's 30 problems).
+
+    Args:
+      values: ``[N]`` float, one value per problem (e.g. `pass_at_k` or `mean_at_k` rows).
+      strata: optional ``[N]`` hashable labels (e.g. the benchmark of each problem).
+      confidence: the interval's coverage, in ``(0, 1)``.
+      num_resamples: bootstrap replicates ``B >= 1``.
+      seed: seed of the resampling generator.
+
+    Returns:
+      ``(low, high)`` float64; ``(nan, nan)`` for ``N = 0``.
+
+    Raises:
+      ValueError: ``values`` not 1-D or not finite, ``strata`` of another length, ``confidence``
+        outside ``(0, 1)`` or ``num_resamples < 1``.
+    """
+    v = np.asarray(values, np.float64)
+    if v.ndim != 1 or not np.all(np.isfinite(v)):
+        raise ValueError(f"bootstrap_ci: values must be a finite [N] array, got shape {v.shape}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"bootstrap_ci: confidence must lie in (0, 1), got {confidence}")
+    if num_resamples < 1:
+        raise ValueError(f"bootstrap_ci: num_resamples must be >= 1, got {num_resamples}")
+    labels = np.zeros(v.shape, np.int64) if strata is None else np.asarray(strata)
+    if labels.shape != v.shape:
+        raise ValueError(f"bootstrap_ci: strata shape {labels.shape} != values shape {v.shape}")
+    if not v.size:
+        return float("nan"), float("nan")
+    groups = [v[labels == s] for s in dict.fromkeys(labels.tolist())]  # first-occurrence order
+    rng = np.random.default_rng(seed)
+    means = np.empty(num_resamples, np.float64)
+    chunk = max(1, min(num_resamples, (1 << 22) // v.size))  # bounds the [chunk, N_s] draws
+    for start in range(0, num_resamples, chunk):
+        b = min(chunk, num_resamples - start)
+        total = np.zeros(b, np.float64)
+        for g in groups:
+            total += g[rng.integers(0, g.size, size=(b, g.size))].sum(axis=1)
+        means[start : start + b] = total / v.size
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    # a mean lies within [min, max]: the clip only removes summation round-off (constant values)
+    return float(np.clip(low, v.min(), v.max())), float(np.clip(high, v.min(), v.max()))
