@@ -326,6 +326,10 @@ def _fmt_ci(value: float, ci) -> str:
     return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+def _at_boundary(r: dict, k: int) -> bool:
+    return r["num_problems"] > 0 and r[f"pass_at_{k}"] in (0.0, 1.0)
+
+
 def markdown_table(result: dict) -> str:
     """The per-benchmark table (mean@k and pass@k with their CIs, pass@1, maj@k) and its caption."""
     p, ci = result["protocol"], result["confidence_intervals"]
@@ -335,7 +339,8 @@ def markdown_table(result: dict) -> str:
         f"top-k {p['top_k']}, at most {p['max_new_tokens']} new tokens, seed {p['seed']}. "
         f"pass@k: unbiased estimator (Chen et al. 2021). [low, high]: {ci['confidence']:.0%} "
         f"percentile-bootstrap CI over problems (Efron 1979; {ci['resamples']} resamples, seed "
-        f"{ci['seed']}; pooled: problem-weighted, resampled within each benchmark)."
+        f"{ci['seed']}; pooled: problem-weighted, resampled within each benchmark), exact "
+        "Clopper-Pearson where every problem scored 0 or 1."
     )
     head = (
         f"| benchmark | problems | mean@{k} [{ci['confidence']:.0%} CI] | pass@{k} "
@@ -350,12 +355,10 @@ def markdown_table(result: dict) -> str:
             f"| {_fmt_ci(r[f'pass_at_{k}'], r['ci'][f'pass_at_{k}'])} | {r['pass_at_1']:.3f} | "
             f"{'' if maj is None else f'{maj:.3f}'} |"
         )
-    flat = [r["ci"][m] for _, r in named for m in r["ci"]]
-    if any(low == high for low, high in flat):
+    if any(_at_boundary(r, k) for _, r in named):
         rows.append(
-            "\nA zero-width interval: every problem scored the same, which the bootstrap cannot "
-            "see past (with 0 of n problems solved the exact 95% upper bound would be "
-            "1 - 0.025^(1/n), e.g. 0.37 for n = 8, 0.12 for n = 30)."
+            "\nWhere every problem scored 0 (or 1) the interval is the exact Clopper-Pearson one "
+            "of 0 (or n) of n problems: the bootstrap has nothing to resample there."
         )
     return f"{caption}\n\n{head}" + "\n".join(rows) + "\n"
 
@@ -378,7 +381,7 @@ def assemble(results: dict, protocol: dict, *, seed: int) -> dict:
         "protocol": protocol,
         "confidence_intervals": {
             "method": "percentile bootstrap over problems (Efron 1979); pooled: stratified "
-            "by benchmark",
+            "by benchmark; exact Clopper-Pearson where every problem scored 0 or 1",
             "confidence": _CONFIDENCE.value,
             "resamples": _RESAMPLES.value,
             "seed": seed,

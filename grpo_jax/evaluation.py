@@ -261,6 +261,10 @@ def confidence_intervals(
     Per dataset: the problems are resampled. Pooled (problem-weighted, as `pooled_summary`):
     stratified, each dataset's problems resampled within it, so every replicate keeps the
     suite's composition. The per-problem scores come from ``EvalResult.correct`` ([N, k] bool).
+    Every problem at 0 (or every one at 1) gives the bootstrap nothing to resample; there the
+    interval is the exact Clopper-Pearson one of 0 (N) successes in N problems,
+    ``[0, 1 - (alpha/2)^(1/N)]`` (``[(alpha/2)^(1/N), 1]``), alpha = 1 - confidence: a valid
+    bound for pass@k, and for mean@k (<= pass@k per problem).
 
     Returns:
       ``{"per_dataset": {name: {metric: [low, high]}}, "pooled": {metric: [low, high]}}`` with
@@ -269,20 +273,31 @@ def confidence_intervals(
     kw = dict(confidence=confidence, num_resamples=num_resamples, seed=seed)
     scores = {name: per_problem_scores(r.correct, k) for name, r in results.items()}
     metrics = (f"mean_at_{k}", f"pass_at_{k}")
-    per_dataset = {
-        name: {m: list(metrics_lib.bootstrap_ci(s[m], **kw)) for m in metrics}
-        for name, s in scores.items()
-    }
+
+    def interval(values, strata=None) -> list[float]:
+        boundary = _all_at_a_boundary(values, confidence)
+        if boundary is not None:
+            return boundary
+        return list(metrics_lib.bootstrap_ci(values, strata=strata, **kw))
+
+    per_dataset = {name: {m: interval(s[m]) for m in metrics} for name, s in scores.items()}
     strata = np.concatenate([np.full(len(r.correct), i) for i, r in enumerate(results.values())])
-    pooled = {
-        m: list(
-            metrics_lib.bootstrap_ci(
-                np.concatenate([s[m] for s in scores.values()]), strata=strata, **kw
-            )
-        )
-        for m in metrics
-    }
+    pooled = {m: interval(np.concatenate([s[m] for s in scores.values()]), strata) for m in metrics}
     return {"per_dataset": per_dataset, "pooled": pooled}
+
+
+def _all_at_a_boundary(values: np.ndarray, confidence: float) -> list[float] | None:
+    """The exact Clopper-Pearson interval (Clopper & Pearson 1934) when every per-problem score
+    is 0, or every one is 1; None otherwise."""
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        return None
+    edge = float((1.0 - confidence) / 2.0) ** (1.0 / values.size)
+    if np.all(values == 0.0):
+        return [0.0, 1.0 - edge]
+    if np.all(values == 1.0):
+        return [edge, 1.0]
+    return None
 
 
 def format_summary(summary: dict) -> str:

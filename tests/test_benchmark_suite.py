@@ -36,16 +36,28 @@ def test_the_math_suite_and_explicit_datasets():
 
 
 # ------------------------------------------------------------------ confidence intervals
-def test_a_constant_matrix_has_a_degenerate_interval():
+def test_a_constant_matrix_has_a_degenerate_bootstrap_and_an_exact_interval():
     for value in (0.0, 1.0, 0.3):
         assert metrics.bootstrap_ci(np.full(7, value)) == (value, value)
+    # all solved / none solved: Clopper-Pearson of N (0) successes in N, alpha = 0.05
     results = {
         "a": evaluation.EvalResult({}, np.ones((5, 4), bool), np.full(5, -1)),
         "b": evaluation.EvalResult({}, np.ones((3, 4), bool), np.full(3, -1)),
+        "c": evaluation.EvalResult({}, np.zeros((30, 4), bool), np.full(30, -1)),
     }
     ci = evaluation.confidence_intervals(results, 4, num_resamples=200)
-    assert ci["per_dataset"]["a"] == {"mean_at_4": [1.0, 1.0], "pass_at_4": [1.0, 1.0]}
-    assert ci["pooled"] == {"mean_at_4": [1.0, 1.0], "pass_at_4": [1.0, 1.0]}
+    low5 = pytest.approx([0.025 ** (1 / 5), 1.0])
+    assert ci["per_dataset"]["a"] == {"mean_at_4": low5, "pass_at_4": low5}
+    # 0 of 30 (AIME's size): upper bound 1 - 0.025^(1/30) = 0.1157
+    assert ci["per_dataset"]["c"]["pass_at_4"] == pytest.approx([0.0, 0.11570], abs=1e-5)
+    # pooled: 8 of 38 solved, not at a boundary, so the stratified bootstrap, whose strata are
+    # each constant here: it sees no variance (a limit of resampling within benchmarks)
+    assert ci["pooled"]["pass_at_4"] == pytest.approx([8 / 38, 8 / 38])
+    # an interior constant (every problem at 1/4 of its samples) stays the bootstrap's point
+    quarter = np.zeros((6, 4), bool)
+    quarter[:, 0] = True
+    ci = evaluation.confidence_intervals({"q": evaluation.EvalResult({}, quarter, None)}, 4)
+    assert ci["per_dataset"]["q"]["mean_at_4"] == [0.25, 0.25]
 
 
 def test_two_problems_match_the_exact_bootstrap_distribution():
