@@ -184,13 +184,17 @@ def reward_model_activation_bytes(
         completion_len=completion_len,
         activation_bytes=activation_bytes,
     )
-    c, a = model_config, activation_bytes
-    E, F, H, K, D = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
     T = prompt_len + completion_len
-    N = batch_rollouts * T
-    s_lin = N * a * (4 * E + 2 * (H + 2 * K) * D + H * D + 3 * F)
-    s_att = batch_rollouts * H * T * T * (4 + a)
-    return N * E * a + s_lin + s_att
+    s_lin, s_att = _layer_terms(model_config, batch_rollouts, T, activation_bytes)
+    return batch_rollouts * T * model_config.hidden_size * activation_bytes + s_lin + s_att
+
+
+def _layer_terms(c: ModelConfig, rows: int, T: int, a: int) -> tuple[int, int]:
+    """One layer's (S_lin, S_att) in bytes for ``rows`` sequences of ``T`` tokens at ``a``
+    bytes per activation (`activation_bytes_estimate` has the formula and its source)."""
+    E, F, H, K, D = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    s_lin = rows * T * a * (4 * E + 2 * (H + 2 * K) * D + H * D + 3 * F)
+    return s_lin, rows * H * T * T * (4 + a)
 
 
 def _check_positive(**kw) -> None:
@@ -238,21 +242,11 @@ def activation_bytes_estimate(
         completion_len=completion_len,
         activation_bytes=activation_bytes,
     )
-    c = model_config
-    E, F, H, K, D, V, L = (
-        c.hidden_size,
-        c.intermediate_size,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim,
-        c.vocab_size,
-        c.num_layers,
-    )
-    a = activation_bytes
+    c, a = model_config, activation_bytes
+    E, V, L = c.hidden_size, c.vocab_size, c.num_layers
     T = prompt_len + completion_len - 1
     N = batch_rollouts * T
-    s_lin = N * a * (4 * E + 2 * (H + 2 * K) * D + H * D + 3 * F)
-    s_att = batch_rollouts * H * T * T * (4 + a)
+    s_lin, s_att = _layer_terms(c, batch_rollouts, T, a)
     logits = 2 * N * V * a
     if c.remat:
         return L * N * E * a + s_lin + 2 * s_att + logits
