@@ -336,7 +336,7 @@ def _train_fn(exp: Experiment, update):
     all updates of each update metric, ``skipped_updates`` (int32 count), and
     ``per_rollout_loss`` [R] float32 of the first pass, in row order (the controllers' signal).
     """
-    R = exp.config.rollout.prompts_per_step * exp.config.rollout.rollouts_per_prompt
+    R = exp.batching.rollouts_per_step
     mb, g, iters = (
         exp.batching.mini_batch_size,
         exp.batching.prompt_group_size,

@@ -152,7 +152,7 @@ def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Roun
     so they add only the KL term), keeping every shape fixed. Needs a fixed group size.
     """
     P, n = exp.config.rollout.prompts_per_step, exp.config.rollout.rollouts_per_prompt
-    R = P * n
+    R = exp.batching.rollouts_per_step
     order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.informative)]
     order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.informative)]
     chosen = order[:P]
