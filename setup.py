@@ -26,6 +26,7 @@ INSTALL_REQUIRES = [
     "gguf>=0.17.0",
     "math-verify>=0.8.0",
     "tqdm>=4.66",
+    "scipy>=1.11",  # Clopper-Pearson intervals (evaluation); jax depends on it already
     "matplotlib>=3.8",
     "tensorboardX>=2.6",
 ]

@@ -158,6 +158,11 @@ def _check_flags() -> None:
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
+    if _WORKDIR.value and _EXCLUDE.value:
+        raise ValueError(
+            "--exclude_train_overlap applies to models on disk (--hf_checkpoint, --gguf); a "
+            "--workdir is evaluated on its run's own held-out sets"
+        )
     if _WORKDIR.value and not os.path.isfile(os.path.join(_WORKDIR.value, "config.json")):
         raise FileNotFoundError(f"--workdir={_WORKDIR.value}: no config.json (not a training run)")
     if _GGUF.value and not os.path.isfile(_GGUF.value):
@@ -209,6 +214,7 @@ def _evaluate_workdir(names, source_dir: str) -> tuple[dict, dict, dict]:
         e.batch_size = _flag(_BATCH, e.batch_size)
         e.datasets = tuple(names)
         config.data.source_dir = source_dir
+        config.reward.model = ""  # evaluation scores with the verifier alone (no RM to load)
 
     exp, run, step = train.restore_run(_WORKDIR.value, need_reward=True, configure=configure)
     config = exp.config
@@ -326,10 +332,6 @@ def _fmt_ci(value: float, ci) -> str:
     return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
-def _at_boundary(r: dict, k: int) -> bool:
-    return r["num_problems"] > 0 and r[f"pass_at_{k}"] in (0.0, 1.0)
-
-
 def markdown_table(result: dict) -> str:
     """The per-benchmark table (mean@k and pass@k with their CIs, pass@1, maj@k) and its caption."""
     p, ci = result["protocol"], result["confidence_intervals"]
@@ -340,7 +342,7 @@ def markdown_table(result: dict) -> str:
         f"pass@k: unbiased estimator (Chen et al. 2021). [low, high]: {ci['confidence']:.0%} "
         f"percentile-bootstrap CI over problems (Efron 1979; {ci['resamples']} resamples, seed "
         f"{ci['seed']}; pooled: problem-weighted, resampled within each benchmark), exact "
-        "Clopper-Pearson where every problem scored 0 or 1."
+        "Clopper-Pearson where every per-problem score is 0 or 1 (pass@k: always)."
     )
     head = (
         f"| benchmark | problems | mean@{k} [{ci['confidence']:.0%} CI] | pass@{k} "
@@ -355,10 +357,10 @@ def markdown_table(result: dict) -> str:
             f"| {_fmt_ci(r[f'pass_at_{k}'], r['ci'][f'pass_at_{k}'])} | {r['pass_at_1']:.3f} | "
             f"{'' if maj is None else f'{maj:.3f}'} |"
         )
-    if any(_at_boundary(r, k) for _, r in named):
+    if any(low == high for _, r in named for low, high in r["ci"].values()):
         rows.append(
-            "\nWhere every problem scored 0 (or 1) the interval is the exact Clopper-Pearson one "
-            "of 0 (or n) of n problems: the bootstrap has nothing to resample there."
+            "\nA zero-width interval: every problem had the same (fractional) score, which "
+            "resampling problems cannot see past."
         )
     return f"{caption}\n\n{head}" + "\n".join(rows) + "\n"
 
@@ -381,7 +383,7 @@ def assemble(results: dict, protocol: dict, *, seed: int) -> dict:
         "protocol": protocol,
         "confidence_intervals": {
             "method": "percentile bootstrap over problems (Efron 1979); pooled: stratified "
-            "by benchmark; exact Clopper-Pearson where every problem scored 0 or 1",
+            "by benchmark; exact Clopper-Pearson where every per-problem score is 0 or 1",
             "confidence": _CONFIDENCE.value,
             "resamples": _RESAMPLES.value,
             "seed": seed,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+import scipy.stats
 
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling, sharding
@@ -261,10 +262,12 @@ def confidence_intervals(
     Per dataset: the problems are resampled. Pooled (problem-weighted, as `pooled_summary`):
     stratified, each dataset's problems resampled within it, so every replicate keeps the
     suite's composition. The per-problem scores come from ``EvalResult.correct`` ([N, k] bool).
-    Every problem at 0 (or every one at 1) gives the bootstrap nothing to resample; there the
-    interval is the exact Clopper-Pearson one of 0 (N) successes in N problems,
-    ``[0, 1 - (alpha/2)^(1/N)]`` (``[(alpha/2)^(1/N), 1]``), alpha = 1 - confidence: a valid
-    bound for pass@k, and for mean@k (<= pass@k per problem).
+    Where every per-problem score is 0 or 1 (pass@k with k samples per problem, and mean@1),
+    the benchmark's score is a binomial proportion of problems and the interval is the exact
+    Clopper-Pearson one (Clopper & Pearson 1934; beta quantiles): monotone in the number solved
+    and not zero-width at 0 or N solved (0 of N: ``[0, 1 - (alpha/2)^(1/N)]``). Other scores
+    (mean@k, k > 1) take the bootstrap, which resamples problems only (not the samples within
+    a problem): all-equal scores give it a zero-width interval.
 
     Returns:
       ``{"per_dataset": {name: {metric: [low, high]}}, "pooled": {metric: [low, high]}}`` with
@@ -275,9 +278,9 @@ def confidence_intervals(
     metrics = (f"mean_at_{k}", f"pass_at_{k}")
 
     def interval(values, strata=None) -> list[float]:
-        boundary = _all_at_a_boundary(values, confidence)
-        if boundary is not None:
-            return boundary
+        exact = clopper_pearson(values, confidence)
+        if exact is not None:
+            return exact
         return list(metrics_lib.bootstrap_ci(values, strata=strata, **kw))
 
     per_dataset = {name: {m: interval(s[m]) for m in metrics} for name, s in scores.items()}
@@ -286,18 +289,20 @@ def confidence_intervals(
     return {"per_dataset": per_dataset, "pooled": pooled}
 
 
-def _all_at_a_boundary(values: np.ndarray, confidence: float) -> list[float] | None:
-    """The exact Clopper-Pearson interval (Clopper & Pearson 1934) when every per-problem score
-    is 0, or every one is 1; None otherwise."""
+def clopper_pearson(values, confidence: float = 0.95) -> list[float] | None:
+    """The exact Clopper-Pearson interval (Clopper & Pearson 1934) of the proportion of 1s in
+    ``values`` ([N] per-problem scores), when every score is 0 or 1; None otherwise (or N = 0).
+
+    ``[B(alpha/2; x, N - x + 1), B(1 - alpha/2; x + 1, N - x)]`` with ``x`` the number of 1s,
+    ``B`` the beta quantile and alpha = 1 - confidence (0 at x = 0, 1 at x = N).
+    """
     values = np.asarray(values, np.float64)
-    if values.size == 0:
+    if values.size == 0 or not np.all((values == 0.0) | (values == 1.0)):
         return None
-    edge = float((1.0 - confidence) / 2.0) ** (1.0 / values.size)
-    if np.all(values == 0.0):
-        return [0.0, 1.0 - edge]
-    if np.all(values == 1.0):
-        return [edge, 1.0]
-    return None
+    n, x, alpha = values.size, int(values.sum()), 1.0 - confidence
+    low = 0.0 if x == 0 else float(scipy.stats.beta.ppf(alpha / 2, x, n - x + 1))
+    high = 1.0 if x == n else float(scipy.stats.beta.ppf(1 - alpha / 2, x + 1, n - x))
+    return [low, high]
 
 
 def format_summary(summary: dict) -> str:

@@ -497,6 +497,9 @@ def _generate_continuous(
     return rollouts, stats
 
 
+_full_int32 = jax.jit(lambda shape, value: jnp.full(shape, value, jnp.int32), static_argnums=(0, 1))
+
+
 def generate_continuous(
     graphdef,
     params,
@@ -550,7 +553,7 @@ def generate_continuous(
     if not isinstance(num_slots, int) or num_slots < 1:
         raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
     if max_lengths is None:
-        max_lengths = jnp.full((R,), config.max_new_tokens, jnp.int32)
+        max_lengths = _full_int32((R,), config.max_new_tokens)  # built on device: no transfer
     elif jnp.shape(max_lengths) != (R,):
         raise ValueError(f"max_lengths must be [{R}], got shape {jnp.shape(max_lengths)}")
     return _generate_continuous(

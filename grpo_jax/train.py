@@ -9,7 +9,7 @@ directly. The algorithm (``config.algorithm.name``) is a registered curriculum +
   3. generate R completions                  steps.generate       (device)
   4. score them                              reward_fn            (host, worker processes)
      [DAPO dynamic sampling: more rounds of 1-4 until P groups have unequal rewards]
-  5. group advantages + per-rollout weights  steps.advantages, curriculum.weights (device)
+  5. group advantages + per-rollout weights  steps.advantages (device), curriculum.weights (host)
   6. reference / old log-probs               steps.logprobs       (device; skipped if unused)
   7. num_iterations x mini-batch updates     steps.train          (device, one program)
   8. the curriculum learns from the step     curriculum.update    (classifier, controllers)
@@ -395,16 +395,16 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
     settings; nothing that changes the checkpoint's shapes).
 
     ``need_reward=False`` builds the experiment with the built-in verifier in place of
-    ``config.reward.fn`` (exporting needs no reward, nor your reward module on the path).
-    The caller closes the experiment (``exp.close()``).
+    ``config.reward.fn`` and without the reward model (exporting needs no reward, nor your
+    reward module or reward-model files). The caller closes the experiment (``exp.close()``).
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no run in {workdir}: {path} not found")
     with open(path) as f:
         config = config_schema.upgrade(json.load(f))
-    if not need_reward and config.reward.fn:
-        config.reward.fn = ""
+    if not need_reward:
+        config.reward.fn, config.reward.model = "", ""
     if configure is not None:
         configure(config)
     exp = build_experiment(config)
@@ -613,13 +613,13 @@ class _Job:
         return evaluation.evaluate(self.exp, run.train.params, self.eval_rng)
 
 
-def _start(config, workdir, allow_changes, sig, stack, progress: dict):
+def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workdir: bool):
     """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
     and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
     Returns (job, run state, restored?); raises `_Interrupted` on a signal (nothing saved;
-    ``progress["step"]`` is the restored checkpoint's step once it is read)."""
-    config_path = os.path.join(workdir, "config.json")
-    new_workdir = not os.path.exists(config_path)
+    ``progress["step"]`` is the restored checkpoint's step once it is read). ``new_workdir``:
+    no config.json before this command, so a failed set-up removes the one it wrote."""
+    config_path = os.path.join(workdir, "config.json")  # written by check_workdir
     with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
         try:
             exp = build_experiment(config)
@@ -765,11 +765,14 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
 
 
 def _train(config, workdir, allow_changes, sig, stack) -> dict:
+    new_workdir = not os.path.exists(os.path.join(workdir, "config.json"))
     changes = config_utils.check_workdir(config, workdir, allow_changes)
     wall0 = time.perf_counter()
     progress = {}
     try:
-        job, run, restored = _start(config, workdir, allow_changes, sig, stack, progress)
+        job, run, restored = _start(
+            config, workdir, allow_changes, sig, stack, progress, new_workdir
+        )
     except _Interrupted:
         _quiesce()
         step = progress.get("step")

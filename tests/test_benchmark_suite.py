@@ -4,6 +4,7 @@ HF checkpoint on a tiny data directory in the prepare_data layout), and bad inpu
 ``error:`` line with exit code 2."""
 
 import json
+import math
 import os
 import string
 import subprocess
@@ -50,9 +51,22 @@ def test_a_constant_matrix_has_a_degenerate_bootstrap_and_an_exact_interval():
     assert ci["per_dataset"]["a"] == {"mean_at_4": low5, "pass_at_4": low5}
     # 0 of 30 (AIME's size): upper bound 1 - 0.025^(1/30) = 0.1157
     assert ci["per_dataset"]["c"]["pass_at_4"] == pytest.approx([0.0, 0.11570], abs=1e-5)
-    # pooled: 8 of 38 solved, not at a boundary, so the stratified bootstrap, whose strata are
-    # each constant here: it sees no variance (a limit of resampling within benchmarks)
-    assert ci["pooled"]["pass_at_4"] == pytest.approx([8 / 38, 8 / 38])
+    # pooled: 8 of 38 problems solved; Clopper-Pearson by the beta quantiles (scipy-free check:
+    # the bounds solve P(X >= 8 | p_low) = 0.025 and P(X <= 8 | p_high) = 0.025)
+    low, high = ci["pooled"]["pass_at_4"]
+    binom = lambda p, x: math.comb(38, x) * p**x * (1 - p) ** (38 - x)
+    assert sum(binom(low, x) for x in range(8, 39)) == pytest.approx(0.025, abs=1e-9)
+    assert sum(binom(high, x) for x in range(0, 9)) == pytest.approx(0.025, abs=1e-9)
+    # every sample of a problem agrees here, so mean@4 is 0/1 per problem too: the same interval
+    assert ci["pooled"]["mean_at_4"] == pytest.approx([low, high])
+
+
+def test_the_exact_interval_is_monotone_in_the_number_solved():
+    results = lambda x: {"b": evaluation.EvalResult({}, np.arange(30)[:, None] < x, None)}
+    highs = [evaluation.confidence_intervals(results(x), 1)["per_dataset"]["b"] for x in range(4)]
+    uppers = [h["pass_at_1"][1] for h in highs]
+    assert uppers == sorted(uppers) and len(set(uppers)) == 4
+    assert highs[0]["mean_at_1"] == highs[0]["pass_at_1"] == pytest.approx([0.0, 0.11570], abs=1e-5)
     # an interior constant (every problem at 1/4 of its samples) stays the bootstrap's point
     quarter = np.zeros((6, 4), bool)
     quarter[:, 0] = True
@@ -83,15 +97,18 @@ def test_the_interval_matches_the_normal_approximation_and_holds_the_estimate():
 
 
 def test_the_pooled_interval_is_stratified_by_benchmark():
-    # benchmark "a" all wrong, "b" all right: stratified replicates keep 3 of each, so the
-    # pooled score is exactly 1/2 in every replicate (unstratified it would vary)
+    # mean@2 of 1/2 on every problem of "a", 1 on every problem of "b" (not 0/1 scores, so the
+    # bootstrap): stratified replicates keep 3 of each, so the pooled score is exactly 3/4 in
+    # every replicate (unstratified it would vary)
+    half = np.zeros((3, 2), bool)
+    half[:, 0] = True
     results = {
-        "a": evaluation.EvalResult({}, np.zeros((3, 2), bool), np.full(3, -1)),
+        "a": evaluation.EvalResult({}, half, np.full(3, -1)),
         "b": evaluation.EvalResult({}, np.ones((3, 2), bool), np.full(3, -1)),
     }
     ci = evaluation.confidence_intervals(results, 2, num_resamples=500)
-    assert ci["pooled"]["mean_at_2"] == pytest.approx([0.5, 0.5])
-    assert metrics.bootstrap_ci([0, 0, 0, 1, 1, 1], num_resamples=500) != (0.5, 0.5)
+    assert ci["pooled"]["mean_at_2"] == pytest.approx([0.75, 0.75])
+    assert metrics.bootstrap_ci([0.5, 0.5, 0.5, 1, 1, 1], num_resamples=500) != (0.75, 0.75)
 
 
 def test_bad_interval_arguments_raise():

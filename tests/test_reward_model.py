@@ -142,6 +142,44 @@ def test_chat_template_renders_the_conversation(tmp_path):
     assert texts == ["<|im_start|>user\n6*7?<|im_end|>\n<|im_start|>assistant\n42<|im_end|>\n"]
 
 
+def test_chat_template_with_its_own_bos_is_tokenized_as_transformers_does(tmp_path):
+    """A Llama-3-style reward model: the tokenizer's post-processor adds BOS and the chat
+    template writes it too; the rendered conversation must carry one BOS (transformers'
+    ``apply_chat_template(tokenize=True)``), not two."""
+    import tokenizers
+
+    make_rm(tmp_path, "llama")
+    vocab = {**_VOCAB, "<bos>": len(_VOCAB)}
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+        tokenizers.Regex(r"[\s\S]"), behavior="isolated"
+    )
+    tk.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    tk.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    tk.save(str(tmp_path / "tokenizer.json"))
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **{f"{t}_token": f"<{t}>" for t in ("eos", "pad", "bos")},
+        "unk_token": "[UNK]",
+        "chat_template": template,
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    scorer = rm.RewardModelScorer.load(str(tmp_path), _mesh(1), template="chat")
+    texts = scorer.texts(["ignored"], ["42"], [{"problem": "6*7?"}])
+    tokens, mask, _ = scorer.encode(texts)
+    ours = tokens[0][mask[0]].tolist()
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    convo = [{"role": "user", "content": "6*7?"}, {"role": "assistant", "content": "42"}]
+    ref = hf.apply_chat_template(convo, tokenize=True)
+    ref = list(ref["input_ids"] if hasattr(ref, "keys") else ref)
+    assert ours == ref and ours.count(vocab["<bos>"]) == 1
+
+
 def _config(**overrides):
     return smoke_config("grpo", **overrides)
 

@@ -70,3 +70,11 @@ def test_dynamic_sampling_on_an_eight_device_mesh_crosses_only_at_the_named_cros
     cfg.mesh.num_devices, cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 8, 2, 2, 2
     row, crossings = _guarded_step(cfg, monkeypatch)
     assert crossings == 0 and row["dynamic_sampling/rounds"] >= 1
+
+
+@pytest.mark.slow  # ~20 s
+def test_continuous_batching_crosses_only_at_the_named_crossings(monkeypatch):
+    row, crossings = _guarded_step(
+        smoke_config("grpo", **{"rollout.decode_slots": 16}), monkeypatch
+    )
+    assert crossings == 0 and 0 < row["decode_utilisation"] <= 1

@@ -266,10 +266,15 @@ class Tokenizer:
             ids = [self.bos_id] + ids
         return ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """encode() for several texts (parallel in the Rust tokenizer)."""
-        out = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
-        if self.add_bos:
+    def encode_batch(
+        self, texts: Sequence[str], *, add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """encode() for several texts (parallel in the Rust tokenizer). ``add_special_tokens=
+        False``: the text's own tokens only (no BOS/post-processor additions), for text a chat
+        template rendered with its BOS already in it (transformers' ``apply_chat_template``)."""
+        batch = self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        out = [e.ids for e in batch]
+        if self.add_bos and add_special_tokens:
             out = [ids if ids and ids[0] == self.bos_id else [self.bos_id] + ids for ids in out]
         return out
 

@@ -258,7 +258,8 @@ class RewardModelScorer:
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
         """(tokens [N, T] int32 right-padded, mask [N, T] bool, rows cut to max_tokens)."""
-        ids = self.tokenizer.encode_batch(list(texts))
+        # a chat-rendered text carries the template's own BOS (transformers tokenizes it so too)
+        ids = self.tokenizer.encode_batch(list(texts), add_special_tokens=self.template == "text")
         cut = 0
         if self.max_tokens > 0:
             cut = sum(len(x) > self.max_tokens for x in ids)
