@@ -266,7 +266,14 @@ def _fake_round(rewards_by_group, ids, n=2, Lp=3, Lc=2, offset=0):
 def test_dynamic_sampling_keeps_informative_groups_first_then_fills():
     import types
 
-    exp = types.SimpleNamespace(config=smoke_config("grpo"), num_bins=2)
+    from grpo_jax import sharding
+
+    exp = types.SimpleNamespace(
+        config=smoke_config("grpo"),
+        num_bins=2,
+        mesh=sharding.make_mesh({"data": 1}, jax.devices()[:1]),
+        batching=types.SimpleNamespace(rollouts_per_step=6),
+    )
     exp.config.rollout.rollouts_per_prompt = 2
     exp.config.rollout.prompts_per_step = 3
     take = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x[idx], tree))
