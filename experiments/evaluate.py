@@ -40,6 +40,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import zlib
 
 import flax
@@ -267,6 +268,39 @@ def _examples(name: str, train_problems: set) -> tuple[list, int]:
     return examples, dropped
 
 
+def _call_rows(batch_size: int, k: int, num_problems: int, mesh) -> int:
+    """Rollouts per sampling call for a benchmark of ``num_problems``: ``batch_size``, or fewer
+    when the whole benchmark needs fewer (a small run is not padded to a full call), kept a
+    multiple of the mesh's batch shards. Depends on the benchmark alone, so it scores the same
+    alone or in a suite."""
+    rows = max(min(batch_size, k * num_problems) // k, 1) * k
+    return rows if rows % sharding.batch_divisor(mesh) == 0 else batch_size
+
+
+def _output_path() -> str:
+    """--output (or its default), its folder created and checked writable before any work: a
+    bad path fails at once, not after the sampling."""
+    default = "benchmark.json" if _SUITE.value else "eval.json"
+    out = _OUT.value or os.path.join(_WORKDIR.value or ".", default)
+    folder = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"--output={out}: cannot write in {folder} ({e.strerror})") from None
+    if os.path.isdir(out):
+        raise ValueError(f"--output={out} is a directory; give a file name (e.g. benchmark.json)")
+    return out
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def _evaluate_on_disk(names) -> tuple[dict, dict, dict, dict]:
     """``({name: EvalResult}, protocol, model, {name: train overlap dropped})``."""
     graphdef, params, tok, model = _load_model()
@@ -303,6 +337,7 @@ def _evaluate_on_disk(names) -> tuple[dict, dict, dict, dict]:
     results, dropped = {}, {}
     for name in names:
         examples, dropped[name] = _examples(name, train_problems)
+        batch = _call_rows(protocol["batch_size"], k, len(examples), mesh)
         task = "gsm8k" if name == "gsm8k" else "math"
         with rewards.RewardFn(rewards.RewardConfig(task=task)) as reward_fn:
             results[name] = evaluation.evaluate_policy(
@@ -317,7 +352,7 @@ def _evaluate_on_disk(names) -> tuple[dict, dict, dict, dict]:
                 ),
                 prompt_len=_MAX_PROMPT.value,
                 k=k,
-                batch_size=protocol["batch_size"],
+                batch_size=batch,
                 rng=jax.random.fold_in(
                     jax.random.PRNGKey(protocol["seed"]), zlib.crc32(name.encode())
                 ),
@@ -395,6 +430,7 @@ def run(argv=None) -> dict:
     """The whole command (flags already parsed); returns the JSON result."""
     del argv
     _check_flags()
+    out = _output_path()
     names = evaluation.resolve_datasets(_SUITE.value, _DATASETS.value)
     if _WORKDIR.value:
         config = _workdir_config()
@@ -425,13 +461,9 @@ def run(argv=None) -> dict:
     )
     if "checkpoint_step" in model:
         result["checkpoint_step"] = model["checkpoint_step"]
-    default = "benchmark.json" if _SUITE.value else "eval.json"
-    out = _OUT.value or os.path.join(_WORKDIR.value or ".", default)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True, default=float)
+    _write_atomically(out, json.dumps(result, indent=2, sort_keys=True, default=float))
     table = markdown_table(result)
-    with open(os.path.splitext(out)[0] + ".md", "w") as f:
-        f.write(table)
+    _write_atomically(os.path.splitext(out)[0] + ".md", table)
     print(table)
     print(f"wrote {out}")
     print(json.dumps(result, sort_keys=True, default=float), flush=True)

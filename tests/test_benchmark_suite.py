@@ -251,5 +251,8 @@ def test_missing_models_and_data_are_one_line(tiny, tmp_path):
         ([], "pass one of --workdir, --hf_checkpoint or --gguf"),
         ([f"--hf_checkpoint={ckpt}", "--suite=math", f"--source_dir={tmp_path}"], "prepare_data"),
     ]
+    (tmp_path / "a_file").write_text("")
+    bad_out = f"--output={tmp_path / 'a_file' / 'benchmark.json'}"  # fails before any sampling
+    cases.append(([f"--hf_checkpoint={ckpt}", f"--source_dir={data}", bad_out], "--output="))
     for args, message in cases:
         _assert_one_error_line(_evaluate(*args), message)

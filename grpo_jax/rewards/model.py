@@ -146,8 +146,8 @@ def load_reward_model(path_or_id: str, mesh, *, dtype: str = "float32", platform
     if score is None or tuple(score.shape) != (1, model_cfg.hidden_size):
         got = "no tensor" if score is None else f"shape {tuple(score.shape)}"
         raise ValueError(
-            f"{path}: expected the score head 'score.weight' [1, {model_cfg.hidden_size}], "
-            f"got {got}"
+            f"{path}: expected the score head 'score.weight' [1, {model_cfg.hidden_size}] (a "
+            f"reward model has num_labels=1), got {got}"
         )
     tokenizer = tokenizer_lib.Tokenizer.from_dir(path)
     shards = param_shardings(model_cfg, mesh)
