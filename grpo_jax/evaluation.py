@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
-import scipy.stats
 
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import sampling, sharding
@@ -278,7 +277,7 @@ def confidence_intervals(
     metrics = (f"mean_at_{k}", f"pass_at_{k}")
 
     def interval(values, strata=None) -> list[float]:
-        exact = clopper_pearson(values, confidence)
+        exact = metrics_lib.clopper_pearson(values, confidence)
         if exact is not None:
             return exact
         return list(metrics_lib.bootstrap_ci(values, strata=strata, **kw))
@@ -287,22 +286,6 @@ def confidence_intervals(
     strata = np.concatenate([np.full(len(r.correct), i) for i, r in enumerate(results.values())])
     pooled = {m: interval(np.concatenate([s[m] for s in scores.values()]), strata) for m in metrics}
     return {"per_dataset": per_dataset, "pooled": pooled}
-
-
-def clopper_pearson(values, confidence: float = 0.95) -> list[float] | None:
-    """The exact Clopper-Pearson interval (Clopper & Pearson 1934) of the proportion of 1s in
-    ``values`` ([N] per-problem scores), when every score is 0 or 1; None otherwise (or N = 0).
-
-    ``[B(alpha/2; x, N - x + 1), B(1 - alpha/2; x + 1, N - x)]`` with ``x`` the number of 1s,
-    ``B`` the beta quantile and alpha = 1 - confidence (0 at x = 0, 1 at x = N).
-    """
-    values = np.asarray(values, np.float64)
-    if values.size == 0 or not np.all((values == 0.0) | (values == 1.0)):
-        return None
-    n, x, alpha = values.size, int(values.sum()), 1.0 - confidence
-    low = 0.0 if x == 0 else float(scipy.stats.beta.ppf(alpha / 2, x, n - x + 1))
-    high = 1.0 if x == n else float(scipy.stats.beta.ppf(1 - alpha / 2, x + 1, n - x))
-    return [low, high]
 
 
 def format_summary(summary: dict) -> str:

@@ -1,6 +1,7 @@
 """Evaluation metrics over sampled answers: unbiased pass@k, mean@k, maj@k (host side, numpy),
 the per-prompt weighted standard error of a rollout allocation, and the percentile-bootstrap
-confidence interval of a benchmark score (`bootstrap_ci`).
+confidence interval of a benchmark score (`bootstrap_ci`) and the exact one of a proportion
+(`clopper_pearson`).
 
 pass@k, mean@k and maj@k return one value per prompt (`[P]` float64); a benchmark score is their
 mean over prompts. Source for pass@k: Chen et al. 2021, *Evaluating Large Language Models
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import numpy as np
+import scipy.stats
 
 ArrayLike = int | Sequence[int] | np.ndarray
 
@@ -220,8 +222,8 @@ def bootstrap_ci(
     The samples within a problem are not resampled: the interval is over the benchmark's
     problems (the per-problem values already average the k samples), so a constant ``values``
     has the degenerate interval ``(c, c)``: the percentile bootstrap cannot see past a benchmark
-    where every problem scored 0 (or 1); with 0 of n solved the exact (Clopper-Pearson) 95%
-    upper bound would be ``1 - 0.025 ** (1 / n)`` (0.12 for AIME's 30 problems).
+    where every problem scored 0 (or 1); for 0/1 scores use `clopper_pearson` (0 of n solved:
+    upper bound ``1 - 0.025 ** (1 / n)``, 0.12 for AIME's 30 problems).
 
     Args:
       values: ``[N]`` float, one value per problem (e.g. `pass_at_k` or `mean_at_k` rows).
@@ -263,3 +265,19 @@ def bootstrap_ci(
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
     # a mean lies within [min, max]: the clip only removes summation round-off (constant values)
     return float(np.clip(low, v.min(), v.max())), float(np.clip(high, v.min(), v.max()))
+
+
+def clopper_pearson(values, confidence: float = 0.95) -> list[float] | None:
+    """The exact Clopper-Pearson interval (Clopper & Pearson 1934) of the proportion of 1s in
+    ``values`` ([N] per-problem scores), when every score is 0 or 1; None otherwise (or N = 0).
+
+    ``[B(alpha/2; x, N - x + 1), B(1 - alpha/2; x + 1, N - x)]`` with ``x`` the number of 1s,
+    ``B`` the beta quantile and alpha = 1 - confidence (0 at x = 0, 1 at x = N).
+    """
+    values = np.asarray(values, np.float64)
+    if values.size == 0 or not np.all((values == 0.0) | (values == 1.0)):
+        return None
+    n, x, alpha = values.size, int(values.sum()), 1.0 - confidence
+    low = 0.0 if x == 0 else float(scipy.stats.beta.ppf(alpha / 2, x, n - x + 1))
+    high = 1.0 if x == n else float(scipy.stats.beta.ppf(1 - alpha / 2, x + 1, n - x))
+    return [low, high]

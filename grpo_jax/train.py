@@ -217,7 +217,8 @@ def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> li
 def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     """Steps 5-6: advantages, the curriculum's weights, reference and old log-probs.
 
-    Returns: (the learner's batch, advantages [R], advantage stats, weights [R])."""
+    Returns: (the learner's batch, advantages [R] on device and on the host, advantage stats,
+    weights [R])."""
     ro = rd.rollouts
     rewards, seg = (xfer.to_device(exp.mesh, x) for x in (rd.rewards, rd.placement.segment_ids))
     rewards = fns.shape_rewards(rewards, ro.lengths)
@@ -232,7 +233,8 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     ref_logprobs = logprobs(run.ref_params) if exp.uses_reference else None
     # the curriculum's weights: host bookkeeping from the host advantages (the log-prob passes
     # above are already dispatched), then onto the batch's layout
-    weights = exp.curriculum.weights(run.controllers, rd.placement, xfer.to_host(adv))
+    adv_host = xfer.to_host(adv)
+    weights = exp.curriculum.weights(run.controllers, rd.placement, adv_host)
     weights = xfer.to_device(exp.mesh, np.asarray(weights, np.float32))
     batch = Batch(
         tokens=ro.tokens,
@@ -244,7 +246,7 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
         ref_logprobs=ref_logprobs,
         sampler_logprobs=ro.logprobs,
     )
-    return fns.finish_batch(run.train, batch, rewards), adv, adv_stats, weights
+    return fns.finish_batch(run.train, batch, rewards), adv, adv_host, adv_stats, weights
 
 
 _increment = jax.jit(lambda x: x + 1)
@@ -269,7 +271,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
 
     # 5-6. the batch
     t = _timer()
-    batch, adv, adv_stats, weights = _batch(exp, fns, run, rd)
+    batch, adv, adv_host, adv_stats, weights = _batch(exp, fns, run, rd)
     jax.block_until_ready(batch)
     times["reference"] = t()
 
@@ -283,7 +285,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
         "truncated_fraction": jnp.mean(truncated),
         "consecutive_skips": state.skips,
     }
-    upd, adv_stats, summary, adv = xfer.to_host((upd, adv_stats, summary, adv))  # one read
+    upd, adv_stats, summary = xfer.to_host((upd, adv_stats, summary))  # one read
     times["update"] = t()
 
     # 8. the curriculum learns from the step (every round's visits count, dropped groups too).
@@ -293,7 +295,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
         rewards=rd.rewards,
         correct=rd.correct,
         per_rollout_loss=np.asarray(upd.pop("per_rollout_loss")),
-        advantages=adv,
+        advantages=adv_host,
         visits=tuple(x.visit for x in rounds),
     )
     controllers, diagnostics = exp.curriculum.update(run.controllers, outcome)
@@ -834,7 +836,6 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
 
 def _check_runnable(config, exp: Experiment) -> None:
     """Checks that need the built experiment (the mesh), before any work is done."""
-
     div = sharding.batch_divisor(exp.mesh)
     k = config.eval.num_samples
     rows = max(config.eval.batch_size // k, 1) * k

@@ -17,6 +17,7 @@ Hooks are called by `grpo_jax.train.rl_step` in this order: ``draw`` -> ``alloca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -193,7 +194,10 @@ class Curriculum:
         diagnostics = gdro.prompt_gdro_diagnostics(
             self.num_bins, rollout_bins, rewards=outcome.rewards
         )
-        controller, extra = self.update_controller(state.controller, outcome)
+        # a controller's pure functions (grpo_jax.gdro) move its small arrays themselves
+        crossing = xfer.controllers() if state.controller is not None else contextlib.nullcontext()
+        with crossing:
+            controller, extra = self.update_controller(state.controller, outcome)
         diagnostics.update(extra)
         return CurriculumState(classifier=cls_state, controller=controller), diagnostics
 

@@ -63,10 +63,6 @@ class PromptGDRO(Curriculum):
             return np.asarray(w)
 
     def update_controller(self, controller, outcome: StepOutcome):
-        with xfer.controllers():
-            return self._update_controller(controller, outcome)
-
-    def _update_controller(self, controller, outcome: StepOutcome):
         signal = gdro.loss_signal(
             self.prompt_config,
             per_rollout_loss=jnp.asarray(outcome.per_rollout_loss),
@@ -113,10 +109,6 @@ class RolloutGDRO(Curriculum):
         return Placement(bins=bins, success=success, allocation=alloc)
 
     def update_controller(self, controller, outcome: StepOutcome):
-        with xfer.controllers():
-            return self._update_controller(controller, outcome)
-
-    def _update_controller(self, controller, outcome: StepOutcome):
         signal = gdro.loss_signal(
             self.rollout_config,
             per_rollout_loss=jnp.asarray(outcome.per_rollout_loss),

@@ -295,6 +295,40 @@ def _open_safetensors(path: str):
         raise ValueError(f"{path}: unreadable safetensors file ({e})") from None
 
 
+def _weight_files(path: str) -> tuple[dict, dict]:
+    """A checkpoint directory's weights: ({tensor key: file}, {file: open safe_open handle})
+    from model.safetensors or model.safetensors.index.json.
+
+    Raises FileNotFoundError (no weights, a listed shard missing) or ValueError (a bad index or
+    an unreadable file), naming the file."""
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        handle = _open_safetensors(single)
+        return dict.fromkeys(handle.keys(), single), {single: handle}
+    if not os.path.isfile(index):
+        raise FileNotFoundError(
+            f"no weights in {path}: expected model.safetensors or model.safetensors.index.json"
+        )
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: no 'weight_map' object in the index")
+    key_file = {k: os.path.join(path, v) for k, v in weight_map.items()}
+    handles = {}
+    for fname in sorted(set(key_file.values())):
+        if not os.path.isfile(fname):
+            raise FileNotFoundError(f"checkpoint shard not found: {fname} (listed in {index})")
+        handles[fname] = _open_safetensors(fname)
+    return key_file, handles
+
+
+def read_tensor(path: str, key: str) -> np.ndarray | None:
+    """Tensor ``key`` of a checkpoint directory (single file or sharded), None when absent.
+    Raises as `_weight_files`."""
+    key_file, handles = _weight_files(path)
+    return handles[key_file[key]].get_tensor(key) if key in key_file else None
+
+
 def load_hf_checkpoint(
     path: str,
     *,
@@ -326,26 +360,7 @@ def load_hf_checkpoint(
     hf_cfg = _read_json(cfg_path)
     config = ModelConfig.from_hf_config(hf_cfg, **{**_dtype_overrides(dtype), **config_overrides})
 
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(single):
-        handle = _open_safetensors(single)
-        key_file = dict.fromkeys(handle.keys(), single)
-        handles = {single: handle}
-    elif os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object in the index")
-        key_file = {k: os.path.join(path, v) for k, v in weight_map.items()}
-        handles = {}
-        for fname in sorted(set(key_file.values())):
-            if not os.path.isfile(fname):
-                raise FileNotFoundError(f"checkpoint shard not found: {fname} (listed in {index})")
-            handles[fname] = _open_safetensors(fname)
-    else:
-        raise FileNotFoundError(
-            f"no weights in {path}: expected model.safetensors or model.safetensors.index.json"
-        )
+    key_file, handles = _weight_files(path)
 
     def get_tensor(key, shape):
         fname = key_file.get(key)

@@ -41,7 +41,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 
 from grpo_jax import sharding, transfer
 from grpo_jax.models import attention as attention_lib
@@ -100,25 +99,6 @@ def param_shardings(model_cfg: ModelConfig, mesh):
     }
 
 
-def _read_tensor(path: str, key: str) -> np.ndarray | None:
-    """Tensor ``key`` of a checkpoint directory (single file or index), None when absent."""
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(single):
-        fname = single
-    elif os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            name = (json.load(f).get("weight_map") or {}).get(key)
-        if name is None:
-            return None
-        fname = os.path.join(path, name)
-    else:
-        raise FileNotFoundError(f"no weights in {path}: expected model.safetensors(.index.json)")
-    with safe_open(fname, framework="np") as f:
-        names = set(f.keys())
-        return f.get_tensor(key) if key in names else None
-
-
 def load_reward_model(path_or_id: str, mesh, *, dtype: str = "float32", platform=None):
     """Loads a reward-model checkpoint onto ``mesh``.
 
@@ -142,7 +122,7 @@ def load_reward_model(path_or_id: str, mesh, *, dtype: str = "float32", platform
         hf_cfg = json.load(f)
     impl = attention_lib.resolve_impl("auto", dtype, platform)
     model_cfg = reward_model_config(hf_cfg, dtype=dtype, param_dtype=dtype, attention_impl=impl)
-    score = _read_tensor(path, "score.weight")
+    score = loading.read_tensor(path, "score.weight")
     if score is None or tuple(score.shape) != (1, model_cfg.hidden_size):
         got = "no tensor" if score is None else f"shape {tuple(score.shape)}"
         raise ValueError(
