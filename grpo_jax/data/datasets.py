@@ -749,6 +749,9 @@ def load_with_stats(
         }
     spec, config = _spec(name, split, config)
     rows = list(read_rows(name, split, source_dir))
+    if not rows:
+        files = ", ".join(str(f) for f in source_files(name, split, source_dir))
+        raise ValueError(f"dataset {name!r}: {files}: the file is empty (no rows)")
     examples, skipped = convert_rows(name, rows, bad_rows=bad_rows)
     examples, counts = filter_examples(name, config, examples)
     finalize(name, examples)

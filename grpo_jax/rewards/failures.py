@@ -115,7 +115,7 @@ class RewardFailures:
                 f.flush()
                 os.fsync(f.fileno())
         if self.max_failed_steps and self.consecutive >= self.max_failed_steps:
-            last = "; ".join(f"{k}: {' '.join(str(v).split())}" for k, v in sorted(errors.items()))
+            last = "; ".join(" ".join(str(v).split()) for _, v in sorted(errors.items()))
             raise RewardFailureError(
                 f"step {step}: the reward function {self.fn} failed on every rollout for "
                 f"{self.consecutive} consecutive steps (config.reward.max_failed_steps="
