@@ -106,8 +106,8 @@ class RewardFailures:
             rows.append({"step": int(step), "fn": self.fn, "kind": kind, "message": text})
             lines.append(
                 f"WARNING: step {step}: the reward function {self.fn} failed ({kind}): {text}; "
-                "such rollouts score the low reward and count as wrong (first of its kind; "
-                f"all of them: {ERRORS_FILE})"
+                "such rollouts score the low reward and count as wrong (shown once per kind, "
+                f"kept in {self.path or ERRORS_FILE})"
             )
         if rows and self.path is not None:
             with open(self.path, "a") as f:
@@ -131,7 +131,8 @@ class RewardFailures:
         return (
             f"WARNING: the reward function {self.fn} failed on {self.failed} of {self.scored} "
             f"rollouts ({self.failed / self.scored:.1%} > config.reward.warn_failure_rate="
-            f"{self.warn_rate:g}); those scored the low reward. Its errors: {ERRORS_FILE}"
+            f"{self.warn_rate:g}); those scored the low reward. Its errors: "
+            f"{self.path or ERRORS_FILE}"
         )
 
 
