@@ -141,13 +141,15 @@ class _MissingColumn(_BadRow):
         self.key, self.field = key, field
 
 
-def _wrong_column(label: str, source, row, e: _BadRow, rows) -> None:
+def _wrong_column(label: str, source, row, e: _BadRow, rows, known: dict) -> None:
     """Raises ValueError (one line: the file, the column, the row's columns, the field) when
     ``e`` is a column that no row of ``rows`` has: a wrong column name, not a bad row (skipping
-    such rows would drop them all)."""
+    such rows would drop them all). ``known`` caches column -> some row has it."""
     if not isinstance(e, _MissingColumn) or not isinstance(rows, (list, tuple)):
         return
-    if any(isinstance(r, dict) and e.key in r for _, _, r in rows):
+    if e.key not in known:
+        known[e.key] = any(isinstance(r, dict) and e.key in r for _, _, r in rows)
+    if known[e.key]:
         return
     field = f"config.data.{e.field}={e.key!r}: " if e.field else ""
     raise ValueError(
@@ -531,7 +533,7 @@ def read_table(
 def _convert_table(label: str, convert, rows, *, bad_rows: str, unique_key: str = ""):
     if bad_rows not in ("error", "skip"):
         raise ValueError(f"bad_rows must be 'error' or 'skip', got {bad_rows!r}")
-    out, skipped, seen = [], 0, {}
+    out, skipped, seen, known = [], 0, {}, {}
     for index, (source, rownum, row) in enumerate(rows):
         try:
             if not isinstance(row, dict):
@@ -545,7 +547,7 @@ def _convert_table(label: str, convert, rows, *, bad_rows: str, unique_key: str 
                     )
                 seen[key] = rownum
         except _BadRow as e:
-            _wrong_column(label, source, row, e, rows)
+            _wrong_column(label, source, row, e, rows, known)
             message = (
                 f"dataset {label!r}: bad row at {source}:{rownum}: {e} "
                 "(fix the file or load with bad_rows='skip')"
@@ -656,14 +658,14 @@ def convert_rows(name: str, rows, *, bad_rows: str = "error", errors: list | Non
     if bad_rows not in ("error", "skip"):
         raise ValueError(f"bad_rows must be 'error' or 'skip', got {bad_rows!r}")
     spec = DATASETS[name]
-    out, skipped = [], 0
+    out, skipped, known = [], 0, {}
     for index, (path, lineno, row) in enumerate(rows):
         try:
             if not isinstance(row, dict):
                 raise _BadRow("not a JSON object")
             ex = spec.convert(row)
         except _BadRow as e:
-            _wrong_column(name, path, row, e, rows)
+            _wrong_column(name, path, row, e, rows, known)
             message = (
                 f"dataset {name!r}: bad row at {path}:{lineno}: {e} "
                 "(fix the file or load with bad_rows='skip')"
