@@ -51,6 +51,7 @@ import grpo_jax
 from experiments import prepare_data
 from grpo_jax import config_schema, evaluation, rewards, sampling, sharding, train
 from grpo_jax.data import datasets, templates
+from grpo_jax.data import from_config as data_lib
 from grpo_jax.models import loading
 from grpo_jax.models import tokenizer as tokenizer_lib
 
@@ -177,15 +178,21 @@ def _workdir_config():
         return config_schema.upgrade(json.load(f))
 
 
-def _data_files(names, source_dir: str) -> dict:
+def _data_files(names, source_dir: str, config=None) -> dict:
     """``{name: [{"file", "sha256", "pinned_sha256"}]}`` of the test files the sets read (sha256
-    of the bytes read; pinned: `experiments.prepare_data.SOURCES`). FileNotFoundError: one line
+    of the bytes read; pinned: `experiments.prepare_data.SOURCES`). With a run's ``config``, a
+    set read from your own table (``custom``, or a preset under ``data.path`` /
+    ``data.eval_path``) lists that table's local files (no pin). FileNotFoundError: one line
     telling the user to run prepare_data."""
     pinned = {rel: sha for srcs in prepare_data.SOURCES.values() for rel, _, sha in srcs}
     pinned.update(prepare_data.DAPO_PARTS)
     out = {}
     for name, split in names:
-        if name not in datasets.DATASETS:  # arithmetic (generated) or custom: no preset file
+        table, table_split = data_lib.eval_table(config, name) if config else (None, split)
+        if table is not None:
+            out[name] = _table_files(table, table_split)
+            continue
+        if name not in datasets.DATASETS:  # arithmetic (generated): no file
             out[name] = []
             continue
         try:
@@ -201,6 +208,18 @@ def _data_files(names, source_dir: str) -> dict:
                 print(f"warning: {f}: sha256 differs from prepare_data's pin", file=sys.stderr)
             out[name].append({"file": rel, "sha256": sha, "pinned_sha256": pinned.get(rel, "")})
     return out
+
+
+def _table_files(table: str, split: str) -> list[dict]:
+    """The sha256 of each local file of a table (none for a hub dataset)."""
+    try:
+        files = datasets.table_files(table, split)
+    except FileNotFoundError:
+        return []  # a hub id ("hf:org/name"): no local file
+    return [
+        {"file": str(f), "sha256": prepare_data.sha256_file(str(f)), "pinned_sha256": ""}
+        for f in files
+    ]
 
 
 def _evaluate_workdir(names, source_dir: str) -> tuple[dict, dict, dict]:
@@ -437,9 +456,13 @@ def run(argv=None) -> dict:
         source_dir = _SOURCE.value or config.data.source_dir
         names = names or tuple(config.eval.datasets)
     else:
-        source_dir, names = _SOURCE.value, names or ("gsm8k",)
+        config, source_dir, names = None, _SOURCE.value, names or ("gsm8k",)
     reads = [(n, "arithmetic" if n == "arithmetic" else "test") for n in names]
-    files = _data_files(reads + [("dapo_math", "train")] * _EXCLUDE.value, source_dir)
+    files = _data_files(
+        reads + [("dapo_math", "train")] * _EXCLUDE.value,
+        source_dir,
+        config,
+    )
     if _WORKDIR.value:
         results, protocol, model = _evaluate_workdir(names, source_dir)
         dropped = {}

@@ -236,6 +236,7 @@ def main(argv):
         print(config)
         return
     from grpo_jax import checkpointing, config_utils, train
+    from grpo_jax.rewards import failures as reward_failures
 
     try:
         try:
@@ -250,7 +251,8 @@ def main(argv):
     except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact
         _fail(e, 1)
     except (
-        FloatingPointError,
+        FloatingPointError,  # non-finite updates, or finite divergence (DivergenceError)
+        reward_failures.RewardFailureError,
         checkpointing.CheckpointError,
         checkpointing.WorkdirError,
     ) as e:  # the run stopped (or never started); what was saved is on disk

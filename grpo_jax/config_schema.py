@@ -251,6 +251,11 @@ def _training_fields(c: ml_collections.ConfigDict) -> None:
     c.optimizer.b2 = 0.999  # Adam beta2
     c.optimizer.grad_clip = 1.0  # global-norm gradient clip (0 = off)
     c.optimizer.max_consecutive_skips = 5  # stop after this many non-finite updates in a row
+    # finite divergence (grpo_jax.divergence): |loss| or the pre-clip grad norm above
+    # divergence_warn warns once; above divergence_stop the run checkpoints that step and stops
+    # (0 = off)
+    c.optimizer.divergence_warn = 1e3
+    c.optimizer.divergence_stop = 1e6
 
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 0  # supervised warm-start steps before RL (0 = none)
@@ -308,6 +313,11 @@ def _reward_fields(c: ml_collections.ConfigDict) -> None:
     )
     c.reward.extract = ""  # "module:function" completion -> answer for maj@k ("" = the task's)
     c.reward.timeout_s = 5.0  # per-completion verifier timeout (seconds)
+    # a failed reward (raised, hung, not a finite number, wrong count) scores the low reward; stop
+    # after this many consecutive steps in which every rollout's reward failed (0 = never)
+    c.reward.max_failed_steps = 3
+    # the run's last lines warn when more than this share of its rollouts' rewards failed
+    c.reward.warn_failure_rate = 0.1
     c.reward.num_workers = 2  # verifier worker processes
     c.reward.format_reward = 0.0  # bonus for a well-formed final answer
     # math-verify: significant digits of numeric comparison (15 scores 1/2^99 == 1/2^98)

@@ -271,7 +271,11 @@ def _validate_ranges(config) -> None:
     for path in ("ppo.gamma", "ppo.lam", "eval.top_p"):
         _num(config, path, 0, 1)
     _num(config, "reward.timeout_s", 0, lo_open=True)
+    _num(config, "reward.max_failed_steps", 0, integer=True)
+    _num(config, "reward.warn_failure_rate", 0, 1)
     _num(config, "optimizer.max_consecutive_skips", 1, integer=True)
+    for path in ("optimizer.divergence_warn", "optimizer.divergence_stop"):
+        _num(config, path, 0)  # 0 = off
     _num(config, "reward.num_workers", 1, integer=True)
     _num(config, "reward.numeric_precision", 1, integer=True)
     _num(config, "reward.format_reward", -inf, inf, lo_open=True, hi_open=True)
@@ -320,6 +324,10 @@ SAFE_TO_CHANGE = (
     "model.attention_impl",  # the same attention up to float rounding (tests/test_attention_impl.py)
     "reward.num_workers",
     "reward.timeout_s",
+    "reward.max_failed_steps",  # when a failing reward stops the run, not what it computes
+    "reward.warn_failure_rate",
+    "optimizer.divergence_warn",  # when a diverging run warns or stops, not what it computes
+    "optimizer.divergence_stop",
 )
 
 

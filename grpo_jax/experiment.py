@@ -334,14 +334,15 @@ def build_experiment(
     )
     needs_tokenizer = with_data or config.data.name == "arithmetic"
     tokenizer = model_lib.load_tokenizer(config) if needs_tokenizer else None
-    model_cfg, graphdef, init_fn = model_lib.load_model(config, tokenizer, devices[0].platform)
-    shardings = sharding.param_shardings(
-        nnx.split(model_lib.abstract_model(model_cfg), nnx.Param)[1], mesh
-    )
+    # the pool (and its data-dependent ranges, `data_lib.check_pool`) before the weights load
     pool = (
         data_lib.build_pool(config, tokenizer, raw, load_stats)
         if with_data
         else data_lib.PromptPool.empty(config.data.max_prompt_tokens)
+    )
+    model_cfg, graphdef, init_fn = model_lib.load_model(config, tokenizer, devices[0].platform)
+    shardings = sharding.param_shardings(
+        nnx.split(model_lib.abstract_model(model_cfg), nnx.Param)[1], mesh
     )
     R, mb = batching.rollouts_per_step, batching.mini_batch_size
     steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)

@@ -41,6 +41,7 @@ from grpo_jax import (
     checkpointing,
     config_schema,
     config_utils,
+    divergence,
     evaluation,
     gdro,
     sharding,
@@ -49,6 +50,8 @@ from grpo_jax import (
 )
 from grpo_jax import transfer as xfer
 from grpo_jax.experiment import Experiment, build_experiment
+from grpo_jax.rewards import failures as rewards_failures
+from grpo_jax.rewards import from_config as reward_from_config
 from grpo_jax.state import Batch, RunState
 
 
@@ -60,6 +63,7 @@ class Round:
     correct [R] bool, lengths [R] int32, informative [P] bool (the group's rewards are not all
     equal). Device arrays: rollouts (`sampling.Rollouts`, [R, ...]), prompt_mask [R, Lp] bool.
     decode_utilisation: share of decode slot-steps that did work (continuous batching only).
+    reward_errors: failure kind -> its first text in the round (the reward's ``errors`` stat).
     """
 
     ids: np.ndarray
@@ -75,6 +79,7 @@ class Round:
     times: dict
     texts: tuple = ()
     decode_utilisation: float | None = None  # continuous batching's SlotStats.utilisation
+    reward_errors: dict = dataclasses.field(default_factory=dict)
 
     @property
     def visit(self) -> algorithms.Visit:
@@ -122,6 +127,8 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     t = _timer()
     texts = xfer.decode_completions(exp.tokenizer, completions, lengths)
     rewards, correct, reward_stats = exp.score(texts, rows)
+    reward_stats = dict(reward_stats)
+    reward_errors = reward_stats.pop("errors", {})
     rewards, correct = np.asarray(rewards, np.float32), np.asarray(correct, bool)
     seg, P = placement.segment_ids, len(ids)
     hi, lo = np.full(P, -np.inf, np.float32), np.full(P, np.inf, np.float32)
@@ -138,10 +145,11 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         correct=correct,
         lengths=np.asarray(lengths),
         informative=hi > lo,
-        reward_stats=dict(reward_stats),
+        reward_stats=reward_stats,
         times=times,
         texts=tuple(texts),
         decode_utilisation=float(np.mean(util)) if util else None,
+        reward_errors=reward_errors,
     )
 
 
@@ -193,12 +201,15 @@ class StepResult:
       rounds: one ``(ids [P] int32, placement)`` per sampling round (DAPO dynamic sampling
         draws several): which prompts were drawn, their bins and rollouts per prompt.
       outcome: what the curriculum learned from (`algorithms.StepOutcome` of the trained batch).
+      reward_failures: ``{"failed", "scored", "errors"}``: rollouts of every round whose reward
+        failed (crashed or timed out) of those scored, and failure kind -> its first text.
     """
 
     run: RunState
     row: dict
     rounds: tuple
     outcome: algorithms.StepOutcome
+    reward_failures: dict = dataclasses.field(default_factory=dict)
 
 
 def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> list[Round]:
@@ -310,7 +321,29 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
     row = _metrics_row(exp, rounds, rd, upd, summary, diagnostics, times)
     new_run = RunState(train=state, controllers=controllers, ref_params=run.ref_params)
     placements = tuple((x.ids, x.placement) for x in rounds)
-    return StepResult(run=new_run, row=row, rounds=placements, outcome=outcome)
+    return StepResult(
+        run=new_run,
+        row=row,
+        rounds=placements,
+        outcome=outcome,
+        reward_failures=_reward_failures(rounds),
+    )
+
+
+def _reward_failures(rounds) -> dict:
+    """`StepResult.reward_failures` of a step's sampling rounds."""
+    errors = {}
+    for x in rounds:
+        for kind, text in x.reward_errors.items():
+            errors.setdefault(kind, text)
+    return {
+        "failed": sum(
+            int(x.reward_stats.get("num_crashes", 0)) + int(x.reward_stats.get("num_timeouts", 0))
+            for x in rounds
+        ),
+        "scored": sum(len(x.rewards) for x in rounds),
+        "errors": errors,
+    }
 
 
 def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, times) -> dict:
@@ -429,6 +462,8 @@ class _Interrupted(BaseException):
 
 
 _PENDING_EVAL = "pending_eval_row"  # meta key: a step whose evaluation a signal interrupted
+_REWARD_FAILURES = "reward_failures"  # meta key: `rewards_failures.RewardFailures.state`
+_DIVERGENCE = "divergence"  # meta key: `divergence.DivergenceWatch.state`
 _OWN_CODE = tuple(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
     for d in ("grpo_jax", "experiments", "configs")
@@ -577,20 +612,43 @@ def train_and_evaluate(
       checkpointing.CheckpointError: no readable checkpoint, or a save failed (the previous
         checkpoints intact).
       FloatingPointError: ``optimizer.max_consecutive_skips`` non-finite updates in a row (the
-        last good state is checkpointed first).
+        last good state is checkpointed first); `DivergenceError` past
+        ``optimizer.divergence_stop`` (that step checkpointed).
+      rewards.failures.RewardFailureError: every rollout's reward failed in
+        ``reward.max_failed_steps`` consecutive steps.
     """
+    created = not os.path.exists(workdir)
+    try:
+        return _train_in(config, workdir, tuple(allow_changes))
+    except config_utils.ConfigError:
+        if created and jax.process_index() == 0:
+            _remove_unused(workdir)  # a refused new run leaves no workdir behind
+        raise
+
+
+def _remove_unused(workdir: str) -> None:
+    """Removes a workdir that holds nothing but the released (empty) lock file."""
+    lock = os.path.join(workdir, ".lock")
+    with contextlib.suppress(OSError):
+        if os.listdir(workdir) == [".lock"] and os.path.getsize(lock) == 0:
+            os.remove(lock)
+        os.rmdir(workdir)
+
+
+def _train_in(config, workdir: str, allow_changes: tuple) -> dict:
     # the signal handler first: a signal during the checks or the lock only sets the flag (the
     # set-up then stops before any work), and the lock is released under it too
     with contextlib.ExitStack() as stack:
         sig = stack.enter_context(_Preempted())
         config_utils.validate(config)
+        reward_from_config.check_functions(config)
         checkpointing.probe_writable(workdir)
         if os.path.isdir(os.path.join(workdir, "checkpoints")):  # e.g. a read-only mount
             checkpointing.probe_writable(
                 os.path.join(workdir, "checkpoints"), "checkpoint directory"
             )
         stack.enter_context(checkpointing.WorkdirLock(workdir))
-        return _train(config, workdir, tuple(allow_changes), sig, stack)
+        return _train(config, workdir, allow_changes, sig, stack)
 
 
 @dataclasses.dataclass
@@ -606,6 +664,8 @@ class _Job:
     fns: steps.Steps
     eval_rng: jax.Array
     meta: dict = dataclasses.field(default_factory=dict)
+    reward_watch: rewards_failures.RewardFailures | None = None
+    divergence: divergence.DivergenceWatch | None = None
 
     def save(self, run: RunState, meta: dict | None = None) -> None:
         extra = {"data": self.source.get_state(), "config": self.config.to_dict()}
@@ -701,7 +761,8 @@ def _progress_bar(config, step: int, stack):
 
 
 def _step_hooks(job: _Job, writer, bar, final_eval: dict):
-    """The job's `run_steps` hooks: samples, the non-finite stop, evaluation + row + checkpoint.
+    """The job's `run_steps` hooks: samples, reward failures (`grpo_jax.rewards.failures`), the
+    non-finite stop, finite divergence (`grpo_jax.divergence`), evaluation + row + checkpoint.
     Also returns ``finish_step(run, row, saved)`` (True: a signal stops the run)."""
     config, sig = job.config, job.sig
 
@@ -763,7 +824,37 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
     def finish(result: StepResult) -> bool:
         return finish_step(result.run, result.row, saved=False)
 
-    return (samples, non_finite, finish), finish_step
+    reward_failures, diverged = _watch_hooks(job, writer)
+    return (samples, reward_failures, non_finite, diverged, finish), finish_step
+
+
+def _watch_hooks(job: _Job, writer):
+    """The hooks of the run's watches: reward failures and finite divergence (their state is
+    kept in ``job.meta``, so it is saved with every checkpoint)."""
+
+    def reward_failures(result: StepResult) -> None:
+        step, f = int(result.run.train.step), result.reward_failures
+        try:
+            lines = job.reward_watch.observe(step, f["failed"], f["scored"], f["errors"])
+        except rewards_failures.RewardFailureError:
+            writer.write(step, result.row)  # the failing step's row (reward/num_crashes ...)
+            raise
+        for line in lines:
+            _say(line)
+        job.meta[_REWARD_FAILURES] = job.reward_watch.state()  # saved with the checkpoints
+
+    def diverged(result: StepResult) -> None:
+        run, step = result.run, int(result.run.train.step)
+        lines, stop = job.divergence.observe(step, result.row)
+        for line in lines:
+            _say(line)
+        job.meta[_DIVERGENCE] = job.divergence.state()
+        if stop:
+            writer.write(step, result.row)
+            job.save(run)  # the diverged state, to inspect (the earlier checkpoints are kept)
+            raise divergence.DivergenceError(f"{stop} (checkpoint {step} in {job.ckpt.directory})")
+
+    return reward_failures, diverged
 
 
 def _train(config, workdir, allow_changes, sig, stack) -> dict:
@@ -795,6 +886,11 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         job.save(run)
     pending = job.meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
     step = int(run.train.step)
+    job.reward_watch = _reward_watch(config, workdir, job.meta.get(_REWARD_FAILURES), step)
+    opt = config.optimizer
+    job.divergence = divergence.DivergenceWatch(
+        opt.divergence_warn, opt.divergence_stop, job.meta.get(_DIVERGENCE)
+    )
     writer = _open_writer(job, step, pending, stack)
     bar = _progress_bar(config, step, stack)
     final_eval: dict = {}
@@ -831,7 +927,26 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         if bar is not None:
             bar.close()  # its last line ends before the table starts (close is idempotent)
         print(evaluation.format_summary(summary), flush=True)
+    # the run's last lines: a reward that failed, a run that never had a learning signal
+    for warning in (job.reward_watch.final_warning(), job.divergence.final_warning()):
+        if warning:
+            _say(warning)
     return summary
+
+
+def _reward_watch(config, workdir: str, state: dict | None, step: int):
+    """The run's `rewards_failures.RewardFailures` (its counters from a checkpoint's meta)."""
+    kind, value = reward_from_config.reward_key(config)
+    name = repr(value) if kind == "fn" else f"(the built-in {value!r} verifier)"
+    path = os.path.join(workdir, rewards_failures.ERRORS_FILE)
+    return rewards_failures.RewardFailures(
+        name,
+        max_failed_steps=config.reward.max_failed_steps,
+        warn_rate=config.reward.warn_failure_rate,
+        path=path if jax.process_index() == 0 else None,
+        state=state,
+        step=step,
+    )
 
 
 def _check_runnable(config, exp: Experiment) -> None:

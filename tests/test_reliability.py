@@ -438,6 +438,7 @@ def test_bad_rows_skipped_are_counted(tmp_path, monkeypatch):
             "data.bad_rows": "skip",
             "data.source_dir": _gsm8k_dir(tmp_path, bad_row=True),
             "data.max_prompt_tokens": 64,
+            "rollout.prompts_per_step": 3,  # of the 3 good rows
             "eval.datasets": ("gsm8k",),
             "reward.num_workers": 1,
         },

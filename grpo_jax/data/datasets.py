@@ -133,7 +133,42 @@ class _BadRow(ValueError):
     pass
 
 
-def _text(row: dict, key: str) -> str:
+class _MissingColumn(_BadRow):
+    """A row without the column ``key`` (``field``: the ``config.data`` field naming it)."""
+
+    def __init__(self, key: str, field: str = ""):
+        super().__init__(f"missing or empty {key!r}")
+        self.key, self.field = key, field
+
+
+def _wrong_column(label: str, source, row, e: _BadRow, rows, known: dict) -> None:
+    """Raises ValueError (one line: the file, the column, the row's columns, the field) when
+    ``e`` is a column that no row of ``rows`` has: a wrong column name, not a bad row (skipping
+    such rows would drop them all). ``known`` caches column -> some row has it."""
+    if not isinstance(e, _MissingColumn) or not isinstance(rows, (list, tuple)):
+        return
+    if e.key not in known:
+        known[e.key] = any(isinstance(r, dict) and e.key in r for _, _, r in rows)
+    if known[e.key]:
+        return
+    field = f"config.data.{e.field}={e.key!r}: " if e.field else ""
+    raise ValueError(
+        f"{field}dataset {label!r}: no row of {source} has a column {e.key!r}; its columns: "
+        f"{', '.join(map(repr, row))}"
+        + (f" (set config.data.{e.field} to one of them)" if e.field else "")
+    )
+
+
+def _column(row: dict, key: str, field: str):
+    """``row[key]``; `_MissingColumn` (naming the ``config.data`` field) when there is none."""
+    if key not in row:
+        raise _MissingColumn(key, field)
+    return row[key]
+
+
+def _text(row: dict, key: str, field: str = "") -> str:
+    if key not in row:
+        raise _MissingColumn(key, field)
     v = row.get(key)
     if v is None or (isinstance(v, str) and not v.strip()):
         raise _BadRow(f"missing or empty {key!r}")
@@ -355,14 +390,15 @@ def column_converter(columns: Columns) -> Callable[[dict], dict]:
         ex = {k: v for k, v in row.items() if k not in _CORE}
         reference = None
         if columns.messages:
-            ex["messages"], reference = conversation(row.get(columns.messages), columns.messages)
+            value = _column(row, columns.messages, "messages_column")
+            ex["messages"], reference = conversation(value, columns.messages)
             ex["problem"] = ex["messages"][-1]["content"].strip()  # the last user turn
         else:
-            ex["problem"] = _text(row, columns.prompt)
+            ex["problem"] = _text(row, columns.prompt, "prompt_column")
         if columns.messages and reference is not None and row.get(columns.answer) is None:
             ex["answer"] = reference.strip()  # the gold: the conversation's final assistant turn
         elif columns.answer:
-            if columns.answer not in row or row[columns.answer] is None:
+            if _column(row, columns.answer, "answer_column") is None:
                 raise _BadRow(f"missing or empty {columns.answer!r}")
             ex["answer"], answers = _gold(row[columns.answer], columns.answer)
             if answers is not None:
@@ -371,7 +407,7 @@ def column_converter(columns: Columns) -> Callable[[dict], dict]:
             ex["answer"] = ""
         ex["level"] = -1
         if columns.level:
-            v = row.get(columns.level)
+            v = _column(row, columns.level, "level_column")
             try:
                 if isinstance(v, bool) or v is None or float(v) != int(float(v)):
                     raise ValueError
@@ -379,7 +415,7 @@ def column_converter(columns: Columns) -> Callable[[dict], dict]:
             except (TypeError, ValueError):
                 raise _BadRow(f"{columns.level!r} is not an integer level: {v!r}") from None
         if columns.id:
-            if row.get(columns.id) is None:
+            if _column(row, columns.id, "id_column") is None:
                 raise _BadRow(f"missing {columns.id!r}")
             ex["source_id"] = row[columns.id]
         return ex
@@ -391,7 +427,9 @@ _TABLE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-def _table_files(path: str, split: str) -> list[pathlib.Path]:
+def table_files(path: str, split: str) -> list[pathlib.Path]:
+    """The local files a table reads for ``split`` (see `read_table`); FileNotFoundError (one
+    line) when nothing matches."""
     p = pathlib.Path(path).expanduser()
     if p.is_file():
         return [p]
@@ -456,7 +494,7 @@ def read_table(
     if not local:
         yield from _hf_rows(path, split, hf_config)
         return
-    for f in _table_files(path, split):
+    for f in table_files(path, split):
         if f.suffix == ".parquet":
             try:
                 import pyarrow.parquet as pq
@@ -495,7 +533,7 @@ def read_table(
 def _convert_table(label: str, convert, rows, *, bad_rows: str, unique_key: str = ""):
     if bad_rows not in ("error", "skip"):
         raise ValueError(f"bad_rows must be 'error' or 'skip', got {bad_rows!r}")
-    out, skipped, seen = [], 0, {}
+    out, skipped, seen, known = [], 0, {}, {}
     for index, (source, rownum, row) in enumerate(rows):
         try:
             if not isinstance(row, dict):
@@ -509,6 +547,7 @@ def _convert_table(label: str, convert, rows, *, bad_rows: str, unique_key: str 
                     )
                 seen[key] = rownum
         except _BadRow as e:
+            _wrong_column(label, source, row, e, rows, known)
             message = (
                 f"dataset {label!r}: bad row at {source}:{rownum}: {e} "
                 "(fix the file or load with bad_rows='skip')"
@@ -520,6 +559,17 @@ def _convert_table(label: str, convert, rows, *, bad_rows: str, unique_key: str 
         ex["source_index"] = index
         out.append(ex)
     return out, skipped
+
+
+def _check_not_empty(path: str, split: str, rows: list) -> None:
+    """ValueError naming the file(s) when a table has no rows (an empty file)."""
+    if rows:
+        return
+    try:
+        where = ", ".join(str(f) for f in table_files(path, split))
+    except FileNotFoundError:
+        where = str(path)
+    raise ValueError(f"table {where}: the file is empty (no rows in split {split!r})")
 
 
 def load_table_with_stats(
@@ -542,6 +592,7 @@ def load_table_with_stats(
     if name == CUSTOM:
         columns = columns or Columns()
         rows = list(read_table(path, split=split, hf_config=config))
+        _check_not_empty(path, split, rows)
         examples, skipped = _convert_table(
             name, column_converter(columns), rows, bad_rows=bad_rows, unique_key=columns.id
         )
@@ -549,6 +600,7 @@ def load_table_with_stats(
     else:
         spec, config = _spec(name, split, config)
         rows = list(read_table(path, split=split))
+        _check_not_empty(path, split, rows)
         examples, skipped = _convert_table(name, spec.convert, rows, bad_rows=bad_rows)
         examples, counts = filter_examples(name, config, examples)
     finalize(name, examples)
@@ -606,13 +658,14 @@ def convert_rows(name: str, rows, *, bad_rows: str = "error", errors: list | Non
     if bad_rows not in ("error", "skip"):
         raise ValueError(f"bad_rows must be 'error' or 'skip', got {bad_rows!r}")
     spec = DATASETS[name]
-    out, skipped = [], 0
+    out, skipped, known = [], 0, {}
     for index, (path, lineno, row) in enumerate(rows):
         try:
             if not isinstance(row, dict):
                 raise _BadRow("not a JSON object")
             ex = spec.convert(row)
         except _BadRow as e:
+            _wrong_column(name, path, row, e, rows, known)
             message = (
                 f"dataset {name!r}: bad row at {path}:{lineno}: {e} "
                 "(fix the file or load with bad_rows='skip')"
@@ -698,6 +751,9 @@ def load_with_stats(
         }
     spec, config = _spec(name, split, config)
     rows = list(read_rows(name, split, source_dir))
+    if not rows:
+        files = ", ".join(str(f) for f in source_files(name, split, source_dir))
+        raise ValueError(f"dataset {name!r}: {files}: the file is empty (no rows)")
     examples, skipped = convert_rows(name, rows, bad_rows=bad_rows)
     examples, counts = filter_examples(name, config, examples)
     finalize(name, examples)

@@ -101,6 +101,14 @@ def _table_of(config, name: str, split: str, train: bool) -> tuple[str | None, s
     return None, split
 
 
+def eval_table(config, name: str) -> tuple[str | None, str]:
+    """(the table a held-out set ``name`` of ``config.eval.datasets`` is read from, or None for a
+    preset's own files or the generated arithmetic set; the split read from it)."""
+    if name == "arithmetic":
+        return None, "eval"
+    return _table_of(config, name, "test", train=False)
+
+
 def load_examples(
     config, name: str, split: str, stats: dict | None = None, *, train: bool | None = None
 ) -> list[dict]:
@@ -169,7 +177,8 @@ def build_pool(config, tokenizer, raw: list[dict], load_stats: dict) -> PromptPo
     (``data.overlong_prompts``, counted); every prompt is left-padded to the longest train or
     eval prompt rounded up to 8 (prefill, log-prob and update compute scale with it).
 
-    Raises: ConfigError when no training prompt fits the budget.
+    Raises: ConfigError when there is no training row, no training prompt fits the budget, or
+    a range that depends on the data does not hold (`check_pool`).
     """
     d, lp = config.data, config.data.max_prompt_tokens
     if d.max_train_examples:
@@ -186,6 +195,15 @@ def build_pool(config, tokenizer, raw: list[dict], load_stats: dict) -> PromptPo
     }
     # ids = positions after filtering (stable for a given dataset and config; the classifier keys on them)
     examples = pipeline.reindex([ex for ex, k in zip(raw, kept) if k])
+    if not raw:
+        raise ConfigError(
+            f"config.data: the training split of {_where(config, d.name, d.split)} has no rows"
+            + (
+                f" ({stats['bad_rows_skipped']} bad rows skipped)"
+                if stats["bad_rows_skipped"]
+                else ""
+            )
+        )
     if not examples:
         raise ConfigError(
             f"config.data.max_prompt_tokens={lp}: every training prompt is longer; raise it"
@@ -204,7 +222,7 @@ def build_pool(config, tokenizer, raw: list[dict], load_stats: dict) -> PromptPo
     trimmed = min(lp, -(-longest // 8) * 8)
     stats["prompt_tokens_padded_to"] = trimmed
     has_sft_pool = d.name == "arithmetic" and d.arithmetic.get("num_sft", 0)
-    return PromptPool(
+    pool = PromptPool(
         tokens=tokens[:, lp - trimmed :],
         mask=mask[:, lp - trimmed :],
         prompt_len=trimmed,
@@ -215,3 +233,49 @@ def build_pool(config, tokenizer, raw: list[dict], load_stats: dict) -> PromptPo
         sft_examples=load_examples(config, d.name, "sft") if has_sft_pool else [],
         stats=stats,
     )
+    check_pool(config, pool)
+    return pool
+
+
+def _where(config, name: str, split: str, train: bool = True) -> str:
+    """A split's source for messages: the table's path, or the preset's name."""
+    try:
+        table, split = _table_of(config, name, split, train)
+    except ConfigError:
+        table = None
+    return f"{table} (split {split!r})" if table else f"dataset {name!r} (split {split!r})"
+
+
+def check_pool(config, pool: PromptPool) -> None:
+    """The ranges that depend on the data, checked once the pool is built (before the weights
+    load and before anything is written): ``rollout.prompts_per_step`` <= the training prompts
+    (a step draws P distinct prompts), and every held-out set has a row. ``eval.max_examples``
+    is a cap (a set smaller than it is used whole).
+
+    Raises: ConfigError naming the field and both numbers.
+    """
+    d, P, n = config.data, config.rollout.prompts_per_step, len(pool.examples)
+    if n < P:
+        s = pool.stats
+        dropped = [
+            f"{s[k]} {what}"
+            for k, what in (
+                ("bad_rows_skipped", "bad rows skipped"),
+                ("overlong_prompts_skipped", f"over data.max_prompt_tokens={d.max_prompt_tokens}"),
+            )
+            if s.get(k)
+        ]
+        if d.max_train_examples and s.get("train_examples") == d.max_train_examples:
+            dropped.append(f"data.max_train_examples={d.max_train_examples}")
+        raise ConfigError(
+            f"config.rollout.prompts_per_step={P} is more than the {n} training prompts of "
+            f"{_where(config, d.name, d.split)}"
+            + (f" ({', '.join(dropped)})" if dropped else "")
+            + f"; a step draws P distinct prompts: set it to at most {n}"
+        )
+    for name, evs in pool.eval_sets.items():
+        if not evs:
+            raise ConfigError(
+                f"config.eval.datasets: the held-out set {name!r} "
+                f"({_where(config, name, 'test', train=False)}) has no rows"
+            )

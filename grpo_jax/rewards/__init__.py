@@ -40,6 +40,7 @@ import numpy as np
 
 from grpo_jax.rewards.custom import UserRewardFn
 from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer, integer_answer_is_correct
+from grpo_jax.rewards.failures import error_kind
 from grpo_jax.rewards.verify import (
     CRASH,
     DEFAULT_CHECKER,
@@ -179,7 +180,8 @@ class RewardFn:
           ``num_timeouts``, ``num_crashes``, ``num_no_answer``, ``num_format_ok``,
           ``num_gold_errors``, ``num_checked`` (distinct (answer, gold) pairs checked),
           ``num_fast_path`` (of those, integer-vs-integer pairs compared in-process without
-          the pool) and ``seconds`` (wall time, float).
+          the pool), ``seconds`` (wall time, float) and ``errors`` (failure kind -> the text of
+          its first occurrence in the batch, `grpo_jax.rewards.failures.error_kind`).
 
         Raises:
           ValueError: length mismatch; GoldParseError with ``on_gold_error="raise"``.
@@ -220,6 +222,7 @@ class RewardFn:
             "num_gold_errors": 0,
             "num_checked": 0,
             "num_fast_path": 0,
+            "errors": {},
         }
         return correct, fmt, stats
 
@@ -256,15 +259,16 @@ class RewardFn:
             "num_gold_errors": 0,
             "num_checked": len(unique) + fast,
             "num_fast_path": fast,
+            "errors": {},
         }
         for key, (status, value) in zip(unique, results):
             rows = keys[key]
             if status == OK:
                 correct[rows] = bool(value)
-            elif status == TIMEOUT:
-                stats["num_timeouts"] += len(rows)
-            elif status == CRASH:
-                stats["num_crashes"] += len(rows)
+            elif status in (TIMEOUT, CRASH):
+                stats["num_timeouts" if status == TIMEOUT else "num_crashes"] += len(rows)
+                kind, text = error_kind(status, value, self.config.timeout_s)
+                stats["errors"].setdefault(kind, text)
             elif status == GOLD_ERROR:
                 if self.config.on_gold_error == "raise":
                     raise GoldParseError(value)

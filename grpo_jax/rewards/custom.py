@@ -15,7 +15,8 @@ It runs in `grpo_jax.rewards.verify.VerifierPool`'s worker processes, one comple
 each under ``timeout_s``: a call that hangs is killed (the worker restarts), one that raises or
 returns something that is not a finite number is a crash; both score the low reward of the
 scale (-1 for ``pm1``, 0 for ``01``), count as wrong and are counted (``num_timeouts``,
-``num_crashes``). The module must be importable in the workers: on ``sys.path`` /
+``num_crashes``); the first error of each kind is printed with its text and kept in the
+workdir's ``reward_errors.jsonl`` (`grpo_jax.rewards.failures`). The module must be importable in the workers: on ``sys.path`` /
 ``PYTHONPATH`` (the workers inherit the trainer's ``sys.path``). It is imported once in the
 trainer too, so a typo fails at start-up rather than as a crash per completion.
 
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grpo_jax.rewards.extract import extract_answer
+from grpo_jax.rewards.failures import error_kind
 from grpo_jax.rewards.verify import CRASH, OK, TIMEOUT, VerifierPool, resolve_checker
 
 __all__ = ["UserRewardFn", "call_user_reward", "resolve_callable"]
@@ -151,15 +153,19 @@ class UserRewardFn:
             ("num_timeouts", "num_crashes", "num_no_answer", "num_gold_errors", "num_fast_path"), 0
         )
         stats["num_checked"] = n
+        errors = {}
         for i, (status, value) in enumerate(results):
             if status == OK:
                 r, ok = value
                 rewards[i] = r
                 correct[i] = (r > self.correct_above) if ok is None else ok
-            elif status == TIMEOUT:
+                continue
+            if status == TIMEOUT:
                 stats["num_timeouts"] += 1
             elif status == CRASH:
                 stats["num_crashes"] += 1
+            kind, text = error_kind(status, value, self._pool.timeout_s)
+            errors.setdefault(kind, text)
         fmt = np.asarray(
             [bool(self._format.search(c)) if self._format else False for c in completions], bool
         )
@@ -167,6 +173,7 @@ class UserRewardFn:
             rewards = rewards + np.float32(self.format_reward) * fmt.astype(np.float32)
         stats["num_format_ok"] = int(fmt.sum())
         stats["seconds"] = time.perf_counter() - t0
+        stats["errors"] = errors
         return rewards, correct, stats
 
     def close(self) -> None:

@@ -35,6 +35,22 @@ def reward_key(config, dataset: str | None = None) -> tuple:
     return ("task", reward_task(dataset, config))
 
 
+def check_functions(config) -> None:
+    """Imports ``config.reward.fn`` and ``config.reward.extract`` (``"module:function"``) in
+    this process, so that a typo or an import error fails with the config checks, before any
+    data or weights load.
+
+    Raises: ConfigError naming the field, the spec and the import error.
+    """
+    for field, what in (("fn", "reward function"), ("extract", "answer extractor")):
+        spec = config.reward.get(field, "")
+        if spec:
+            try:
+                custom.resolve_callable(spec, what)
+            except ValueError as e:
+                raise ConfigError(f"config.reward.{field}: {e}") from None
+
+
 def make_reward_fn(config, dataset: str | None = None):
     """The reward of a dataset (default: the training data): ``config.reward.fn`` (your own
     function, `grpo_jax.rewards.custom.UserRewardFn`) or the built-in verifier of its task."""
