@@ -45,11 +45,11 @@ import zlib
 
 import flax
 import jax
-from absl import app, flags
+from absl import flags
 
 import grpo_jax
 from experiments import prepare_data
-from grpo_jax import config_schema, evaluation, rewards, sampling, sharding, train
+from grpo_jax import cli, config_schema, evaluation, rewards, sampling, sharding, train
 from grpo_jax.data import datasets, templates
 from grpo_jax.models import loading
 from grpo_jax.models import tokenizer as tokenizer_lib
@@ -470,26 +470,10 @@ def run(argv=None) -> dict:
     return result
 
 
-def parse_flags(argv):
-    """absl flag parsing, but a bad flag is one ``error: ...`` line (exit 2), not FATAL + usage."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv):
-    """Runs `run`; a bad input (ValueError, a missing file) is one ``error:`` line, exit 2."""
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {' '.join(argv[1:])}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run(argv)  # returns None: absl exits 0 (a returned dict would be the exit status)
-    except (ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+    """Runs `run` (under `grpo_jax.cli.run_absl`: a bad input is one ``error:`` line, exit 2)."""
+    run(argv)  # returns None: absl exits 0 (a returned dict would be the exit status)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    cli.run_absl(main)
