@@ -23,9 +23,11 @@ same alone or in a suite.
 
 Reports mean@k, unbiased pass@k (Chen et al. 2021) and maj@k (answers extracted as the reward
 extracts them) per benchmark and pooled over the benchmarks (problem-weighted), with 95%
-confidence intervals for mean@k and pass@k: a percentile bootstrap over problems (Efron 1979;
-`grpo_jax.metrics.bootstrap_ci`, 10,000 resamples seeded with the sampling seed; the pooled
-interval resamples within each benchmark). The intervals cover the choice of problems only,
+confidence intervals for mean@k and pass@k over problems: exact Clopper-Pearson where every
+per-problem score is 0 or 1 (pass@k, mean@1; `grpo_jax.metrics.clopper_pearson`), else a
+percentile bootstrap (Efron 1979; `grpo_jax.metrics.bootstrap_ci`, 10,000 resamples seeded with
+the sampling seed; the pooled interval resamples within each benchmark). The intervals cover the
+choice of problems only,
 not the sampling of the k completions. Rerunning a command reproduces its files exactly.
 
 Output: JSON (results, intervals, protocol, model, data files with sha256, versions) in

@@ -14,10 +14,6 @@ from absl import flags
 
 from grpo_jax import cli
 
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "A run's workdir (holds metrics.jsonl).", required=True
-)
-
 
 def informative(rows, key) -> bool:
     """Whether ``key``'s per-bin lists hold anything to plot (a finite, non-zero value)."""
@@ -136,12 +132,19 @@ def render(workdir: str) -> list[str]:
 
 def main(argv):
     del argv
-    paths = render(_WORKDIR.value)
+    paths = render(flags.FLAGS["workdir"].value)
     for p in paths:
         print(p)
     if not any(p.endswith("gdro_heatmaps.png") for p in paths):
         print("gdro_heatmaps.png: nothing to plot (no per-bin GDRO metrics in metrics.jsonl)")
 
 
+def define_flags():
+    """The command-line flags (defined only when run as a script: importing this module, e.g.
+    from a test beside other experiments modules, must not clash with their flags)."""
+    flags.DEFINE_string("workdir", None, "A run's workdir (holds metrics.jsonl).", required=True)
+
+
 if __name__ == "__main__":
+    define_flags()
     cli.run_absl(main)
