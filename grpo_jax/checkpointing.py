@@ -2,8 +2,8 @@
 
 One checkpoint = ``state`` (a pytree: TrainState with params, optimizer state, RNG and step,
 plus the controller states) saved with ``StandardSave``, and ``meta`` (JSON: data-pipeline
-position, the config, evaluation results so far, and a checksum of every array of ``state``)
-saved with ``JsonSave``.
+position, the config, evaluation results so far, the run's wall seconds so far, and a checksum of
+every array of ``state``) saved with ``JsonSave``.
 
 What survives what:
 
