@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from test_train import smoke_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,8 +21,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # is killed by SIGALRM); prints [{code, stderr}] as JSON.
 _DRIVER = r"""
 import importlib, json, os, runpy, signal, sys, traceback
-module, cases = sys.argv[1], json.loads(sys.argv[2])
-for name in ("jax", "grpo_jax.train"):
+module, cases, preload = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+for name in filter(None, preload.split(",")):
     importlib.import_module(name)  # no backend is started: the children start their own
 results = []
 for argv in cases:
@@ -59,8 +60,15 @@ print(json.dumps(results))
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli_errors")
     (root / "empty").mkdir()
-    (root / "a_file").write_text("not a directory\n")
-    return {"missing": str(root / "missing"), "empty": str(root / "empty"), "root": str(root)}
+    (root / "nockpt").mkdir()  # a run's config.json, no checkpoint
+    with open(root / "nockpt" / "config.json", "w") as f:
+        json.dump(smoke_config().to_dict(), f, default=str)
+    return {
+        "missing": str(root / "missing"),
+        "empty": str(root / "empty"),
+        "nockpt": str(root / "nockpt"),
+        "root": str(root),
+    }
 
 
 # entry point -> [(argv, what the error line must name)]; {missing} / {empty}: see `dirs`
@@ -75,6 +83,7 @@ CASES = {
     "experiments.evaluate": [
         (["--workdir={missing}"], "{missing}"),
         (["--workdir={empty}"], "{empty}"),
+        (["--workdir={nockpt}"], "{nockpt}"),
         (["--workdir={empty}", "--max_examples=lots"], "lots"),
         (["--nope=1"], "nope"),
     ],
@@ -85,6 +94,7 @@ CASES = {
     "experiments.export": [
         (["--workdir={missing}", "--out={root}/o"], "{missing}"),
         (["--workdir={empty}", "--out={root}/o"], "{empty}"),
+        (["--workdir={nockpt}", "--out={root}/o"], "no checkpoint in {nockpt}"),
         (["--workdir={empty}"], "--out"),
         (["--nope=1"], "nope"),
     ],
@@ -136,12 +146,16 @@ CASES = {
 }
 
 
+_HEAVY = "jax,grpo_jax.train"  # what most entry points import: once per driver, not per case
+_PRELOAD = {"experiments.report": "", "experiments.prepare_data": ""}  # they import no JAX
+
+
 def _run_cases(module, cases, dirs):
     argvs = [[a.format(**dirs) for a in argv] for argv, _ in cases]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
     proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, module, json.dumps(argvs)],
+        [sys.executable, "-c", _DRIVER, module, json.dumps(argvs), _PRELOAD.get(module, _HEAVY)],
         cwd=REPO,
         env=env,
         capture_output=True,
