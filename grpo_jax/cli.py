@@ -4,7 +4,8 @@ in ``experiments/`` reports bad input and keeps library logs quiet.
 Bad input (a missing or empty workdir, an unknown flag, a bad value; `BAD_INPUT`) is one
 ``error: ...`` line on stderr and exit status 2, never a traceback: absl scripts call
 `run_absl`, argparse scripts build an `ArgumentParser` and decorate ``main`` with `entry_point`.
-Library INFO logs (absl, Orbax, JAX) are off unless ``--verbosity`` is given.
+Library INFO logs (absl, Orbax, JAX) are off unless ``--verbosity`` is given (argparse
+scripts never set up absl's handler: Python's default WARNING level applies).
 """
 
 from __future__ import annotations
@@ -103,9 +104,7 @@ def run_absl(
     def parse(args):
         try:
             return (flags_parser or flags.FLAGS)(args)
-        except flags.Error as e:
-            fail(e)
-        except BAD_INPUT as e:
+        except (flags.Error, *BAD_INPUT) as e:
             fail(e)
 
     @entry_point
