@@ -56,6 +56,8 @@ import subprocess
 import sys
 import time
 
+from grpo_jax import cli  # no JAX: main sets XLA_FLAGS before JAX starts
+
 GiB = 1024**3
 
 
@@ -768,11 +770,11 @@ def _use_tpu_compiler(topology: str, compiler: str) -> bool:
     is_tpu = topology.strip().lower().startswith(("v4", "v5", "v6"))
     if compiler == "cpu" or not is_tpu:
         if compiler == "tpu":
-            raise SystemExit(f"--compiler=tpu: --topology={topology} is not a TPU slice")
+            raise cli.UsageError(f"--compiler=tpu: --topology={topology} is not a TPU slice")
         return False
     missing = libtpu_missing()
     if compiler == "tpu" and missing:
-        raise SystemExit(f"--compiler=tpu: {missing}")
+        raise cli.UsageError(f"--compiler=tpu: {missing}")
     return not missing
 
 
@@ -784,6 +786,7 @@ def _set_virtual_devices(n: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+@cli.entry_point
 def main(argv=None):
     argv = list(sys.argv if argv is None else argv)
     n = _early_device_count(argv[1:])
@@ -791,7 +794,7 @@ def main(argv=None):
         _set_virtual_devices(n)  # before JAX creates its CPU client
     else:
         os.environ["JAX_PLATFORMS"] = "cpu"  # TPU path: the default backend stays the CPU
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", "configs/dapo_qwen3.py:8b,grpo", "Experiment config.")
@@ -839,7 +842,7 @@ def main(argv=None):
         "Print the markdown table of these TPU-compiled results (comma-separated --json_out "
         "files and --sweep .jsonl files) and exit; compiles nothing.",
     )
-    app.run(lambda _: _run(flags.FLAGS), argv=argv)
+    cli.run_absl(lambda _: _run(flags.FLAGS), argv=argv)
 
 
 def _run(FLAGS):
@@ -861,7 +864,7 @@ def _run(FLAGS):
     if FLAGS.mesh:
         parts = [int(p) for p in FLAGS.mesh.split(",")]
         if len(parts) != 3:
-            raise SystemExit(f"--mesh={FLAGS.mesh}: expected data,fsdp,tensor")
+            raise cli.UsageError(f"--mesh={FLAGS.mesh}: expected data,fsdp,tensor")
         config.mesh.data, config.mesh.fsdp, config.mesh.tensor = parts
     if FLAGS.mini_batch:
         config.algorithm.mini_batch_size = FLAGS.mini_batch
@@ -876,16 +879,12 @@ def _run(FLAGS):
     if _use_tpu_compiler(FLAGS.topology, FLAGS.compiler):
         return _run_tpu(FLAGS, config, chip)
     if len(jax.devices()) != (FLAGS.devices or count):
-        raise SystemExit(
+        raise cli.UsageError(
             f"JAX sees {len(jax.devices())} devices, the topology needs {FLAGS.devices or count}: "
             "run as a fresh process (XLA_FLAGS is set before JAX starts)"
         )
-    try:
-        config_utils.validate(config)
-        result = compile_steps(config, sampler=FLAGS.sampler)
-    except config_utils.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    config_utils.validate(config)  # a ConfigError: one `error:` line, exit 2 (cli.run_absl)
+    result = compile_steps(config, sampler=FLAGS.sampler)
     result.update(
         topology=FLAGS.topology,
         chip=chip.name,
@@ -914,19 +913,15 @@ def _run_tpu(FLAGS, config, chip):
     from grpo_jax import config_utils
 
     if FLAGS.num_slices > 1 and config.mesh.data % FLAGS.num_slices:
-        raise SystemExit(
+        raise cli.UsageError(
             f"--num_slices={FLAGS.num_slices}: the mesh's data axis ({config.mesh.data}) must be "
             "a multiple of the slice count, so that only data parallelism crosses the slower "
             f"links between slices (e.g. --mesh={FLAGS.num_slices},-1,1: FSDP within a slice)"
         )
     devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
     label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
-    try:
-        config_utils.validate(config)
-        result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
-    except config_utils.ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    config_utils.validate(config)  # a ConfigError: one `error:` line, exit 2 (cli.run_absl)
+    result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
     est = roofline(result, chip)
     result.update(
         topology=label,

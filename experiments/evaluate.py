@@ -23,9 +23,11 @@ same alone or in a suite.
 
 Reports mean@k, unbiased pass@k (Chen et al. 2021) and maj@k (answers extracted as the reward
 extracts them) per benchmark and pooled over the benchmarks (problem-weighted), with 95%
-confidence intervals for mean@k and pass@k: a percentile bootstrap over problems (Efron 1979;
-`grpo_jax.metrics.bootstrap_ci`, 10,000 resamples seeded with the sampling seed; the pooled
-interval resamples within each benchmark). The intervals cover the choice of problems only,
+confidence intervals for mean@k and pass@k over problems: exact Clopper-Pearson where every
+per-problem score is 0 or 1 (pass@k, mean@1; `grpo_jax.metrics.clopper_pearson`), else a
+percentile bootstrap (Efron 1979; `grpo_jax.metrics.bootstrap_ci`, 10,000 resamples seeded with
+the sampling seed; the pooled interval resamples within each benchmark). The intervals cover the
+choice of problems only,
 not the sampling of the k completions. Rerunning a command reproduces its files exactly.
 
 Output: JSON (results, intervals, protocol, model, data files with sha256, versions) in
@@ -45,11 +47,11 @@ import zlib
 
 import flax
 import jax
-from absl import app, flags
+from absl import flags
 
 import grpo_jax
 from experiments import prepare_data
-from grpo_jax import config_schema, evaluation, rewards, sampling, sharding, train
+from grpo_jax import cli, config_schema, evaluation, rewards, sampling, sharding, train
 from grpo_jax.data import datasets, templates
 from grpo_jax.data import from_config as data_lib
 from grpo_jax.models import loading
@@ -493,26 +495,10 @@ def run(argv=None) -> dict:
     return result
 
 
-def parse_flags(argv):
-    """absl flag parsing, but a bad flag is one ``error: ...`` line (exit 2), not FATAL + usage."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv):
-    """Runs `run`; a bad input (ValueError, a missing file) is one ``error:`` line, exit 2."""
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {' '.join(argv[1:])}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run(argv)  # returns None: absl exits 0 (a returned dict would be the exit status)
-    except (ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+    """Runs `run` (under `grpo_jax.cli.run_absl`: a bad input is one ``error:`` line, exit 2)."""
+    run(argv)  # returns None: absl exits 0 (a returned dict would be the exit status)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    cli.run_absl(main)

@@ -13,7 +13,9 @@ each adapted projection becomes ``W + (alpha / rank) A B`` (`grpo_jax.models.lor
 plain model without adapters.
 """
 
-from absl import app, flags
+from absl import flags
+
+from grpo_jax import cli
 
 
 def hf_tokenizer(tokenizer):
@@ -56,7 +58,7 @@ def export(workdir: str, out: str) -> str:
 def main(argv):
     del argv
     if not flags.FLAGS["workdir"].value or not flags.FLAGS["out"].value:
-        raise app.UsageError("pass --workdir and --out")
+        raise cli.UsageError("pass --workdir and --out")
     export(flags.FLAGS["workdir"].value, flags.FLAGS["out"].value)
 
 
@@ -69,4 +71,4 @@ def define_flags():
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run_absl(main)

@@ -78,6 +78,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import cli
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models.config import ModelConfig
 
@@ -1036,8 +1037,20 @@ def _discussion(results, sweep=None) -> list[str]:
     return lines
 
 
+def _parse_sweep(sweep: str) -> list[tuple[int, int, int]]:
+    """``--sweep=2:128:128,8:256:1024`` -> [(R, Lp, Lc), ...]; raises `cli.UsageError`."""
+    try:
+        items = [tuple(int(x) for x in item.split(":")) for item in sweep.split(",") if item]
+    except ValueError:
+        items = [()]
+    if any(len(item) != 3 for item in items):
+        raise cli.UsageError(f"--sweep={sweep}: expected R:Lp:Lc[,R:Lp:Lc...], e.g. 2:128:128")
+    return items
+
+
+@cli.entry_point
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(
+    p = cli.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
@@ -1106,6 +1119,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     matplotlib.use("Agg")
     models = list(DEFAULT_PRESETS) if args.model == "all" else args.model.split(",")
+    for m in models + ([args.sweep_model] if args.model == "all" and args.sweep else []):
+        model_config_from_arg(m)  # a bad --model: ValueError before anything compiles
+    sweep_settings = _parse_sweep(args.sweep) if args.model == "all" else []
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
     settings = dict(
         batch_rollouts=args.batch_rollouts,
         prompt_len=args.prompt_len,
@@ -1136,9 +1154,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         return {}
     results = run(models, **settings)
     sweep = {}
-    if args.model == "all" and args.sweep:
-        for item in args.sweep.split(","):
-            R, lp, lc = (int(x) for x in item.split(":"))
+    if sweep_settings:
+        for R, lp, lc in sweep_settings:
             one = dict(settings, batch_rollouts=R, prompt_len=lp, completion_len=lc)
             sweep.update(
                 {f"{k} R={R} {lp}+{lc}": v for k, v in run([args.sweep_model], **one).items()}

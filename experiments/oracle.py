@@ -39,7 +39,6 @@ Library: `informative_prob`, `oracle_allocation`, `true_wse`, `kish_ess`, `simul
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -50,6 +49,8 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from grpo_jax import cli
 
 FRONTIER = (0.02, 0.5)  # per-sample success band counted as the frontier
 METHODS = ("uniform", "prompt_gdro", "sqrt", "oracle")
@@ -691,8 +692,9 @@ def run_oracle(
     return res
 
 
+@cli.entry_point
 def main(argv: Sequence[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="configs/arithmetic.py:grpo,frontier")
     ap.add_argument("--out", default="reports")
     ap.add_argument("--num_samples", type=int, default=64, help="samples per RL prompt")
@@ -709,28 +711,32 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from ml_collections.config_flags import config_flags as cf
 
     path, _, arg = args.config.partition(":")
-    config = cf._LoadConfigModule("config", path).get_config(*([arg] if arg else []))
+    try:
+        module = cf._LoadConfigModule("config", path)
+    except OSError:
+        raise cli.UsageError(
+            f"--config={args.config}: cannot load {path} (no such file?)"
+        ) from None
+    config = module.get_config(*([arg] if arg else []))
     for kv in args.set:
         key, _, value = kv.partition("=")
         node = config
         *parents, leaf = key.split(".")
-        for k in parents:
-            node = node[k]
-        node[leaf] = (
-            type(node[leaf])(json.loads(value)) if node[leaf] is not None else json.loads(value)
-        )
+        try:
+            for k in parents:
+                node = node[k]
+            old = node[leaf]
+        except (KeyError, AttributeError):
+            raise cli.UsageError(f"--set {kv}: no config key {key}") from None
+        node[leaf] = type(old)(json.loads(value)) if old is not None else json.loads(value)
     given = sys.argv[1:] if argv is None else list(argv)
     command = "python -m experiments.oracle " + " ".join(
         a for a in given if not a.startswith("--tries")
     )
     if args.subset_out:  # the cheap checks before the expensive estimate
-        try:
-            select_subset(np.zeros(0), 0, 0, args.subset_frontier_share)
-            if args.subset_train < 0 or args.subset_eval < 0 or not args.subset_train:
-                raise SubsetError("subset: --subset_train must be > 0 and --subset_eval >= 0")
-        except SubsetError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        select_subset(np.zeros(0), 0, 0, args.subset_frontier_share)
+        if args.subset_train < 0 or args.subset_eval < 0 or not args.subset_train:
+            raise SubsetError("subset: --subset_train must be > 0 and --subset_eval >= 0")
     try:
         res = run_oracle(
             config,
@@ -751,8 +757,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             else None,
         )
     except SubsetError as e:  # oracle.json / oracle.md are written by then
-        print(f"error: {e} (the estimate is kept in {args.out}/oracle.json)", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SubsetError(f"{e} (the estimate is kept in {args.out}/oracle.json)") from None
     s = res["summary"]
     if res.get("subset"):
         sub = res["subset"]

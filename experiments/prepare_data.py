@@ -25,7 +25,9 @@ import os
 import shutil
 import urllib.request
 
-from absl import app, flags
+from absl import flags
+
+from grpo_jax import cli
 
 _GSM8K = "openai/grade-school-math/3101c7d5072418e28b9008a6636bde82a006892c"
 _MATH500 = "hkust-nlp/simpleRL-reason/cf1c7858bfc145a27aa733e75d930d34f0d318a6"
@@ -218,7 +220,7 @@ def prepare(out: str, names=None, from_dir: str = "") -> dict:
 def main(argv):
     del argv
     if not flags.FLAGS["out"].value:
-        raise app.UsageError("pass --out=DIR")
+        raise cli.UsageError("pass --out=DIR")
     prepare(flags.FLAGS["out"].value, flags.FLAGS["dataset"].value, flags.FLAGS["from"].value)
     print(
         f"done: --config.data.source_dir={flags.FLAGS['out'].value} (or GRPO_JAX_DATA_DIR={flags.FLAGS['out'].value})"
@@ -235,4 +237,4 @@ def define_flags():
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run_absl(main)

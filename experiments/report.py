@@ -2,21 +2,26 @@
 
 `python -m experiments.report --workdir=DIR` writes DIR/report/*.png: reward and pass rate,
 losses, per-phase time, held-out evaluation, and (Prompt-/Rollout-GDRO runs) step x bin
-heatmaps of the data share, Prompt-GDRO weight q and rollouts per prompt n_b.
+heatmaps of the data share, Prompt-GDRO weight q and rollouts per prompt n_b. A run without
+per-bin metrics (GRPO: every share 0, every bin reward NaN) gets no heatmap file; the command
+says so.
 """
 
 import os
 
-from absl import app, flags
+import numpy as np
+from absl import flags
 
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "A run's workdir (holds metrics.jsonl).", required=True
-)
+from grpo_jax import cli
+
+
+def informative(rows, key) -> bool:
+    """Whether ``key``'s per-bin lists hold anything to plot (a finite, non-zero value)."""
+    values = [np.asarray(r[key], float).ravel() for r in rows if isinstance(r.get(key), list)]
+    return any(bool(np.any(np.isfinite(v) & (v != 0))) for v in values)
 
 
 def heatmap(ax, rows, key, title):
-    import numpy as np
-
     steps = [r["step"] for r in rows if isinstance(r.get(key), list)]
     data = [r[key] for r in rows if isinstance(r.get(key), list)]
     if not data:
@@ -37,7 +42,15 @@ def heatmap(ax, rows, key, title):
 
 
 def render(workdir: str) -> list[str]:
-    """Writes the PNGs; returns their paths."""
+    """Writes the PNGs; returns their paths.
+
+    Raises:
+      FileNotFoundError: ``workdir`` or its ``metrics.jsonl`` does not exist.
+    """
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        what = "no such directory" if not os.path.isdir(workdir) else "no metrics.jsonl in it"
+        raise FileNotFoundError(f"--workdir={workdir}: {what} (not a training run's workdir)")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +58,7 @@ def render(workdir: str) -> list[str]:
 
     from grpo_jax import writers
 
-    rows = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    rows = writers.read_jsonl(path)
     train = [r for r in rows if "reward_mean" in r]
     out_dir = os.path.join(workdir, "report")
     os.makedirs(out_dir, exist_ok=True)
@@ -108,7 +121,7 @@ def render(workdir: str) -> list[str]:
         ("rollout_gdro/n_b", "Rollout-GDRO rollouts per prompt n_b"),
         ("gdro/bin_reward", "mean reward per bin"),
     ]
-    present = [(k, t) for k, t in maps if any(isinstance(r.get(k), list) for r in train)]
+    present = [(k, t) for k, t in maps if informative(train, k)]
     if present:
         fig, axes = plt.subplots(1, len(present), figsize=(5 * len(present), 4), squeeze=False)
         for ax, (key, title) in zip(axes[0], present):
@@ -119,9 +132,19 @@ def render(workdir: str) -> list[str]:
 
 def main(argv):
     del argv
-    for p in render(_WORKDIR.value):
+    paths = render(flags.FLAGS["workdir"].value)
+    for p in paths:
         print(p)
+    if not any(p.endswith("gdro_heatmaps.png") for p in paths):
+        print("gdro_heatmaps.png: nothing to plot (no per-bin GDRO metrics in metrics.jsonl)")
+
+
+def define_flags():
+    """The command-line flags (defined only when run as a script: importing this module, e.g.
+    from a test beside other experiments modules, must not clash with their flags)."""
+    flags.DEFINE_string("workdir", None, "A run's workdir (holds metrics.jsonl).", required=True)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    define_flags()
+    cli.run_absl(main)

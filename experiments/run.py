@@ -34,10 +34,10 @@ if __name__ == "__main__":  # first: a signal during the imports below is this o
 
 import re  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from grpo_jax import distributed  # noqa: E402
+from grpo_jax import cli, distributed  # noqa: E402
 
 _DEFAULT_CONFIG = "configs/arithmetic.py:grpo"
 
@@ -113,8 +113,7 @@ if __name__ == "__main__":  # before DEFINE_config_file, which applies --config.
     sys.argv = _resolve_config_path(sys.argv)
     _ERROR = _config_key_errors(sys.argv)
     if _ERROR:
-        print(f"error: {_ERROR}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail(_ERROR)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", _DEFAULT_CONFIG, "Experiment config file, with an argument after ':'."
@@ -160,7 +159,7 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
 
 
 def _parse_flags(argv):
-    """absl flag parsing, but a bad flag value is one `error: ...` line (exit 2), not FATAL + usage."""
+    """absl flag parsing; a bad ``--config.a.b`` value's `cli.UsageError` names the type it takes."""
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
@@ -179,8 +178,7 @@ def _parse_flags(argv):
                 )
             except (KeyError, AttributeError, TypeError):
                 pass
-        print(f"error: {message}{hint}", file=sys.stderr)
-        sys.exit(2)
+        raise cli.UsageError(f"{message}{hint}") from None
 
 
 def _ignore_late_signals():
@@ -204,40 +202,30 @@ def main(argv):
     del argv
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, _exit_before_training)
-    from absl import logging as absl_logging
-
-    if not flags.FLAGS[
-        "verbosity"
-    ].present:  # Orbax logs every save at INFO; keep the console readable
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    try:
-        distributed.initialize(
-            _DISTRIBUTED.value,
-            _COORDINATOR.value,
-            _NUM_PROCESSES.value,
-            _PROCESS_ID.value,
-            _INIT_TIMEOUT.value,
-        )
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    distributed.initialize(  # a bad setting: ValueError, one `error:` line (cli.run_absl)
+        _DISTRIBUTED.value,
+        _COORDINATOR.value,
+        _NUM_PROCESSES.value,
+        _PROCESS_ID.value,
+        _INIT_TIMEOUT.value,
+    )
     try:
         config = _CONFIG.value
         config.get("steps")  # a config file that failed to load raises here
     except OSError as e:
         reason = str(e).strip().splitlines()[-1].strip()
-        print(
-            f"error: --config: {reason}; give a config file and argument, e.g. "
-            "--config=configs/arithmetic.py:grpo",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        raise cli.UsageError(
+            f"--config: {reason}; give a config file and argument, e.g. "
+            "--config=configs/arithmetic.py:grpo"
+        ) from None
     if _PRINT_CONFIG.value:
         print(config)
         return
-    from grpo_jax import checkpointing, config_utils, train
+    from grpo_jax import checkpointing, train
     from grpo_jax.rewards import failures as reward_failures
 
+    # config_utils.ConfigError (bad config, paths or data: nothing was trained) passes through:
+    # one `error:` line, exit 2 (cli.run_absl)
     try:
         try:
             result = train.train_and_evaluate(
@@ -245,9 +233,6 @@ def main(argv):
             )
         finally:
             _ignore_late_signals()
-    except config_utils.ConfigError as e:  # bad config, paths or data: nothing was trained
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact
         _fail(e, 1)
     except (
@@ -265,4 +250,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    cli.run_absl(main, flags_parser=_parse_flags)

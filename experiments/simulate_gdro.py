@@ -24,7 +24,6 @@ Reuse from notebooks: ``simulate(allocator, steps, seed) -> dict of numpy arrays
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -35,7 +34,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import gdro
+from grpo_jax import cli, gdro
 
 ALLOCATORS = ("uniform", "prompt_gdro", "rollout_bandit", "rollout_sqrt")
 
@@ -270,15 +269,21 @@ def run(
     return summaries
 
 
+@cli.entry_point
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=cli.positive_int, default=300)
     ap.add_argument("--out_dir", default="/tmp/simulate_gdro")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--allocators", default=",".join(ALLOCATORS))
-    ap.add_argument("--prompts_per_step", type=int, default=64)
-    ap.add_argument("--num_prompts", type=int, default=2000)
+    ap.add_argument("--prompts_per_step", type=cli.positive_int, default=64)
+    ap.add_argument("--num_prompts", type=cli.positive_int, default=2000)
     args = ap.parse_args(argv)
+    unknown = [a for a in args.allocators.split(",") if a not in ALLOCATORS]
+    if unknown:
+        raise cli.UsageError(
+            f"--allocators: unknown {unknown}; choose from {', '.join(ALLOCATORS)}"
+        )
     summaries = run(
         args.steps,
         args.out_dir,

@@ -2,8 +2,8 @@
 
 One checkpoint = ``state`` (a pytree: TrainState with params, optimizer state, RNG and step,
 plus the controller states) saved with ``StandardSave``, and ``meta`` (JSON: data-pipeline
-position, the config, evaluation results so far, and a checksum of every array of ``state``)
-saved with ``JsonSave``.
+position, the config, evaluation results so far, the run's wall seconds so far, and a checksum of
+every array of ``state``) saved with ``JsonSave``.
 
 What survives what:
 
@@ -229,9 +229,23 @@ class _CapturedStderr:
 
 
 def _warn(msg: str) -> None:
-    log.warning(msg)
+    """One ``WARNING: ...`` line on process 0's stdout (a log record on the other processes)."""
     if jax.process_index() == 0:
         print(f"WARNING: {msg}", flush=True)
+    else:
+        log.warning(msg)
+
+
+def plain_reason(e: BaseException, limit: int = 200) -> str:
+    """Why a read failed, on one line, without the storage library's internals: object reprs
+    (``<bound method ...>``, ``<... at 0x...>``) and TensorStore's "See full details" tail are
+    dropped; a bare ``Exception`` is not named."""
+    text = " ".join(str(e).split())
+    text = re.split(r"\s*See full TensorStore details", text)[0]
+    text = re.sub(r"\s*<[^<>]*(>|$)", "", text).strip(" .:;,")
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text if type(e) is Exception else f"{type(e).__name__}: {text}"
 
 
 class Checkpointer:
@@ -333,7 +347,7 @@ class Checkpointer:
                 if expected is not None:
                     _check_fingerprint(expected, fingerprint(restored["state"]))
             except Exception as e:
-                reason = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                reason = plain_reason(e)
                 older = [s for s in steps if s < step]
                 _warn(
                     f"checkpoint {step} in {self.directory} is unreadable ({reason}); "

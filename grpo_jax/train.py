@@ -666,9 +666,20 @@ class _Job:
     meta: dict = dataclasses.field(default_factory=dict)
     reward_watch: rewards_failures.RewardFailures | None = None
     divergence: divergence.DivergenceWatch | None = None
+    # time.perf_counter() when this process's part of the run began (`_train` sets it)
+    wall0: float = dataclasses.field(default_factory=time.perf_counter)
+    wall_before: float = 0.0  # seconds of the earlier parts, up to the checkpoint resumed from
+
+    def wall_seconds(self) -> float:
+        """Seconds of the run so far, over every part (each up to its last checkpoint)."""
+        return self.wall_before + time.perf_counter() - self.wall0
 
     def save(self, run: RunState, meta: dict | None = None) -> None:
-        extra = {"data": self.source.get_state(), "config": self.config.to_dict()}
+        extra = {
+            "data": self.source.get_state(),
+            "config": self.config.to_dict(),
+            "wall_seconds": self.wall_seconds(),
+        }
         self.ckpt.save(int(run.train.step), run, {**(self.meta if meta is None else meta), **extra})
 
     def evaluate(self, run: RunState) -> dict:
@@ -713,6 +724,7 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
             job.meta = {"eval_before": job.evaluate(run), "sft": sft_metrics}
             return job, run, False
         step, run, job.meta = restored
+        job.wall_before = float(job.meta.pop("wall_seconds", 0.0))  # absent: an older checkpoint
         progress["step"] = step
         if "config" in job.meta:  # the copy that produced this state (also: fall-back steps)
             where = f"checkpoint {step} in {ckpt.directory}"
@@ -876,6 +888,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
             + "; rerun the same command to continue; exiting."
         )
         return {"preempted": True, "step": step, "signal": sig.name}
+    job.wall0 = wall0
     if changes:
         _say(f"WARNING: continuing with config changes allowed by --allow_changes: {changes}")
         job.meta["config_changes"] = [
@@ -913,7 +926,7 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
     summary = {
         "algorithm": config.algorithm.name,
         "steps": int(run.train.step),
-        "wall_seconds": time.perf_counter() - wall0,
+        "wall_seconds": job.wall_seconds(),  # every part of a resumed run
         "eval_before": job.meta["eval_before"],
         "eval_after": eval_after,
         "sft": job.meta.get("sft", {}),
@@ -927,11 +940,24 @@ def _train(config, workdir, allow_changes, sig, stack) -> dict:
         if bar is not None:
             bar.close()  # its last line ends before the table starts (close is idempotent)
         print(evaluation.format_summary(summary), flush=True)
-    # the run's last lines: a reward that failed, a run that never had a learning signal
+    # the run's last lines: a reward that failed, a run that never had a learning signal, and
+    # where the outputs are
     for warning in (job.reward_watch.final_warning(), job.divergence.final_warning()):
         if warning:
             _say(warning)
+    if jax.process_index() == 0:
+        print(_outputs_line(workdir, int(run.train.step)), flush=True)
     return summary
+
+
+def _outputs_line(workdir: str, step: int) -> str:
+    """Where the run's outputs are: the workdir and its main files (the line a run ends with)."""
+    names = ["summary.json", "metrics.jsonl", "samples.jsonl", "config.json"]
+    found = [n for n in names if os.path.exists(os.path.join(workdir, n))]
+    return (
+        f"outputs in {os.path.abspath(workdir)}: {', '.join(found)}, checkpoints/{step} "
+        f"(next: python -m experiments.evaluate / export / report --workdir={workdir})"
+    )
 
 
 def _reward_watch(config, workdir: str, state: dict | None, step: int):

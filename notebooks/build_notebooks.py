@@ -571,12 +571,13 @@ NB03 = [
     it runs from the library API — `train.train_and_evaluate(config, workdir)` — shrunk so the
     cell finishes in a minute or two on a CPU.
 
-    With so few steps expect little or no gain: after 100 warm-start steps the model solves only
+    With so few steps expect little or no gain: after this short warm start the model solves only
     a few percent of the problems, so most groups are all wrong and carry no GRPO signal (see
-    notebook 01). The full run (`python -m experiments.run --config=configs/arithmetic.py:grpo`,
-    300 warm-start and 120 RL steps) takes 5-10 minutes on 2 cores. The `CONFIG` field picks
-    another algorithm, or `grpo,heavy_tailed`: a mix with many easy problems, where the short
-    warm start already gets a share right and the few RL steps have more to work with.
+    notebook 01). The full run (`python -m experiments.run --config=configs/arithmetic.py:grpo`:
+    the config's own warm-start and RL steps, printed below) takes a few minutes on 2 cores.
+    The `CONFIG` field picks another algorithm, or `grpo,heavy_tailed`: a mix with many easy
+    problems, where the short warm start already gets a share right and the few RL steps have
+    more to work with.
     """),
     md(INSTALL_MD),
     code(INSTALL_CODE),
@@ -593,9 +594,10 @@ NB03 = [
     CONFIG = "grpo"  # @param ["grpo", "grpo,heavy_tailed", "prompt_gdro", "rollout_gdro", "ppo"]
 
     config = arithmetic.get_config(CONFIG)
-    config.sft.steps = 100                   # supervised warm start (default 300)
-    config.steps = 12                        # RL steps (default 120)
-    config.rollout.prompts_per_step = 16     # P (default 32)
+    full = arithmetic.get_config(CONFIG)     # the full run's settings, printed for comparison
+    config.sft.steps = 100                   # supervised warm start
+    config.steps = 12                        # RL steps
+    config.rollout.prompts_per_step = 16     # P
     config.rollout.rollouts_per_prompt = 8   # group size
     config.eval.max_examples = 64            # held-out problems, 8 samples each
     config.checkpoint.every_steps = config.steps
@@ -603,6 +605,9 @@ NB03 = [
     config.logging.progress_bar = False
     config.mesh.num_devices = 1              # one device is plenty for this model
 
+    print(f"warm start {config.sft.steps} steps (full run {full.sft.steps}), "
+          f"RL {config.steps} steps (full run {full.steps}), "
+          f"P = {config.rollout.prompts_per_step} (full run {full.rollout.prompts_per_step})")
     workdir = tempfile.mkdtemp(prefix="grpo_tiny_")
     print("workdir:", workdir)
     """),

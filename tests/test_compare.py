@@ -765,7 +765,9 @@ def test_mismatched_settings_one_line_and_nonzero_exit(tmp_path, capsys):
     }
     path.write_text(json.dumps(meta))
     capsys.readouterr()
-    assert compare.main(argv) == 2
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(argv)
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0] and "steps=3" in err[0] and "steps=2" in err[0]
     # the method's overrides are recorded and checked too

@@ -46,6 +46,7 @@ from experiments.compare.statistics import (
     per_problem_scores,
     safe_bootstrap,
 )
+from grpo_jax import cli
 
 
 @dataclasses.dataclass
@@ -745,7 +746,7 @@ def estimate_only(
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="GDRO vs GRPO at equal compute (experiments.compare)")
+    ap = cli.ArgumentParser(description="GDRO vs GRPO at equal compute (experiments.compare)")
     a = ap.add_argument
     a("--out", default="reports", help="output directory")
     a("--seeds", default="10", help="final paired seeds: N (= 0..N-1) or a list '3,5' / '5,'")
@@ -813,13 +814,19 @@ def _command(argv) -> str:
     return ("python -m experiments.compare " + " ".join(out)).strip()
 
 
+@cli.entry_point
 def main(argv=None) -> int:
+    """The command line; 0 when done (or stopped by --max_minutes). Bad input (flags, a settings
+    mismatch with the job files in --out, a missing file) is one ``error:`` line, exit 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
-    sweep_seeds = (
-        parse_seeds(args.sweep_seeds) if "," in args.sweep_seeds else int(args.sweep_seeds)
-    )
-    lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+    try:
+        sweep_seeds = (
+            parse_seeds(args.sweep_seeds) if "," in args.sweep_seeds else int(args.sweep_seeds)
+        )
+        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+    except ValueError as e:
+        raise cli.UsageError(f"--sweep_seeds={args.sweep_seeds} / --lrs={args.lrs}: {e}") from None
     methods = [m for m in args.methods.split(",") if m.strip()]
     config_arg = args.config_arg
     if args.config != DEFAULT_CONFIG:
@@ -833,34 +840,30 @@ def main(argv=None) -> int:
         eval_every=args.eval_every,
     )
     common = dict(seeds=args.seeds, sweep_seeds=sweep_seeds, lrs=lrs, methods=methods)
-    try:
-        if args.estimate_only:
-            oracle = 0 if args.oracle_json else args.oracle_samples
-            kw = dict(workers=args.workers, jax_cache=args.jax_cache, oracle_samples=oracle)
-            estimate_only(**common, **kw, **job_kw)
-            return 0
-        res = run_comparison(
-            args.out,
-            **common,
-            last_evals=args.last_evals,
-            select_metric=args.select_metric,
-            oracle_json=args.oracle_json,
-            oracle_samples=args.oracle_samples,
-            workers=args.workers,
-            n_boot=args.n_boot,
-            jax_cache=args.jax_cache,
-            budget_minutes=args.budget_minutes,
-            command=_command(argv),
-            report_only=args.report_only,
-            max_minutes=args.max_minutes,
-            hard_weights=parse_level_weights(args.hard_weights),
-            preregistration=args.preregistration,
-            criterion=args.criterion,
-            **job_kw,
-        )
-    except (jobs_lib.SettingsMismatch, FileNotFoundError) as e:
-        print(f"compare: error: {e}", file=sys.stderr, flush=True)
-        return 2
+    if args.estimate_only:
+        oracle = 0 if args.oracle_json else args.oracle_samples
+        kw = dict(workers=args.workers, jax_cache=args.jax_cache, oracle_samples=oracle)
+        estimate_only(**common, **kw, **job_kw)
+        return 0
+    res = run_comparison(
+        args.out,
+        **common,
+        last_evals=args.last_evals,
+        select_metric=args.select_metric,
+        oracle_json=args.oracle_json,
+        oracle_samples=args.oracle_samples,
+        workers=args.workers,
+        n_boot=args.n_boot,
+        jax_cache=args.jax_cache,
+        budget_minutes=args.budget_minutes,
+        command=_command(argv),
+        report_only=args.report_only,
+        max_minutes=args.max_minutes,
+        hard_weights=parse_level_weights(args.hard_weights),
+        preregistration=args.preregistration,
+        criterion=args.criterion,
+        **job_kw,
+    )
     if not res.get("finished", True):
         print(
             f"compare: {res['remaining']} jobs remain; rerun the same command to resume.",
