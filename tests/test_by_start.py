@@ -49,6 +49,8 @@ def test_cli_reads_job_files_and_names_a_missing_one(tmp_path, capsys):
             np.savez(tmp_path / f"{name}_s{s}.npz", correct=rng.random((2, 6, 4)) < 0.5)
     assert by_start.main([f"--runs={tmp_path}", "--method=a", "--base=b", "--seeds=2"]) == 0
     assert "relative gain" in capsys.readouterr().out
-    assert by_start.main([f"--runs={tmp_path}", "--method=a", "--base=b", "--seeds=3"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        by_start.main([f"--runs={tmp_path}", "--method=a", "--base=b", "--seeds=3"])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "a_s2.npz" in err[0]

@@ -11,7 +11,6 @@ evaluations' per-sample correctness on the held-out list) and ``warm_s<seed>.npz
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from experiments.compare.plan import PASS_K, split_heldout
 from experiments.compare.statistics import per_problem_scores
+from grpo_jax import cli
 
 STRATA = ((0, 0), (1, 2), (3, 9), (10, None))
 
@@ -133,8 +133,9 @@ def table(rows: list[dict], k: int) -> str:
     return "\n".join(out)
 
 
+@cli.entry_point
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", required=True, help="a comparison's runs/ folder")
     p.add_argument(
         "--method", required=True, help="job name prefix, e.g. prompt_gdro_eta10_lr3e-06"
@@ -145,13 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--pass_k", type=int, default=PASS_K)
     args = p.parse_args(argv)
     runs, seeds = Path(args.runs), range(args.seeds)
-    try:
-        a = load(runs, args.method, seeds, args.last, args.pass_k)
-        b = load(runs, args.base, seeds, args.last, args.pass_k)
-        c = start_counts(runs, seeds)
-    except (FileNotFoundError, KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    a = load(runs, args.method, seeds, args.last, args.pass_k)  # a missing file: one error line
+    b = load(runs, args.base, seeds, args.last, args.pass_k)
+    c = start_counts(runs, seeds)
     print(f"{args.method} vs {args.base}, test half, seeds 0-{args.seeds - 1}:")
     print(table(gains_by_start(a, b, c), args.pass_k))
     return 0
