@@ -1,0 +1,139 @@
+"""The prefix-shared decode cache (``SamplingConfig.decode_cache="prefix_shared"``): the same
+rollouts as the dense cache, one prompt block per group, refused with continuous batching, and
+the analytic decode reads (`sampling.decode_read_bytes`) against hand-computed values.
+
+Reference: the dense decode (itself checked against a full-recompute decoder in
+tests/test_sampling_decode.py), with the same key: tokens must match exactly and log-probs to
+float rounding (the prefix-shared attention output is a sum of two products, not one).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import config_utils
+from grpo_jax.config_schema import base_config
+from grpo_jax.models import get_preset
+from grpo_jax.models.transformer import (
+    DECODE_CACHES,
+    PrefixDecodeCache,
+    init_decode_cache,
+    random_params,
+)
+from grpo_jax.sampling import SamplingConfig, decode_read_bytes, generate
+
+CFG = get_preset("tiny", vocab_size=600, num_layers=2, tie_word_embeddings=False)
+GD, PARAMS = random_params(CFG, 1, stddev=0.2)
+# ragged prompt lengths 2, 5, 7, 3, left-padded to 7
+PROMPTS = [[5, 6], [1, 2, 3, 4, 9], [3, 4, 5, 6, 7, 8, 9], [11, 12, 13]]
+
+
+def _left_pad(prompts, width):
+    toks = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    for i, p in enumerate(prompts):
+        toks[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = True
+    return jnp.asarray(toks), jnp.asarray(mask)
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,group,buckets,budgets",
+    [
+        (0.0, 0, 1.0, 4, 8, False),  # greedy, groups of 4
+        (1.0, 0, 1.0, 4, 8, False),  # sampled, same key
+        (0.8, 5, 0.9, 2, 1, True),  # truncated sampling, one bucket, per-row budgets
+        (1.0, 0, 1.0, 1, 8, True),  # no groups: a prompt block per row
+    ],
+)
+def test_prefix_shared_decode_equals_dense(temperature, top_k, top_p, group, buckets, budgets):
+    prompts = [p for p in PROMPTS for _ in range(group)]
+    toks, mask = _left_pad(prompts, 7)
+    dense = SamplingConfig(
+        max_new_tokens=40,  # 39 decode steps: 3 attention buckets (the cache grows twice)
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_ids=(7, 21),
+        prompt_group_size=group,
+        attention_buckets=buckets,
+    )
+    shared = dataclasses.replace(dense, decode_cache="prefix_shared")
+    R = len(prompts)
+    lengths = (
+        jnp.asarray(np.random.default_rng(3).integers(1, 41, R), jnp.int32) if budgets else None
+    )
+    ref = generate(GD, PARAMS, toks, mask, jax.random.key(5), dense, max_lengths=lengths)
+    out = generate(GD, PARAMS, toks, mask, jax.random.key(5), shared, max_lengths=lengths)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.completion_mask, ref.completion_mask)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=2e-5)
+    # the comparison is not vacuous: rows of different lengths, sampled rows differ
+    assert len(set(np.asarray(ref.lengths).tolist())) > 1
+    if temperature > 0:  # more distinct rows than prompts (rows of one group differ)
+        distinct = len({tuple(r) for r in np.asarray(ref.completion_tokens).tolist()})
+        assert distinct > (len(PROMPTS) if group > 1 else 1)
+
+
+def test_prefix_cache_holds_one_prompt_block_per_group():
+    P, G, Lp = 3, 4, 7
+    K, D = CFG.num_kv_heads, CFG.head_dim
+    prompt = init_decode_cache(CFG, P, Lp).replace(index=jnp.asarray(Lp, jnp.int32))
+    cache = PrefixDecodeCache.from_prefill(prompt, P * G, Lp + 5)
+    assert len(cache.prefix_k) == CFG.num_layers
+    assert cache.prefix_k[0].shape == (P, K, Lp, D)  # once per group, not P * G times
+    assert cache.k[0].shape == (P * G, K, 5, D)  # each row's own completion slots
+    assert int(cache.index) == 0
+    grown = cache.grow(Lp + 9)
+    assert grown.k[0].shape == (P * G, K, 9, D) and grown.prefix_k[0] is cache.prefix_k[0]
+    with pytest.raises(ValueError, match="completion slots"):
+        grown.grow(Lp + 5)
+    dense = DECODE_CACHES["dense"].from_prefill(prompt.grow(Lp + 5), P * G, Lp + 5)
+    assert dense.k[0].shape == (P * G, K, Lp + 5, D)  # G copies of each prompt
+
+
+def test_prefix_shared_refuses_continuous_batching_and_unknown_layouts():
+    with pytest.raises(ValueError, match="static batching"):
+        SamplingConfig(max_new_tokens=4, decode_slots=4, decode_cache="prefix_shared")
+    with pytest.raises(ValueError, match="decode_cache must be one of"):
+        SamplingConfig(max_new_tokens=4, decode_cache="paged")
+    assert config_utils.DECODE_CACHES == tuple(DECODE_CACHES)
+    c = base_config()
+    c.rollout.decode_cache = "prefix_shared"
+    config_utils.validate(c)  # static batching: accepted
+    c.rollout.decode_slots = 8
+    with pytest.raises(config_utils.ConfigError, match="decode_slots=0"):
+        config_utils.validate(c)
+    c.rollout.decode_slots, c.rollout.decode_cache = 0, "paged"
+    with pytest.raises(config_utils.ConfigError, match="rollout.decode_cache='paged'"):
+        config_utils.validate(c)
+
+
+def test_decode_read_bytes_by_hand():
+    # 1000 parameter bytes, 10 KV bytes per slot (all layers, keys and values), 8 rows in groups
+    # of 4, 5-slot prompts, 3 new tokens: decode steps 1 and 2 need 5 + 1 and 5 + 2 slots
+    kw = dict(param_bytes=1000, kv_bytes_per_slot=10, rows=8, group_size=4, prompt_len=5)
+    # one attention bucket: both steps read 2 completion slots per row. Dense, per step:
+    # 1000 + 8 rows x 5 prompt slots x 10 + 8 x 2 x 10 = 1560 bytes for 8 tokens
+    dense = decode_read_bytes(**kw, new_tokens=3, layout="dense", buckets=1)
+    assert dense == {"params": 125.0, "prefix": 50.0, "completion": 20.0, "total": 195.0}
+    # prefix-shared, per step: 1000 + 2 groups x 5 x 10 + 8 x 2 x 10 = 1260 bytes for 8 tokens
+    shared = decode_read_bytes(**kw, new_tokens=3, layout="prefix_shared", buckets=1)
+    assert shared == {"params": 125.0, "prefix": 12.5, "completion": 20.0, "total": 157.5}
+    # exactly the filled slots (buckets=None): 1 then 2 completion slots, 1.5 on average
+    exact = decode_read_bytes(**kw, new_tokens=3, layout="prefix_shared", buckets=None)
+    assert exact == {"params": 125.0, "prefix": 12.5, "completion": 15.0, "total": 152.5}
+    exact = decode_read_bytes(**kw, new_tokens=3, layout="dense", buckets=None)
+    assert exact == {"params": 125.0, "prefix": 50.0, "completion": 15.0, "total": 190.0}
+    # the sampler's own buckets: Lp 5, Lc 40, 8 buckets -> chunks ending at 13, 26, 39
+    # completion slots (13 steps each); mean over the 39 steps = (13 + 26 + 39) / 3 = 26
+    long = decode_read_bytes(**kw, new_tokens=40, layout="prefix_shared")
+    assert long["completion"] == pytest.approx(260.0)
+    with pytest.raises(ValueError, match="group_size"):
+        decode_read_bytes(**{**kw, "group_size": 3}, new_tokens=3, layout="dense")
+    with pytest.raises(ValueError, match="layout"):
+        decode_read_bytes(**kw, new_tokens=3, layout="paged")
