@@ -6,7 +6,9 @@ continuous batching, S decode rows refilled with pending requests as completions
 
 Shapes are static (R rows, Lp prompt slots, Lc = max_new_tokens), so a training loop with a
 fixed batch compiles once. The KV cache (`DecodeCache`: one [R, kv_heads, slots, head_dim]
-buffer per layer) is carried through the loops and updated in place (dynamic_update_slice);
+buffer per layer; or, with ``decode_cache="prefix_shared"``, `PrefixDecodeCache`: each group's
+prompt block [R / G, kv_heads, Lp, head_dim] once and a per-row completion cache
+[R, kv_heads, c, head_dim]) is carried through the loops and updated in place (dynamic_update_slice);
 each layer's attention reads its whole buffer in place, in the layout its einsum consumes, and
 the layer weights are unstacked once before the loops (no per-step copy, slice or transpose of
 the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). The decode

@@ -101,7 +101,7 @@ def test_prefix_shared_refuses_continuous_batching_and_unknown_layouts():
         SamplingConfig(max_new_tokens=4, decode_slots=4, decode_cache="prefix_shared")
     with pytest.raises(ValueError, match="decode_cache must be one of"):
         SamplingConfig(max_new_tokens=4, decode_cache="paged")
-    assert config_utils.DECODE_CACHES == tuple(DECODE_CACHES)
+    assert tuple(DECODE_CACHES) == config_utils.DECODE_CACHES
     c = base_config()
     c.rollout.decode_cache = "prefix_shared"
     config_utils.validate(c)  # static batching: accepted

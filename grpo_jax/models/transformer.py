@@ -15,7 +15,9 @@ Architecture (pre-norm):
   `config.attention_impl` (`grpo_jax.models.attention`): the grouped einsum over the whole
   [T, S] score matrix ("einsum"), a blockwise online-softmax XLA kernel with its own VJP
   ("blockwise"), the Pallas splash kernel on TPU ("splash") or cuDNN on GPU ("cudnn"); "auto"
-  picks by platform. The decode step (one token over a DecodeCache) is always the einsum.
+  picks by platform. The decode step (one token over a DecodeCache) is always the einsum;
+  over a PrefixDecodeCache (each group's prompt block stored once) it is
+  `attention.decode_attention_prefix`.
 - MLP: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 Layers are stored stacked (every per-layer Param has a leading `num_layers` axis with logical
@@ -723,7 +725,7 @@ class Decoder(nnx.Module):
         positions,
         attention_mask=None,
         *,
-        cache: KVCache | DecodeCache | None = None,
+        cache: KVCache | DecodeCache | PrefixDecodeCache | None = None,
         attend_len: int | None = None,
         layer_params: tuple | None = None,
     ):
@@ -742,12 +744,9 @@ class Decoder(nnx.Module):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
 
         graphdef, layer_state = nnx.split(self.layers)
-        if isinstance(cache, DecodeCache):
+        if isinstance(cache, DecodeCache | PrefixDecodeCache):
             layers = layer_state if layer_params is None else layer_params
             return self._decode(graphdef, layers, x, positions, attention_mask, cache, attend_len)
-        if isinstance(cache, PrefixDecodeCache):
-            layers = layer_state if layer_params is None else layer_params
-            return self._decode_prefix(graphdef, layers, x, positions, cache)
         if cache is None:
             key_mask = attention_mask
             q_slot = jnp.arange(T)[None]
@@ -823,8 +822,11 @@ class Decoder(nnx.Module):
         index, or, per-row index [B] with T = 1, a scatter of B entries) and then attends to
         the buffer's first A slots: the whole buffer, read in place, when A = S (the samplers
         grow their cache instead of passing a shorter attend_len, whose slice XLA:CPU copies).
-        Raises ValueError for a per-row index with T > 1.
+        Raises ValueError for a per-row index with T > 1. A `PrefixDecodeCache` goes to
+        `_decode_prefix`.
         """
+        if isinstance(cache, PrefixDecodeCache):
+            return self._decode_prefix(graphdef, layer_params, x, positions, cache)
         c = self.config
         B, T = attention_mask.shape
         S = cache.key_mask.shape[1]
@@ -1010,7 +1012,8 @@ class Transformer(nnx.Module):
         the first real token, see positions_from_mask); attention_mask [B, T] bool, True on real
         tokens (key padding mask combined with the causal mask; None = all real);
         cache: optional KVCache or DecodeCache, the tokens are written at slots
-        [cache.index, cache.index + T) and attend to every earlier valid slot; attend_len
+        [cache.index, cache.index + T) and attend to every earlier valid slot (or a
+        PrefixDecodeCache, T = 1: the group's prompt block and the row's completion slots); attend_len
         (static, with a cache): only slots [0, attend_len) are read (>= cache.index + T);
         layer_params (with a DecodeCache): `unstack_layers(self)`, made once outside a decode
         loop so that the loop does not slice the stacked layer weights every step.
