@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from grpo_jax import config_utils
+from grpo_jax import config_utils, experiment, sharding
 from grpo_jax.config_schema import base_config
 from grpo_jax.models import get_preset
 from grpo_jax.models.transformer import (
@@ -137,3 +138,38 @@ def test_decode_read_bytes_by_hand():
         decode_read_bytes(**{**kw, "group_size": 3}, new_tokens=3, layout="dense")
     with pytest.raises(ValueError, match="layout"):
         decode_read_bytes(**kw, new_tokens=3, layout="paged")
+
+
+def test_prefix_shared_decode_on_a_data_fsdp_mesh():
+    # 4 groups of 2 rows over a 2 x 2 data x fsdp mesh (rows pinned to it per layer by
+    # `sharding.constrain_batch`): the rollouts of the unsharded dense decode
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices (conftest sets 8 virtual CPU devices)")
+    mesh = Mesh(np.asarray(devices[:4]).reshape(2, 2), ("data", "fsdp"))
+    toks, mask = _left_pad([p for p in PROMPTS for _ in range(2)], 7)
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0.0, prompt_group_size=2)
+    ref = generate(GD, PARAMS, toks, mask, jax.random.key(0), cfg)
+    rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    params = jax.device_put(PARAMS, NamedSharding(mesh, PartitionSpec()))
+    run = sharding.under_mesh(mesh, generate)
+    out = run(
+        GD,
+        params,
+        jax.device_put(toks, rows),
+        jax.device_put(mask, rows),
+        jax.random.key(0),
+        dataclasses.replace(cfg, decode_cache="prefix_shared"),
+    )
+    np.testing.assert_array_equal(out.completion_tokens, ref.completion_tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=2e-5)
+    assert len(out.completion_tokens.sharding.device_set) == 4
+
+
+def test_run_config_reaches_both_samplers():
+    c = base_config()
+    c.rollout.decode_cache = "prefix_shared"
+    train, evaluation = experiment._sampling_configs(c, None, 4)
+    assert (train.decode_cache, evaluation.decode_cache) == ("prefix_shared", "prefix_shared")
+    assert train.prompt_group_size == 4
+    assert experiment._sampling_configs(base_config(), None, 1)[0].decode_cache == "dense"
