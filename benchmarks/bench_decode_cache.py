@@ -137,11 +137,15 @@ def main(argv=None):
             flush=True,
         )
     same = bool(
-        np.array_equal(samples["dense"].completion_tokens, samples["prefix_shared"].completion_tokens)
+        np.array_equal(
+            samples["dense"].completion_tokens, samples["prefix_shared"].completion_tokens
+        )
     )
     dlp = float(np.max(np.abs(samples["dense"].logprobs - samples["prefix_shared"].logprobs)))
     speedup = results["prefix_shared"]["decode_tok_s"] / results["dense"]["decode_tok_s"]
-    print(f"prefix_shared / dense decode tok/s: {speedup:.3f}; same tokens {same}, |dlogp| {dlp:.2e}")
+    print(
+        f"prefix_shared / dense decode tok/s: {speedup:.3f}; same tokens {same}, |dlogp| {dlp:.2e}"
+    )
     summary = {
         "machine": machine(),
         "args": vars(args),

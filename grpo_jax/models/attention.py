@@ -442,9 +442,17 @@ def decode_attention_prefix(q, kp, vp, prefix_bias, kc, vc, comp_bias):
     s_c = s_c * scale + comp_bias[:, None, None, :]
     probs = jax.nn.softmax(jnp.concatenate([s_p.reshape(R, K, Hg, Lp), s_c], axis=-1), axis=-1)
     probs = probs.astype(dt)
-    out_p = jnp.einsum("pnkgs,pksd->pnkgd", probs[..., :Lp].reshape(P, G, K, Hg, Lp), vp.astype(dt))
-    out_c = jnp.einsum("bkgs,bksd->bkgd", probs[..., Lp:], vc.astype(dt))
-    return (out_p.reshape(R, K, Hg, D) + out_c).reshape(R, 1, H, D)
+    f32 = jnp.float32  # both partial products accumulated and summed in float32, rounded once
+    out_p = jnp.einsum(
+        "pnkgs,pksd->pnkgd",
+        probs[..., :Lp].reshape(P, G, K, Hg, Lp),
+        vp.astype(dt),
+        preferred_element_type=f32,
+    )
+    out_c = jnp.einsum(
+        "bkgs,bksd->bkgd", probs[..., Lp:], vc.astype(dt), preferred_element_type=f32
+    )
+    return (out_p.reshape(R, K, Hg, D) + out_c).astype(dt).reshape(R, 1, H, D)
 
 
 # ----------------------------------------------------------------------------- fused kernels
