@@ -189,3 +189,36 @@ def test_run_config_reaches_both_samplers():
     assert (train.decode_cache, evaluation.decode_cache) == ("prefix_shared", "prefix_shared")
     assert train.prompt_group_size == 4
     assert experiment._sampling_configs(base_config(), None, 1)[0].decode_cache == "dense"
+
+
+@pytest.mark.slow  # ~100 s on 2 busy cores: two runs' steps compiled
+def test_rl_steps_with_the_prefix_shared_cache_equal_the_dense_ones():
+    # two RL steps of the smoke default with each group's prompt computed once: the rollouts
+    # (rewards, lengths) are those of the dense decode, the losses equal up to float rounding
+    from test_train import smoke_config
+
+    from grpo_jax import steps, train
+    from grpo_jax.experiment import build_experiment
+
+    rows = {}
+    for cache in ("dense", "prefix_shared"):
+        cfg = smoke_config(
+            "grpo", **{"algorithm.shared_prompt_forward": True, "rollout.decode_cache": cache}
+        )
+        exp = build_experiment(cfg)
+        try:
+            assert exp.train_sampling.decode_cache == cache
+            assert exp.train_sampling.prompt_group_size == cfg.rollout.rollouts_per_prompt
+            run, _ = steps.init_run(exp, warm_start=False)
+            fns, source = steps.make_steps(exp), exp.make_source()
+            rows[cache] = []
+            for _ in range(2):
+                result = train.rl_step(exp, fns, run, source)
+                run = result.run
+                rows[cache].append(result.row)
+        finally:
+            exp.close()
+    for a, b in zip(rows["dense"], rows["prefix_shared"], strict=True):
+        for key in ("reward_mean", "completion_length", "truncated_fraction", "generated_tokens"):
+            assert a[key] == b[key], key
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
