@@ -196,7 +196,9 @@ def test_run_config_reaches_both_samplers():
 @pytest.mark.slow  # ~100 s on 2 busy cores: two runs' steps compiled
 def test_rl_steps_with_the_prefix_shared_cache_equal_the_dense_ones():
     # two RL steps of the smoke default with each group's prompt computed once: the rollouts
-    # (rewards, lengths) are those of the dense decode, the losses equal up to float rounding
+    # (texts of the logged samples, lengths, rewards) are those of the dense decode, the losses
+    # equal up to float rounding (without a warm start most rewards are -1: the rollouts carry
+    # the comparison)
     from test_train import smoke_config
 
     from grpo_jax import steps, train
@@ -223,4 +225,6 @@ def test_rl_steps_with_the_prefix_shared_cache_equal_the_dense_ones():
     for a, b in zip(rows["dense"], rows["prefix_shared"], strict=True):
         for key in ("reward_mean", "completion_length", "truncated_fraction", "generated_tokens"):
             assert a[key] == b[key], key
+        assert [x["completion"] for x in a["samples"]] == [x["completion"] for x in b["samples"]]
+        assert len({x["completion"] for x in a["samples"]}) > 1
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
