@@ -241,10 +241,10 @@ def decode_read_bytes(
     new_tokens: int,
     layout: str = "dense",
     buckets: int | None = 8,
+    lengths=None,
 ) -> dict:
     """Analytic bytes read per decoded token by the static sampler's decode loop (the roofline
-    of a memory-bound decode: time = bytes / bandwidth), averaged over its Lc - 1 decode steps
-    with every row live.
+    of a memory-bound decode: time = bytes / bandwidth).
 
     A decode step reads every parameter once (``param_bytes``: those one device reads, e.g. the
     all-gathered model under FSDP) and the cache slots it attends to, for all ``rows``:
@@ -252,30 +252,40 @@ def decode_read_bytes(
       "prefix_shared": rows / G x Lp prompt slots (each group's block once) + rows x c,
     with c the completion slots read at that step: the end of its decode chunk
     (`decode_buckets` with ``buckets`` = ``SamplingConfig.attention_buckets``), or exactly the
-    i filled ones of step i for ``buckets=None`` (a ragged kernel). Units: bytes
-    (``kv_bytes_per_slot``: `kv_bytes_per_slot` of the model, keys and values of all layers).
+    i filled ones of step i for ``buckets=None`` (a ragged kernel). The loop runs decode steps
+    1 .. max(lengths) - 1 (it exits when every row has ended; finished rows are still read)
+    and decodes sum(lengths - 1) tokens (token 0 comes from the prefill); ``lengths``: the
+    rows' completion lengths (e.g. `Rollouts.lengths` measured by the sampler), None = every
+    row runs to ``new_tokens``. Units: bytes (``kv_bytes_per_slot``: `kv_bytes_per_slot` of
+    the model, keys and values of all layers).
 
     Returns {"params", "prefix", "completion", "total"}: float bytes per decoded token (the
-    step's reads / rows): the parameters, the prompt keys/values, the completion keys/values.
-    Raises ValueError: rows not a multiple of group_size, new_tokens < 2, unknown layout.
+    loop's reads / the tokens it decoded): the parameters, the prompt keys/values, the
+    completion keys/values.
+    Raises ValueError: rows not a multiple of group_size, no decode step (new_tokens or every
+    length < 2), lengths not [rows] in [1, new_tokens], unknown layout.
     """
     if layout not in DECODE_CACHES:
         raise ValueError(f"layout must be one of {tuple(DECODE_CACHES)}, got {layout!r}")
     if group_size < 1 or rows % group_size:
         raise ValueError(f"rows={rows} is not a multiple of group_size={group_size}")
-    if new_tokens < 2:
-        raise ValueError(f"new_tokens={new_tokens}: no decode step (the prefill samples token 0)")
-    steps = range(1, new_tokens)  # decode step i reads completion slots [0, i)
+    lengths = [new_tokens] * rows if lengths is None else [int(n) for n in lengths]
+    if len(lengths) != rows or not all(1 <= n <= new_tokens for n in lengths):
+        raise ValueError(f"lengths must be {rows} completion lengths in [1, {new_tokens}]")
+    if max(lengths) < 2:
+        raise ValueError("no decode step: every completion has one token (from the prefill)")
+    steps = range(1, max(lengths))  # decode step i reads completion slots [0, i)
     if buckets is None:
-        comp = [float(i) for i in steps]
+        comp = list(steps)
     else:
         ends = [e - prompt_len for e in decode_buckets(prompt_len, new_tokens, buckets)]
-        comp = [float(next(e for e in ends if e >= i)) for i in steps]
+        comp = [next(e for e in ends if e >= i) for i in steps]
+    decoded = sum(n - 1 for n in lengths)
     prompt_rows = rows if layout == "dense" else rows // group_size
     out = {
-        "params": param_bytes / rows,
-        "prefix": prompt_rows * prompt_len * kv_bytes_per_slot / rows,
-        "completion": sum(comp) / len(comp) * kv_bytes_per_slot,
+        "params": len(comp) * param_bytes / decoded,
+        "prefix": len(comp) * prompt_rows * prompt_len * kv_bytes_per_slot / decoded,
+        "completion": rows * sum(comp) * kv_bytes_per_slot / decoded,
     }
     return {**out, "total": sum(out.values())}
 

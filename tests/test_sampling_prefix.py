@@ -152,6 +152,17 @@ def test_decode_read_bytes_by_hand():
     # completion slots (13 steps each); mean over the 39 steps = (13 + 26 + 39) / 3 = 26
     long = decode_read_bytes(**kw, new_tokens=40, layout="prefix_shared")
     assert long["completion"] == pytest.approx(260.0)
+    # measured lengths 3, 1, 2, 2 | 3, 3, 1, 1: the loop still runs 2 steps over all 8 rows
+    # (1560 / 1260 bytes each, as above) but decodes 2 + 0 + 1 + 1 + 2 + 2 + 0 + 0 = 8 tokens
+    lengths = [3, 1, 2, 2, 3, 3, 1, 1]
+    dense = decode_read_bytes(**kw, new_tokens=3, layout="dense", buckets=1, lengths=lengths)
+    assert dense == {"params": 250.0, "prefix": 100.0, "completion": 40.0, "total": 390.0}
+    shared = decode_read_bytes(**kw, new_tokens=3, layout="prefix_shared", lengths=lengths)
+    assert shared == {"params": 250.0, "prefix": 25.0, "completion": 40.0, "total": 315.0}
+    with pytest.raises(ValueError, match="lengths"):
+        decode_read_bytes(**kw, new_tokens=3, lengths=[4] * 8)
+    with pytest.raises(ValueError, match="no decode step"):
+        decode_read_bytes(**kw, new_tokens=3, lengths=[1] * 8)
     with pytest.raises(ValueError, match="group_size"):
         decode_read_bytes(**{**kw, "group_size": 3}, new_tokens=3, layout="dense")
     with pytest.raises(ValueError, match="layout"):
