@@ -116,6 +116,11 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # continuous batching: decode this many rows, each refilled with the next pending rollout
     # when its completion ends (0 = one static batch; training and evaluation; sampling.py)
     c.rollout.decode_slots = 0
+    # the static sampler's KV cache (sampling.SamplingConfig.decode_cache): dense (each row
+    # holds its prompt's keys/values) | prefix_shared (each group's prompt stored and read once
+    # for its rows: the groups of algorithm.shared_prompt_forward, else one row each; same
+    # samples up to float rounding; decode_slots = 0 only). Training and evaluation
+    c.rollout.decode_cache = "dense"
 
 
 def _algorithm_fields(c: ml_collections.ConfigDict) -> None:

@@ -55,6 +55,8 @@ _CHOICES = {
 
 # grpo_jax.models.config.ATTENTION_IMPLS (not imported: that package starts JAX)
 ATTENTION_IMPLS = ("auto", "einsum", "blockwise", "splash", "cudnn")
+# grpo_jax.models.transformer.DECODE_CACHES' names (not imported: it starts JAX)
+DECODE_CACHES = ("dense", "prefix_shared")
 
 _POSITIVE = (
     "steps",
@@ -187,6 +189,14 @@ def _validate_data_and_sampling(config) -> None:
         )
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"config.rollout.top_p={config.rollout.top_p} must be in (0, 1]")
+    cache = config.rollout.decode_cache
+    if cache not in DECODE_CACHES:
+        raise ConfigError(f"config.rollout.decode_cache={cache!r} is not one of {DECODE_CACHES}")
+    if cache != "dense" and config.rollout.decode_slots:
+        raise ConfigError(
+            f"config.rollout.decode_cache={cache!r} takes static batching; set "
+            f"config.rollout.decode_slots=0 (got {config.rollout.decode_slots})"
+        )
 
 
 def _validate_reward_model(config) -> None:

@@ -272,6 +272,7 @@ def _sampling_configs(config, tokenizer, group: int):
         eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (0,),
         pad_id=tokenizer.pad_id if tokenizer is not None else 0,
         decode_slots=int(sc.decode_slots),
+        decode_cache=sc.decode_cache,
     )
     train = sampling.SamplingConfig(
         max_new_tokens=sc.max_new_tokens,

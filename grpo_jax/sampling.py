@@ -6,7 +6,9 @@ continuous batching, S decode rows refilled with pending requests as completions
 
 Shapes are static (R rows, Lp prompt slots, Lc = max_new_tokens), so a training loop with a
 fixed batch compiles once. The KV cache (`DecodeCache`: one [R, kv_heads, slots, head_dim]
-buffer per layer) is carried through the loops and updated in place (dynamic_update_slice);
+buffer per layer; or, with ``decode_cache="prefix_shared"``, `PrefixDecodeCache`: each group's
+prompt block [R / G, kv_heads, Lp, head_dim] once and a per-row completion cache
+[R, kv_heads, c, head_dim]) is carried through the loops and updated in place (dynamic_update_slice);
 each layer's attention reads its whole buffer in place, in the layout its einsum consumes, and
 the layer weights are unstacked once before the loops (no per-step copy, slice or transpose of
 the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). The decode
@@ -34,7 +36,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax.models.transformer import init_decode_cache, positions_from_mask, unstack_layers
+from grpo_jax.models.transformer import (
+    DECODE_CACHES,
+    init_decode_cache,
+    positions_from_mask,
+    unstack_layers,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +60,12 @@ class SamplingConfig:
     Lp + Lc - 1 slots).
     decode_slots: > 0 = continuous batching with this many decode rows (`generate_continuous`,
     which `generate` then calls); 0 = one static batch of all rows.
+    decode_cache: the static sampler's KV-cache layout (`transformer.DECODE_CACHES`): "dense"
+    (`DecodeCache`: every row holds its prompt's keys and values, G copies per group, and the
+    completion after them) or "prefix_shared" (`PrefixDecodeCache`: each group's prompt block
+    stored and read once for its G rows, each row's completion cache separate). Same samples
+    up to float rounding (the attention output is summed from two products); static batching
+    only (decode_slots = 0).
     """
 
     max_new_tokens: int
@@ -64,6 +77,7 @@ class SamplingConfig:
     prompt_group_size: int = 1
     attention_buckets: int = 8
     decode_slots: int = 0
+    decode_cache: str = "dense"
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -89,6 +103,16 @@ class SamplingConfig:
         if not isinstance(self.decode_slots, int) or self.decode_slots < 0:
             raise ValueError(
                 f"SamplingConfig.decode_slots must be an int >= 0, got {self.decode_slots!r}"
+            )
+        if self.decode_cache not in DECODE_CACHES:
+            raise ValueError(
+                f"SamplingConfig.decode_cache must be one of {tuple(DECODE_CACHES)}, got "
+                f"{self.decode_cache!r}"
+            )
+        if self.decode_cache != "dense" and self.decode_slots:
+            raise ValueError(
+                f"SamplingConfig.decode_cache={self.decode_cache!r} takes static batching "
+                f"(decode_slots = 0), got decode_slots={self.decode_slots}"
             )
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
@@ -200,6 +224,72 @@ def decode_buckets(prompt_len: int, max_new_tokens: int, buckets: int) -> tuple[
     return tuple(prompt_len + e - 1 for e in ends)
 
 
+def kv_bytes_per_slot(config, dtype=None) -> int:
+    """Bytes of one cache slot of one row over all layers, keys and values:
+    2 x num_layers x num_kv_heads x head_dim x itemsize (``dtype``, default config.dtype)."""
+    item = jnp.dtype(dtype or config.dtype).itemsize
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * item
+
+
+def decode_read_bytes(
+    *,
+    param_bytes: float,
+    kv_bytes_per_slot: float,
+    rows: int,
+    group_size: int,
+    prompt_len: int,
+    new_tokens: int,
+    layout: str = "dense",
+    buckets: int | None = 8,
+    lengths=None,
+) -> dict:
+    """Analytic bytes read per decoded token by the static sampler's decode loop (the roofline
+    of a memory-bound decode: time = bytes / bandwidth).
+
+    A decode step reads every parameter once (``param_bytes``: those one device reads, e.g. the
+    all-gathered model under FSDP) and the cache slots it attends to, for all ``rows``:
+      "dense":         rows x (Lp + c) slots (each row's own copy of its prompt),
+      "prefix_shared": rows / G x Lp prompt slots (each group's block once) + rows x c,
+    with c the completion slots read at that step: the end of its decode chunk
+    (`decode_buckets` with ``buckets`` = ``SamplingConfig.attention_buckets``), or exactly the
+    i filled ones of step i for ``buckets=None`` (a ragged kernel). The loop runs decode steps
+    1 .. max(lengths) - 1 (it exits when every row has ended; finished rows are still read)
+    and decodes sum(lengths - 1) tokens (token 0 comes from the prefill); ``lengths``: the
+    rows' completion lengths (e.g. `Rollouts.lengths` measured by the sampler), None = every
+    row runs to ``new_tokens``. Units: bytes (``kv_bytes_per_slot``: `kv_bytes_per_slot` of
+    the model, keys and values of all layers).
+
+    Returns {"params", "prefix", "completion", "total"}: float bytes per decoded token (the
+    loop's reads / the tokens it decoded): the parameters, the prompt keys/values, the
+    completion keys/values.
+    Raises ValueError: rows not a multiple of group_size, no decode step (new_tokens or every
+    length < 2), lengths not [rows] in [1, new_tokens], unknown layout.
+    """
+    if layout not in DECODE_CACHES:
+        raise ValueError(f"layout must be one of {tuple(DECODE_CACHES)}, got {layout!r}")
+    if group_size < 1 or rows % group_size:
+        raise ValueError(f"rows={rows} is not a multiple of group_size={group_size}")
+    lengths = [new_tokens] * rows if lengths is None else [int(n) for n in lengths]
+    if len(lengths) != rows or not all(1 <= n <= new_tokens for n in lengths):
+        raise ValueError(f"lengths must be {rows} completion lengths in [1, {new_tokens}]")
+    if max(lengths) < 2:
+        raise ValueError("no decode step: every completion has one token (from the prefill)")
+    steps = range(1, max(lengths))  # decode step i reads completion slots [0, i)
+    if buckets is None:
+        comp = list(steps)
+    else:
+        ends = [e - prompt_len for e in decode_buckets(prompt_len, new_tokens, buckets)]
+        comp = [next(e for e in ends if e >= i) for i in steps]
+    decoded = sum(n - 1 for n in lengths)
+    prompt_rows = rows if layout == "dense" else rows // group_size
+    out = {
+        "params": len(comp) * param_bytes / decoded,
+        "prefix": len(comp) * prompt_rows * prompt_len * kv_bytes_per_slot / decoded,
+        "completion": rows * sum(comp) * kv_bytes_per_slot / decoded,
+    }
+    return {**out, "total": sum(out.values())}
+
+
 def _prefill(model, prompt_tokens, prompt_mask, group: int, slots: int):
     """One forward pass over every ``group``-th prompt row into a fresh `DecodeCache` of ``slots``
     slots (rows R / group). Returns (last-position logits repeated to [R, V], the cache)."""
@@ -226,14 +316,17 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [R]
     eos = jnp.asarray(config.eos_ids if config.eos_ids else (-1,), jnp.int32)
 
-    # prefill one row per group of G identical prompts (G = 1: every row), then copy its cache
-    # and last logits to the group's rows. The cache (DecodeCache: per layer [rows, kv_heads,
-    # slots, head_dim]) starts as long as the first decode chunk needs and grows between chunks
+    # prefill one row per group of G identical prompts (G = 1: every row); its last logits go
+    # to the group's rows and its cache becomes the decode cache of `config.decode_cache`
+    # (dense: copied to the group's rows, per layer [rows, kv_heads, slots, head_dim];
+    # prefix_shared: kept once per group beside a per-row completion cache). The cache starts
+    # with as many slots as the first decode chunk needs and grows between chunks
     G = config.prompt_group_size
     ends = decode_buckets(Lp, Lc, config.attention_buckets) if Lc > 1 else ()
-    logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, ends[0] if ends else Lp)
-    if G > 1:
-        cache = cache.map_rows(lambda x: jnp.repeat(x, G, axis=0))
+    layout = DECODE_CACHES[config.decode_cache]
+    first = ends[0] if ends else Lp
+    logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, layout.prefill_slots(Lp, first))
+    cache = layout.from_prefill(cache, R, first)
     layers = unstack_layers(model)  # read in place by every decode step
 
     rng, key = jax.random.split(rng)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from grpo_jax.models import get_preset
 from grpo_jax.models.transformer import random_params
-from grpo_jax.sampling import SamplingConfig, _generate
+from grpo_jax.sampling import SamplingConfig, _generate, decode_buckets
 
 _HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
 _CALLEE = re.compile(r"(?:body|condition|calls|to_apply)=%([\w.\-]+)")
@@ -47,10 +47,21 @@ def _callees(line: str):
 
 
 def decode_cache_traffic(
-    hlo: str, *, rows, kv_heads, head_dim, prompt_len, slots, layers, token_rows=None
+    hlo: str,
+    *,
+    rows,
+    kv_heads,
+    head_dim,
+    prompt_len,
+    slots,
+    layers,
+    token_rows=None,
+    slot_counts=None,
 ):
     """Counter {op: n} of cache-sized results inside the decode loops of optimized HLO text
-    (``rows``: the cache's rows; ``token_rows``: the output tokens' rows, default ``rows``)."""
+    (``rows``: the cache's rows; ``token_rows``: the output tokens' rows, default ``rows``;
+    ``slot_counts``: the slot counts s of the [rows, kv_heads, s, head_dim] results counted,
+    default prompt_len..slots)."""
     comps, entry = _computations(hlo)
     out_tokens = f"s32[{token_rows or rows},{slots - prompt_len}]"
     roots = []
@@ -66,7 +77,9 @@ def decode_cache_traffic(
         seen.add(c)
         for line in comps[c]:
             todo += _callees(line)
-    per_layer = {tuple(sorted((rows, kv_heads, s, head_dim))) for s in range(prompt_len, slots + 1)}
+    if slot_counts is None:
+        slot_counts = range(prompt_len, slots + 1)
+    per_layer = {tuple(sorted((rows, kv_heads, s, head_dim))) for s in slot_counts}
     whole = tuple(sorted((layers, rows, kv_heads, slots, head_dim)))
     counts = collections.Counter()
     for c in seen:
@@ -224,3 +237,30 @@ def test_hlo_scan_flags_a_layer_scan_slicing_a_stacked_cache():
     hlo = jax.jit(per_layer, donate_argnums=0).lower(cs, x)
     counts = decode_cache_traffic(hlo.compile().as_text(), **dims)
     assert not {op for op in counts if op.removeprefix("whole:") not in IN_PLACE}, counts
+
+
+def test_prefix_shared_decode_reads_the_prompt_block_in_place_and_copies_no_prompt():
+    # groups of 2 (3 prompt blocks of [3, KVH, LP, D] for 6 rows): inside the decode loops the
+    # completion caches [R, KVH, C, D] (C = 12, 24, 36: the chunks' completion slots) are only
+    # updated in place, no per-row prompt copy [R, KVH, LP, D] and no [R, KVH, LP + C, D]
+    # concatenation exists, and the prompt blocks are read in place (no copy)
+    sc = SamplingConfig(max_new_tokens=LC, prompt_group_size=2, decode_cache="prefix_shared")
+    hlo = compiled_decode_hlo(sc)
+    ends = decode_buckets(LP, LC, sc.attention_buckets)
+    comp = [e - LP for e in ends]
+    assert comp == [12, 24, 36]
+    dims = dict(
+        kv_heads=CFG.num_kv_heads,
+        head_dim=CFG.head_dim,
+        prompt_len=LP,
+        slots=LP + LC,
+        layers=CFG.num_layers,
+        token_rows=R,
+    )
+    counts = decode_cache_traffic(hlo, rows=R, slot_counts=comp, **dims)
+    assert not {op for op in counts if op not in IN_PLACE}, dict(counts)
+    assert counts.get("fusion:dynamic-update-slice", 0) + counts.get("dynamic-update-slice", 0)
+    copies = decode_cache_traffic(hlo, rows=R, slot_counts=[LP, *ends], **dims)
+    assert not copies, dict(copies)
+    block = decode_cache_traffic(hlo, rows=R // 2, slot_counts=[LP], **dims)
+    assert block and not {op for op in block if op not in IN_PLACE}, dict(block)

@@ -413,6 +413,48 @@ def merge_partial(o1, lse1, o2, lse2):
     return (w1 * o1.astype(jnp.float32) + w2 * o2.astype(jnp.float32)).astype(o1.dtype)
 
 
+def decode_attention_prefix(q, kp, vp, prefix_bias, kc, vc, comp_bias):
+    """One decode token per row over its group's shared prompt block and its own completion
+    cache (`transformer.PrefixDecodeCache`), the prompt keys and values read once per group.
+
+    q [R, 1, H, D] (row r continues prompt r // G, R = P * G); kp, vp [P, KVH, Lp, D] the
+    prompt block; prefix_bias [P, Lp] float32 (0 on real prompt keys, _NEG_INF on padding);
+    kc, vc [R, KVH, C, D] the completion cache; comp_bias [R or 1, C] float32 (0 on the
+    filled slots, _NEG_INF after). Returns [R, 1, H, D] in q.dtype.
+
+    The softmax runs over the concatenated float32 scores [prompt slots, completion slots], as
+    the dense decode's over its one [Lp + C] buffer (same scores and probabilities); the output
+    is the sum of two products (prompt and completion values) instead of one, so it equals the
+    dense decode up to float rounding. The group's G rows' queries meet the prompt keys in one
+    product ("pnkgd,pksd": P x Lp keys read, not R x Lp).
+    """
+    dt = q.dtype
+    R, _, H, D = q.shape
+    P, K, Lp, _ = kp.shape
+    G, Hg = R // P, H // K
+    scale = D**-0.5
+    qg = q.reshape(P, G, K, Hg, D)
+    s_p = jnp.einsum("pnkgd,pksd->pnkgs", qg, kp.astype(dt), preferred_element_type=jnp.float32)
+    s_p = s_p * scale + prefix_bias[:, None, None, None, :]
+    s_c = jnp.einsum(
+        "bkgd,bksd->bkgs", q.reshape(R, K, Hg, D), kc.astype(dt), preferred_element_type=jnp.float32
+    )
+    s_c = s_c * scale + comp_bias[:, None, None, :]
+    probs = jax.nn.softmax(jnp.concatenate([s_p.reshape(R, K, Hg, Lp), s_c], axis=-1), axis=-1)
+    probs = probs.astype(dt)
+    f32 = jnp.float32  # both partial products accumulated and summed in float32, rounded once
+    out_p = jnp.einsum(
+        "pnkgs,pksd->pnkgd",
+        probs[..., :Lp].reshape(P, G, K, Hg, Lp),
+        vp.astype(dt),
+        preferred_element_type=f32,
+    )
+    out_c = jnp.einsum(
+        "bkgs,bksd->bkgd", probs[..., Lp:], vc.astype(dt), preferred_element_type=f32
+    )
+    return (out_p.reshape(R, K, Hg, D) + out_c).astype(dt).reshape(R, 1, H, D)
+
+
 # ----------------------------------------------------------------------------- fused kernels
 
 

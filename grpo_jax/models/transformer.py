@@ -15,7 +15,9 @@ Architecture (pre-norm):
   `config.attention_impl` (`grpo_jax.models.attention`): the grouped einsum over the whole
   [T, S] score matrix ("einsum"), a blockwise online-softmax XLA kernel with its own VJP
   ("blockwise"), the Pallas splash kernel on TPU ("splash") or cuDNN on GPU ("cudnn"); "auto"
-  picks by platform. The decode step (one token over a DecodeCache) is always the einsum.
+  picks by platform. The decode step (one token over a DecodeCache) is always the einsum;
+  over a PrefixDecodeCache (each group's prompt block stored once) it is
+  `attention.decode_attention_prefix`.
 - MLP: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 Layers are stored stacked (every per-layer Param has a leading `num_layers` axis with logical
@@ -242,6 +244,91 @@ class DecodeCache:
             key_mask=fn(self.key_mask),
             index=index,
         )
+
+    @staticmethod
+    def prefill_slots(prompt_len: int, slots: int) -> int:
+        """Slots of the prefill's cache when decoding starts with ``slots`` slots: all of them
+        (the prefill writes the prompt into the decode cache itself)."""
+        del prompt_len
+        return slots
+
+    @classmethod
+    def from_prefill(cls, prompt_cache: DecodeCache, rows: int, slots: int) -> DecodeCache:
+        """The decode cache of ``rows`` rows from the prefill's cache of one row per group of
+        G = rows / P identical prompts (``prompt_cache``: P rows, ``slots`` slots): each group's
+        row copied to its G rows (G copies of the prompt's keys and values)."""
+        G = rows // prompt_cache.key_mask.shape[0]
+        if prompt_cache.key_mask.shape[1] != slots:
+            raise ValueError(f"prefill cache of {prompt_cache.key_mask.shape[1]} != {slots} slots")
+        return prompt_cache.map_rows(lambda x: jnp.repeat(x, G, axis=0)) if G > 1 else prompt_cache
+
+
+@flax.struct.dataclass
+class PrefixDecodeCache:
+    """The decode cache with each group's prompt stored once (the sampler's
+    ``decode_cache="prefix_shared"`` layout).
+
+    prefix_k, prefix_v: tuples of L per-layer arrays [P, KVH, Lp, D], the prompt's keys and
+    values of each group of G = R / P rows (left-padded as the prompts); prefix_mask [P, Lp]
+    bool, True on real prompt tokens. k, v: tuples of L per-layer arrays [R, KVH, C, D], each
+    row's own completion keys and values, completion token i in slot i (left-aligned: the
+    filled slots are [0, index) for every row). index [] int32: the next completion slot.
+
+    A decode step of row r reads its group's prompt block (once for the G rows: one product
+    per group, `attention.decode_attention_prefix`) and the C completion slots it holds; the
+    sampler grows C between decode chunks to what the chunk's last step needs, as the dense
+    cache's slots. Every token fed is a real key (the static sampler's rows); a row's finished
+    tail is attended as in the dense cache (its outputs are masked by the sampler).
+    """
+
+    prefix_k: tuple
+    prefix_v: tuple
+    prefix_mask: jax.Array
+    k: tuple
+    v: tuple
+    index: jax.Array
+
+    @staticmethod
+    def prefill_slots(prompt_len: int, slots: int) -> int:
+        """Slots of the prefill's cache: the prompt's only (the completion cache is separate)."""
+        del slots
+        return prompt_len
+
+    @classmethod
+    def from_prefill(cls, prompt_cache: DecodeCache, rows: int, slots: int) -> PrefixDecodeCache:
+        """The cache of ``rows`` rows attending to ``slots`` slots in all (prompt + completion)
+        from the prefill's `DecodeCache` of one row per group (P rows, Lp slots, index Lp): its
+        keys and values become the prompt block as they are (no copy per row), and an empty
+        completion cache of ``slots - Lp`` slots per row is made."""
+        P, Lp = prompt_cache.key_mask.shape
+        if slots < Lp:
+            raise ValueError(f"PrefixDecodeCache: {slots} slots < the prompt's {Lp}")
+        _, K, _, D = prompt_cache.k[0].shape
+        empty = lambda x: jnp.zeros((rows, K, slots - Lp, D), x.dtype)
+        return cls(
+            prefix_k=prompt_cache.k,
+            prefix_v=prompt_cache.v,
+            prefix_mask=prompt_cache.key_mask,
+            k=tuple(map(empty, prompt_cache.k)),
+            v=tuple(map(empty, prompt_cache.v)),
+            index=jnp.zeros((), jnp.int32),
+        )
+
+    def grow(self, slots: int) -> PrefixDecodeCache:
+        """The cache attending to ``slots`` slots in all: its completion cache padded with empty
+        slots to ``slots - Lp`` (one copy of the completion cache; none when it has as many).
+        Raises ValueError when that is fewer than it holds."""
+        C, want = self.k[0].shape[2], slots - self.prefix_mask.shape[1]
+        if want < C:
+            raise ValueError(f"PrefixDecodeCache.grow: {want} completion slots < the {C} it holds")
+        if want == C:
+            return self
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, want - C), (0, 0)))
+        return self.replace(k=tuple(map(pad, self.k)), v=tuple(map(pad, self.v)))
+
+
+# the sampler's decode cache layouts (`sampling.SamplingConfig.decode_cache`)
+DECODE_CACHES = {"dense": DecodeCache, "prefix_shared": PrefixDecodeCache}
 
 
 def init_decode_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None):
@@ -485,7 +572,13 @@ class Attention(nnx.Module):
         """q [B, T, H, D], keys/values [B, S, KVH, D] (kv_layout "bskd") or [B, KVH, S, D]
         ("bksd", DecodeCache), mask [B, T, S] bool (the einsum core; float32 additive bias for
         "bksd" with T = 1) or an `attention.Mask` (the blockwise / fused cores, which carry
-        their own VJP and store no probabilities) -> [B, T, H, D]."""
+        their own VJP and store no probabilities) -> [B, T, H, D]. kv_layout "prefix" (a
+        `PrefixDecodeCache`, T = 1): keys/values are (prompt block, completion cache) pairs
+        and mask the pair of float32 biases of `attention.decode_attention_prefix`."""
+        if kv_layout == "prefix":  # a PrefixDecodeCache: (prompt block, completion cache)
+            return attention.decode_attention_prefix(
+                q, keys[0], values[0], mask[0], keys[1], values[1], mask[1]
+            )
         if isinstance(mask, Mask):
             return attention.attend(q, keys, values, mask, attention_impl(self.config), kv_layout)
         dt = q.dtype
@@ -598,6 +691,17 @@ class Block(nnx.Module):
         return x[: P * Lp].reshape(xp.shape), x[P * Lp :].reshape(xc.shape)
 
 
+def _layer_block(graphdef, layer_params, l: int):
+    """Layer ``l``'s Block from `unstack_layers`' tuple (read in place) or the stacked State
+    (sliced here)."""
+    state_l = (
+        layer_params[l]
+        if isinstance(layer_params, (tuple, list))
+        else jax.tree.map(lambda a: a[l], layer_params)
+    )
+    return nnx.merge(graphdef, state_l)
+
+
 class Decoder(nnx.Module):
     """Embedding + stacked layers + final norm (the trunk shared by Transformer and CriticModel)."""
 
@@ -621,7 +725,7 @@ class Decoder(nnx.Module):
         positions,
         attention_mask=None,
         *,
-        cache: KVCache | DecodeCache | None = None,
+        cache: KVCache | DecodeCache | PrefixDecodeCache | None = None,
         attend_len: int | None = None,
         layer_params: tuple | None = None,
     ):
@@ -640,7 +744,7 @@ class Decoder(nnx.Module):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
 
         graphdef, layer_state = nnx.split(self.layers)
-        if isinstance(cache, DecodeCache):
+        if isinstance(cache, DecodeCache | PrefixDecodeCache):
             layers = layer_state if layer_params is None else layer_params
             return self._decode(graphdef, layers, x, positions, attention_mask, cache, attend_len)
         if cache is None:
@@ -718,8 +822,11 @@ class Decoder(nnx.Module):
         index, or, per-row index [B] with T = 1, a scatter of B entries) and then attends to
         the buffer's first A slots: the whole buffer, read in place, when A = S (the samplers
         grow their cache instead of passing a shorter attend_len, whose slice XLA:CPU copies).
-        Raises ValueError for a per-row index with T > 1.
+        Raises ValueError for a per-row index with T > 1. A `PrefixDecodeCache` goes to
+        `_decode_prefix`.
         """
+        if isinstance(cache, PrefixDecodeCache):
+            return self._decode_prefix(graphdef, layer_params, x, positions, cache)
         c = self.config
         B, T = attention_mask.shape
         S = cache.key_mask.shape[1]
@@ -753,12 +860,7 @@ class Decoder(nnx.Module):
 
         ks, vs = list(cache.k), list(cache.v)
         for l in range(c.num_layers):
-            state_l = (
-                layer_params[l]
-                if isinstance(layer_params, (tuple, list))
-                else jax.tree.map(lambda a, l=l: a[l], layer_params)
-            )
-            block = nnx.merge(graphdef, state_l)
+            block = _layer_block(graphdef, layer_params, l)
 
             def kv_write(k, v, l=l):
                 ks[l], vs[l] = put(ks[l], k), put(vs[l], v)
@@ -773,6 +875,39 @@ class Decoder(nnx.Module):
             k=tuple(ks), v=tuple(vs), key_mask=key_mask, index=cache.index + T
         )
         return x, new_cache
+
+    def _decode_prefix(self, graphdef, layer_params, x, positions, cache: PrefixDecodeCache):
+        """The layers over a `PrefixDecodeCache`: one token per row, x [R, 1, E] ->
+        (hidden [R, 1, E], the cache with the token's keys/values in completion slot
+        ``index``). Each layer writes its row keys in place (a dynamic_update_slice at the
+        shared index) and attends to its group's prompt block and the completion slots
+        [0, index] (`attention.decode_attention_prefix`). Raises ValueError unless T = 1."""
+        c = self.config
+        if x.shape[1] != 1:
+            raise ValueError(f"a PrefixDecodeCache decodes one token per row, got {x.shape[1]}")
+        C = cache.k[0].shape[2]
+        prefix_bias = jnp.where(cache.prefix_mask, 0.0, _NEG_INF).astype(jnp.float32)
+        comp_bias = jnp.where(jnp.arange(C) <= cache.index, 0.0, _NEG_INF)[None]
+        bias = (prefix_bias, comp_bias.astype(jnp.float32))
+
+        def put(buf, new):  # new [R, 1, KVH, D] -> slot index
+            new = jnp.swapaxes(new, 1, 2).astype(buf.dtype)
+            return jax.lax.dynamic_update_slice(buf, new, (0, 0, cache.index, 0))
+
+        ks, vs = list(cache.k), list(cache.v)
+        for l in range(c.num_layers):
+            block = _layer_block(graphdef, layer_params, l)
+
+            def kv_write(k, v, l=l):
+                ks[l], vs[l] = put(ks[l], k), put(vs[l], v)
+
+            def kv_read(l=l):
+                return (cache.prefix_k[l], ks[l]), (cache.prefix_v[l], vs[l])
+
+            x = sharding.constrain_batch(x)  # rows over data x fsdp (a no-op without a mesh)
+            x = block(x, positions, bias, kv_write, kv_read, "prefix")
+        x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+        return x, cache.replace(k=tuple(ks), v=tuple(vs), index=cache.index + 1)
 
     def shared_prefix(
         self, prompt_tokens, prompt_positions, prompt_mask, tokens, positions, attention_mask
@@ -877,7 +1012,8 @@ class Transformer(nnx.Module):
         the first real token, see positions_from_mask); attention_mask [B, T] bool, True on real
         tokens (key padding mask combined with the causal mask; None = all real);
         cache: optional KVCache or DecodeCache, the tokens are written at slots
-        [cache.index, cache.index + T) and attend to every earlier valid slot; attend_len
+        [cache.index, cache.index + T) and attend to every earlier valid slot (or a
+        PrefixDecodeCache, T = 1: the group's prompt block and the row's completion slots); attend_len
         (static, with a cache): only slots [0, attend_len) are read (>= cache.index + T);
         layer_params (with a DecodeCache): `unstack_layers(self)`, made once outside a decode
         loop so that the loop does not slice the stacked layer weights every step.
