@@ -58,7 +58,8 @@ class Round:
 
     Host arrays: ids [P] int32, rows [R] (prompt id of each rollout), rewards [R] float32,
     correct [R] bool, lengths [R] int32, informative [P] bool (the group's rewards are not all
-    equal). Device arrays: rollouts (`sampling.Rollouts`, [R, ...]), prompt_mask [R, Lp] bool.
+    equal), kept [P] bool (a group-filtering step keeps the group: `Curriculum.keep_groups`;
+    ``informative`` otherwise). Device arrays: rollouts (`sampling.Rollouts`, [R, ...]), prompt_mask [R, Lp] bool.
     decode_utilisation: share of decode slot-steps that did work (continuous batching only).
     """
 
@@ -71,6 +72,7 @@ class Round:
     correct: np.ndarray
     lengths: np.ndarray
     informative: np.ndarray
+    kept: np.ndarray
     reward_stats: dict
     times: dict
     texts: tuple = ()
@@ -127,6 +129,12 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     hi, lo = np.full(P, -np.inf, np.float32), np.full(P, np.inf, np.float32)
     np.maximum.at(hi, seg, rewards)
     np.minimum.at(lo, seg, rewards)
+    informative = hi > lo
+    kept = (
+        np.asarray(cur.keep_groups(run.controllers, ids, rewards, correct, seg), bool)
+        if exp.filters_groups
+        else informative
+    )
     times["reward"] = t()
     return Round(
         ids=ids,
@@ -137,7 +145,8 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         rewards=rewards,
         correct=correct,
         lengths=np.asarray(lengths),
-        informative=hi > lo,
+        informative=informative,
+        kept=kept,
         reward_stats=dict(reward_stats),
         times=times,
         texts=tuple(texts),
@@ -146,15 +155,16 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
 
 
 def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Round]) -> Round:
-    """DAPO dynamic sampling (Yu et al. 2025, Eq. 11): a batch of P groups of the same size,
-    groups with unequal rewards first (in the order they were sampled); when the rounds ran out
-    before P such groups were found, the rest is filled with all-equal groups (zero advantage,
-    so they add only the KL term), keeping every shape fixed. Needs a fixed group size.
+    """DAPO dynamic sampling (Yu et al. 2025, Eq. 11) and its relatives: a batch of P groups of
+    the same size, the kept groups first (``Round.kept``: DAPO's are those with unequal rewards;
+    in the order they were sampled); when the rounds ran out before P such groups were found,
+    the rest is filled with the others (DAPO's have zero advantage, so they add only the KL
+    term), keeping every shape fixed. Needs a fixed group size.
     """
     P, n = exp.config.rollout.prompts_per_step, exp.config.rollout.rollouts_per_prompt
     R = exp.batching.rollouts_per_step
-    order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.informative)]
-    order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.informative)]
+    order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.kept)]
+    order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.kept)]
     chosen = order[:P]
     src = np.concatenate([r * R + g * n + np.arange(n) for r, g in chosen])  # rows of the rounds
     cat = lambda f: np.concatenate([f(x) for x in rounds])[src]
@@ -178,6 +188,7 @@ def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Roun
         correct=cat(lambda x: x.correct),
         lengths=cat(lambda x: x.lengths),
         informative=np.asarray([rounds[r].informative[g] for r, g in chosen]),
+        kept=np.asarray([rounds[r].kept[g] for r, g in chosen]),
         reward_stats={},
         times={},
     )
@@ -202,13 +213,14 @@ class StepResult:
 
 
 def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> list[Round]:
-    """Steps 1-4: one round; with DAPO dynamic sampling, more rounds until P groups have
-    unequal rewards (at most 1 + ``dynamic_sampling_max_rounds``)."""
+    """Steps 1-4: one round; with group filtering (`Experiment.filters_groups`: DAPO dynamic
+    sampling and its relatives), more rounds until P groups are kept (at most 1 +
+    ``dynamic_sampling_max_rounds``)."""
     rounds = [sample_round(exp, fns, run, source, key)]
     algo, P = exp.config.algorithm, exp.config.rollout.prompts_per_step
-    if algo.dynamic_sampling:
+    if exp.filters_groups:
         for r in range(algo.dynamic_sampling_max_rounds):
-            if sum(int(x.informative.sum()) for x in rounds) >= P:
+            if sum(int(x.kept.sum()) for x in rounds) >= P:
                 break
             rounds.append(sample_round(exp, fns, run, source, _fold_in(key, r + 1)))
     return rounds
@@ -347,10 +359,11 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         row["decode_utilisation"] = float(np.mean(util))
     # prompts per bin; the last entry counts never-seen prompts (their own state)
     row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
-    if cfg.algorithm.dynamic_sampling:
+    if exp.filters_groups:
         row["dynamic_sampling/rounds"] = len(rounds)
         row["dynamic_sampling/informative_groups"] = int(sum(x.informative.sum() for x in rounds))
         row["dynamic_sampling/kept_informative"] = int(rd.informative.sum())  # of P in the batch
+        row["dynamic_sampling/kept_groups"] = int(sum(x.kept.sum() for x in rounds))
     row.update(diagnostics)
     row.update({f"time/{k}": v for k, v in times.items()})
     row["time/step"] = sum(times.values())
