@@ -178,12 +178,6 @@ class Experiment:
         return self.config.algorithm.kl_coef > 0
 
     @property
-    def filters_groups(self) -> bool:
-        """Whether a step keeps only the groups its curriculum accepts and samples more rounds
-        (``config.algorithm.dynamic_sampling`` or a curriculum with ``filters_groups``)."""
-        return bool(self.config.algorithm.dynamic_sampling or self.curriculum.filters_groups)
-
-    @property
     def lora(self) -> bool:
         """Whether the policy trains LoRA adapters only (``config.model.lora.rank > 0``)."""
         return self.model_config.lora_rank > 0

@@ -93,6 +93,12 @@ def _timer():
     return lambda: time.perf_counter() - t0
 
 
+def filters_groups(exp: Experiment) -> bool:
+    """Whether a step keeps only the groups its curriculum accepts and samples more rounds
+    (``config.algorithm.dynamic_sampling`` or a curriculum with ``filters_groups``)."""
+    return bool(exp.config.algorithm.dynamic_sampling or exp.curriculum.filters_groups)
+
+
 def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> Round:
     """Steps 1-4: draw, classify and allocate, generate, reward."""
     times, t = {}, _timer()
@@ -132,7 +138,7 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     informative = hi > lo
     kept = (
         np.asarray(cur.keep_groups(run.controllers, ids, rewards, correct, seg), bool)
-        if exp.filters_groups
+        if filters_groups(exp)
         else informative
     )
     times["reward"] = t()
@@ -213,12 +219,12 @@ class StepResult:
 
 
 def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> list[Round]:
-    """Steps 1-4: one round; with group filtering (`Experiment.filters_groups`: DAPO dynamic
+    """Steps 1-4: one round; with group filtering (`filters_groups`: DAPO dynamic
     sampling and its relatives), more rounds until P groups are kept (at most 1 +
     ``dynamic_sampling_max_rounds``)."""
     rounds = [sample_round(exp, fns, run, source, key)]
     algo, P = exp.config.algorithm, exp.config.rollout.prompts_per_step
-    if exp.filters_groups:
+    if filters_groups(exp):
         for r in range(algo.dynamic_sampling_max_rounds):
             if sum(int(x.kept.sum()) for x in rounds) >= P:
                 break
@@ -359,7 +365,7 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         row["decode_utilisation"] = float(np.mean(util))
     # prompts per bin; the last entry counts never-seen prompts (their own state)
     row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
-    if exp.filters_groups:
+    if filters_groups(exp):
         row["dynamic_sampling/rounds"] = len(rounds)
         row["dynamic_sampling/informative_groups"] = int(sum(x.informative.sum() for x in rounds))
         row["dynamic_sampling/kept_informative"] = int(rd.informative.sum())  # of P in the batch
