@@ -349,6 +349,7 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         "skipped_updates": int(upd.pop("skipped_updates")),
         "consecutive_skips": int(summary["consecutive_skips"]),
         "generated_tokens": generated,
+        "generated_rollouts": int(sum(len(x.rows) for x in rounds)),  # every round's rollouts
         **{k: float(v) for k, v in upd.items()},
     }
     reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}

@@ -41,6 +41,7 @@ from experiments.compare.plan import (
 )
 from experiments.compare.statistics import (
     choose_lrs,
+    compute_to_grpo_level,
     metric_table,
     paired_bootstrap,
     per_problem_scores,
@@ -110,8 +111,17 @@ def _context(
         raise ValueError("seeds must not be empty")
     plan = plan_jobs(seeds, sweep_seeds, methods, lrs)
     job_kw = {k: kw.pop(k) for k in ("config_arg", "steps", "rl_prompts", "paper_gdro")}
-    job_kw.update(prompts_per_step=kw.pop("prompts_per_step"), eval_every=kw.pop("eval_every"))
-    cfg0 = method_config("grpo", seeds[0], **{k: v for k, v in job_kw.items() if k != "eval_every"})
+    job_kw.update(
+        prompts_per_step=kw.pop("prompts_per_step"),
+        eval_every=kw.pop("eval_every"),
+        token_budget=int(kw.pop("token_budget", 0)),
+    )
+    if job_kw["token_budget"] < 0:
+        raise ValueError(f"token_budget={job_kw['token_budget']} must be >= 0 (0 = steps)")
+    not_config = ("eval_every", "token_budget")
+    cfg0 = method_config(
+        "grpo", seeds[0], **{k: v for k, v in job_kw.items() if k not in not_config}
+    )
     when = eval_steps(cfg0.steps, job_kw["eval_every"])
     if not 1 <= last_evals <= len(when):
         raise ValueError(f"last_evals={last_evals} must be in 1..{len(when)} (evals at {when})")
@@ -538,6 +548,7 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
     o = ctx.opts
     num_prompts = int(runs["grpo"][ctx.seeds[0]]["num_prompt_ids"])
     stats = _test_statistics(ctx, runs, warm)
+    num_eval = stats.pop("num_eval")
     p_for_seed, oracle_text = _true_p(ctx, runs, warm)
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -546,7 +557,7 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
         "k": ctx.k,
         "pass_k": min(PASS_K, ctx.k),
         "n_boot": o["n_boot"],
-        "setup": _setup(ctx, num_prompts, stats.pop("num_eval")),
+        "setup": _setup(ctx, num_prompts, num_eval),
         "sweep": {
             m: {
                 "chosen": chosen[m][0],
@@ -557,6 +568,7 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
         "runs": runs,
         **stats,
         "compute": _compute(ctx, runs),
+        "compute_to_grpo": compute_to_grpo_level(runs, num_eval, min(PASS_K, ctx.k)),
         "timing": _timing(ctx, warm, sweep, runs),
         "oracle_text": oracle_text,
         "preregistration": _read(o["preregistration"]),
@@ -624,6 +636,7 @@ def run_comparison(
     prompts_per_step: int = 0,
     rl_prompts: int = 512,
     eval_every: int = 20,
+    token_budget: int = 0,
     last_evals: int = 3,
     select_metric: str = "pass_at_k",
     oracle_json: str = "",
@@ -666,6 +679,7 @@ def run_comparison(
         paper_gdro=paper_gdro,
         prompts_per_step=prompts_per_step,
         eval_every=eval_every,
+        token_budget=token_budget,
         workers=workers,
         n_boot=n_boot,
         jax_cache=jax_cache,
@@ -763,6 +777,13 @@ def _parser() -> argparse.ArgumentParser:
     a("--prompts_per_step", type=int, default=0, help="P (0 = the config's)")
     a("--rl_prompts", type=int, default=512, help="RL pool: the first N problems")
     a("--eval_every", type=int, default=20, help="evaluate every N RL steps")
+    a(
+        "--token_budget",
+        type=int,
+        default=0,
+        help="generated tokens per RL run (0 = --steps steps); evaluations at as many evenly "
+        "spaced token counts as --eval_every gives steps",
+    )
     a("--last_evals", type=int, default=3, help="score = mean of the last N evals")
     a("--select_metric", default="pass_at_k", choices=METRICS)
     a("--oracle_json", default="", help='{"p": {"<prompt id>": p}} (docstring)')
@@ -831,6 +852,7 @@ def main(argv=None) -> int:
         paper_gdro=args.paper_gdro,
         prompts_per_step=args.prompts_per_step,
         eval_every=args.eval_every,
+        token_budget=args.token_budget,
     )
     common = dict(seeds=args.seeds, sweep_seeds=sweep_seeds, lrs=lrs, methods=methods)
     try:

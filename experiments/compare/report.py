@@ -634,6 +634,30 @@ def _section_compute(r) -> list[str]:
     return L + [""]
 
 
+def _section_compute_to_grpo(r) -> list[str]:
+    """Tokens / rollouts / CPU seconds to reach GRPO's final validation pass@k (token-budget
+    runs only: jobs that record ``eval_tokens``)."""
+    c = r.get("compute_to_grpo") or {}
+    if not any(v["seeds"] for v in c.values()):
+        return []
+    k = r["pass_k"]
+    L = [
+        f"## Compute to reach GRPO's final validation pass@{k} (per seed, first evaluation at "
+        "or above it)\n",
+        "| method | tokens used (mean) | rollouts used (mean) | seeds reaching | median tokens "
+        "to reach | median CPU s to reach |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, v in c.items():
+        cpu = np.asarray(v["cpu_seconds"], np.float64)
+        med_cpu = float(np.median(cpu[np.isfinite(cpu)])) if np.isfinite(cpu).any() else None
+        L.append(
+            f"| {label(m)} | {v['budget_tokens']:.0f} | {v['budget_rollouts']:.0f} | "
+            f"{v['reached']:.0%} | {_fmt(v['median_tokens'], '.0f')} | {_fmt(med_cpu, '.0f')} |"
+        )
+    return L + [""]
+
+
 def _section_levels(r) -> list[str]:
     tab, k, methods = r["tables"], r["pass_k"], list(r["runs"])
     levels = [g for g in tab["before"] if g != "overall"]
@@ -737,7 +761,8 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     rel = lambda p: os.path.relpath(p, out_dir)
     L = _section_head(r, command)
     L += _section_setup(r) + _section_sweep(r, rel) + _section_headline(r, rel)
-    L += _section_criterion(r) + _section_mixes(r) + _section_compute(r) + _section_levels(r)
+    L += _section_criterion(r) + _section_mixes(r) + _section_compute(r)
+    L += _section_compute_to_grpo(r) + _section_levels(r)
     L += _section_curriculum(r, rel) + _section_variance(r, rel) + _section_end(r, out_dir, rel)
     path = os.path.join(out_dir, f"{REPORT_NAME}.md")
     with open(path, "w") as f:

@@ -302,3 +302,59 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
         "informative_uniform": inf(uniform),
         "known": int(ok.sum()),
     }
+
+
+def first_reach(x, values, target: float) -> float:
+    """``x[t]`` at the first evaluation ``t`` with ``values[t] >= target`` (no interpolation
+    between evaluations: a conservative count); NaN when no evaluation reaches it.
+
+    Args:
+      x: ``[T]`` cumulative compute at each evaluation (tokens, rollouts, CPU seconds).
+      values: ``[T]`` the metric at each evaluation.
+    """
+    x, values = np.asarray(x, np.float64), np.asarray(values, np.float64)
+    hit = np.flatnonzero(values >= target - 1e-12)
+    return float(x[hit[0]]) if hit.size else float("nan")
+
+
+def compute_to_grpo_level(runs: Mapping, num_eval: int, pass_k: int = PASS_K) -> dict:
+    """Per arm, the generated tokens, rollouts and CPU seconds each seed's run needed to reach
+    GRPO's *final* validation pass@k on the same seed (`first_reach` over its evaluations).
+
+    Args:
+      runs: method -> seed -> job (``correct [T, N, k]``, ``eval_tokens`` / ``eval_rollouts`` /
+        ``eval_cpu_seconds`` ``[T]``, ``generated_tokens``, ``rollouts``); ``"grpo"`` is the
+        baseline. Jobs without ``eval_tokens`` (written before token budgets) are left out.
+      num_eval: held-out problems (validation = `split_heldout`'s first half).
+
+    Returns:
+      method -> {"seeds": [...], "target": [S] GRPO's final validation pass@k, "tokens" /
+      "rollouts" / "cpu_seconds": [S] (NaN = never reached), "reached": share of seeds,
+      "median_tokens": median over the seeds that reached it (NaN if none), "budget_tokens" /
+      "budget_rollouts": mean over seeds of the run's totals}.
+    """
+    val, _ = split_heldout(num_eval)
+
+    def curve(job) -> np.ndarray:  # [T] validation pass@k
+        return per_problem_scores(np.asarray(job["correct"])[:, val], pass_k=pass_k).mean(-1)
+
+    out = {}
+    for method, by_seed in runs.items():
+        seeds = [s for s in by_seed if s in runs["grpo"] and "eval_tokens" in by_seed[s]]
+        target = [float(curve(runs["grpo"][s])[-1]) for s in seeds]
+        res = {"seeds": seeds, "target": target}
+        for key in ("tokens", "rollouts", "cpu_seconds"):
+            res[key] = [
+                first_reach(by_seed[s][f"eval_{key}"], curve(by_seed[s]), t)
+                for s, t in zip(seeds, target)
+            ]
+        tok = np.asarray(res["tokens"], np.float64)
+        res["reached"] = float(np.isfinite(tok).mean()) if seeds else float("nan")
+        res["median_tokens"] = (
+            float(np.median(tok[np.isfinite(tok)])) if np.isfinite(tok).any() else float("nan")
+        )
+        for key, field in (("budget_tokens", "generated_tokens"), ("budget_rollouts", "rollouts")):
+            vals = [float(by_seed[s][field]) for s in seeds]
+            res[key] = float(np.mean(vals)) if vals else float("nan")
+        out[method] = res
+    return out
