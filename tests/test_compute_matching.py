@@ -90,3 +90,23 @@ def test_compute_to_grpo_level_by_hand():
     # a job written before token budgets (no eval_tokens) is left out
     del runs["dapo"][1]["eval_tokens"]
     assert statistics.compute_to_grpo_level(runs, num_eval=4, pass_k=2)["dapo"]["seeds"] == [0]
+
+
+@pytest.mark.slow
+def test_rl_job_runs_to_the_token_budget_and_records_compute_per_evaluation():
+    """DAPO (extra rounds) on the smoke testbed with a 300-token budget and two evaluations:
+    it stops at the first step at or past the budget, evaluates at >= 150 and >= 300 tokens,
+    and counts every round's rollouts."""
+    cfg_arg = "heavy_tailed,smoke"
+    w = jobs.warm_start_job(0, cfg_arg)
+    kw = dict(config_arg=cfg_arg, steps=2, rl_prompts=100, eval_every=1)
+    r = jobs.rl_job("dapo", 0, w["params"], lr=1e-4, token_budget=300, **kw)
+    rows = r["rows"]
+    assert r["budget_spent"] and r["generated_tokens"] >= 300
+    assert sum(x["generated_tokens"] for x in rows[:-1]) < 300  # stopped at the first step past it
+    assert r["generated_tokens"] == sum(x["generated_tokens"] for x in rows)
+    assert r["rollouts"] == sum(x["generated_rollouts"] for x in rows) >= 32 * len(rows)
+    tok = r["eval_tokens"]
+    assert len(tok) == 2 and 150 <= tok[0] <= tok[1] == r["generated_tokens"]
+    assert r["correct"].shape[0] == 2 and r["eval_steps"][-1] == len(rows)
+    assert np.all(np.diff(r["eval_cpu_seconds"]) >= 0) and r["settings"]["token_budget"] == 300

@@ -219,15 +219,19 @@ def test_greso_draw_takes_exactly_P_and_exploration_one_is_grpo(streak, easy, p,
 
 @pytest.mark.slow
 def test_off_settings_train_exactly_like_grpo(tmp_path):
-    """Exploration 1 (GRESO), a uniform draw (learnability) and the band [0, 1] (filter) give
-    GRPO's metrics rows bit for bit (their own diagnostics aside)."""
+    """Exploration 1 (GRESO), a uniform draw (learnability), the band [0, 1] (filter) and no
+    extra rounds (DAPO) give GRPO's metrics rows bit for bit (their own diagnostics aside)."""
     from grpo_jax import train, writers
 
     def rows(name, **section):
         c = arithmetic.get_config(f"{name},smoke")
         c.mesh.num_devices, c.logging.tensorboard, c.steps = 1, False, 2
-        for key, value in section.items():
-            c.curricula[key.split(".")[0]][key.split(".")[1]] = value
+        for key, value in section.items():  # dotted paths from the config root
+            *parents, leaf = key.split(".")
+            node = c
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
         train.train_and_evaluate(c, str(tmp_path / name))
         out = []
         for r in writers.read_jsonl(str(tmp_path / name / "metrics.jsonl")):

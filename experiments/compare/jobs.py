@@ -269,7 +269,9 @@ def rl_job(
     evaluated on the whole held-out set after each step of ``eval_steps(steps, eval_every)``;
     with ``token_budget`` > 0 the run instead goes on until it has generated that many tokens
     (at most `MAX_STEP_FACTOR` x the steps), evaluated at as many evenly spaced token counts
-    (`Budget`), so arms that discard or add rollouts get the same generation compute.
+    (`Budget`), so arms that discard or add rollouts get the same generation compute. The j-th
+    evaluation's key is ``eval_key(seed, eval_steps(steps, eval_every)[j])`` in both modes, so
+    every arm of a seed is evaluated with the same keys.
 
     Returns the job dict: ``correct [T, N, k]``; per evaluation ``eval_steps``, cumulative
     ``eval_tokens`` / ``eval_rollouts`` (generated, every sampling round) and
@@ -308,8 +310,10 @@ def rl_job(
         due = budget.evaluations_now(step)
         if due:
             te, ce = time.perf_counter(), time.process_time()
+            # keyed by the evaluation's scheduled step (token mode: the same for every arm)
+            nominal = when[min(len(evals), len(when) - 1)]
             summary, correct, levels = evaluate_per_problem(
-                exp, result.run.train.params, eval_key(seed, step)
+                exp, result.run.train.params, eval_key(seed, nominal)
             )
             acc["eval_seconds"] = acc.get("eval_seconds", 0.0) + time.perf_counter() - te
             budget.eval_cpu += time.process_time() - ce
