@@ -682,6 +682,7 @@ def test_criterion_and_the_sentence():
         "supports": True,
         "supports_size": True,
         "best": "prompt_gdro_aw",
+        "meets_holm": {"prompt_gdro_aw": False, "rollout_gdro_sqrt": False},  # no p_le_0 given
     }
     res["criterion"] = c
     s = report.criterion_sentence(res)
@@ -695,7 +696,7 @@ def test_criterion_and_the_sentence():
         "excluded by every such interval" in s
         and "direction of the paper's claim, not its size" in s
     )
-    assert "1 of 2 arms met the criterion" in s
+    assert "1 of 2 arms met the criterion" in s and "0 after Holm's step-down over the 2" in s
     gains["prompt_gdro_aw"]["pass_at_k"]["lo"] = -0.02
     res["criterion"] = report.criterion(res)
     assert "does not support the paper's claim" in report.criterion_sentence(res)

@@ -110,3 +110,14 @@ def test_rl_job_runs_to_the_token_budget_and_records_compute_per_evaluation():
     assert len(tok) == 2 and 150 <= tok[0] <= tok[1] == r["generated_tokens"]
     assert r["correct"].shape[0] == 2 and r["eval_steps"][-1] == len(rows)
     assert np.all(np.diff(r["eval_cpu_seconds"]) >= 0) and r["settings"]["token_budget"] == 300
+
+
+def test_holm_step_down_by_hand():
+    """m = 4 at alpha 0.05: thresholds 0.0125, 0.0167, 0.025, 0.05 for the sorted p-values
+    0.01, 0.015, 0.03, 0.04: the first two are rejected, the third fails (0.03 > 0.025) and
+    stops the procedure, so 0.04 is kept though it is below 0.05."""
+    p = {"a": 0.03, "b": 0.01, "c": 0.04, "d": 0.015}
+    assert statistics.holm(p, 0.05) == {"a": False, "b": True, "c": False, "d": True}
+    # a NaN is never rejected but counts in m (here m = 2: 0.03 > 0.05 / 2 fails)
+    assert statistics.holm({"a": 0.03, "b": float("nan")}, 0.05) == {"a": False, "b": False}
+    assert statistics.holm({"a": 0.03}, 0.05) == {"a": True}

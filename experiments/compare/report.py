@@ -403,9 +403,15 @@ def criterion(results) -> dict:
     ``meets`` = the 95% CI lower bound of the relative test pass@8 gain vs GRPO is above 0
     (the paper's direction); ``size`` = it meets that and the CI's upper bound reaches
     ``PAPER_GAIN`` (the paper's size is not excluded); ``supports`` = some arm meets it;
-    ``supports_size`` = some arm has ``size``; ``best`` = the arm with the highest gain."""
+    ``supports_size`` = some arm has ``size``; ``best`` = the arm with the highest gain;
+    ``meets_holm`` = the arm's one-sided bootstrap p-value (``p_le_0``, the share of replicates
+    with gain <= 0) is rejected by Holm's step-down over all arms at 0.025 (`statistics.holm`;
+    reports/gdro_fair_test/preregistration.md)."""
+    from experiments.compare.statistics import holm
+
     gains = {m: g["pass_at_k"] for m, g in results["gains"].items()}
     meets = {m: bool(np.isfinite(g["lo"]) and g["lo"] > 0) for m, g in gains.items()}
+    meets_holm = holm({m: g.get("p_le_0", float("nan")) for m, g in gains.items()}, 0.025)
     size = {m: meets[m] and bool(g["hi"] >= PAPER_GAIN) for m, g in gains.items()}
     finite = {m: g["gain"] for m, g in gains.items() if np.isfinite(g["gain"])}
     best = max(finite, key=finite.get) if finite else None
@@ -415,6 +421,7 @@ def criterion(results) -> dict:
         "supports": any(meets.values()),
         "supports_size": any(size.values()),
         "best": best,
+        "meets_holm": meets_holm,
     }
 
 
@@ -448,6 +455,9 @@ def criterion_sentence(results) -> str:
             f"; {met} of {len(c['meets'])} arms met the criterion (95% each, no multiplicity "
             "correction)"
         )
+        if "meets_holm" in c:
+            held = sum(bool(v) for v in c["meets_holm"].values())
+            size += f", {held} after Holm's step-down over the {len(c['meets'])} arms"
     return f"**This result {head}**: {why}{size} (best arm: {label(c['best'])}, {_ci(g)})."
 
 

@@ -358,3 +358,26 @@ def compute_to_grpo_level(runs: Mapping, num_eval: int, pass_k: int = PASS_K) ->
             res[key] = float(np.mean(vals)) if vals else float("nan")
         out[method] = res
     return out
+
+
+def holm(pvalues: Mapping, alpha: float = 0.025) -> dict:
+    """Holm's step-down procedure (Holm 1979): sort the m p-values ascending and reject the
+    i-th smallest (i = 1..m) while every p_(j), j <= i, is <= alpha / (m - j + 1); it controls the
+    family-wise error rate at ``alpha``. A NaN p-value is never rejected and still counts in m.
+
+    Args:
+      pvalues: name -> p-value (here the one-sided bootstrap ``p_le_0``, so ``alpha = 0.025``
+        matches a two-sided 95% interval for a single arm).
+
+    Returns: name -> rejected (bool).
+    """
+    names = list(pvalues)
+    p = np.asarray([pvalues[n] for n in names], np.float64)
+    m = len(names)
+    order = np.argsort(np.where(np.isfinite(p), p, np.inf), kind="stable")
+    out = dict.fromkeys(names, False)
+    for i, j in enumerate(order):
+        if not (np.isfinite(p[j]) and p[j] <= alpha / (m - i)):
+            break
+        out[names[j]] = True
+    return out
