@@ -406,8 +406,15 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     assert d["rollout_gdro_sqrt"]["wse_proxy_ratio"] == pytest.approx(0.9)
     assert d["grpo"]["informative_groups"] == 5
     assert res["compute"]["grpo"] == res["compute"]["rollout_gdro_sqrt"]
+    # the warm start solves problems 0-3 (every sample): test problems 1 and 3 in the top
+    # stratum, the other six never solved; nothing in between
+    bs = res["gains_by_start"]
+    assert bs["counts"] == {"0": 6, "(0, 0.1]": 0, "(0.1, 0.3]": 0, "> 0.3": 2}
+    assert bs["rollout_gdro_sqrt"]["(0, 0.1]"] is None
+    assert bs["rollout_gdro_sqrt"]["0"]["n_problems"] == 6
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
+        "## Relative test pass@8 gain by the warm start's success",
         "Regenerate: `FAKE`",
         "## Learning-rate sweep",
         "## Headline: test",
@@ -576,8 +583,10 @@ def test_parse_level_weights_and_method_order():
 
 
 def test_method_overrides_are_dotted_config_paths():
+    from grpo_jax import algorithms
+
     for algo, over in compare.METHODS.values():
-        assert algo in ("grpo", "prompt_gdro", "rollout_gdro")
+        assert algo in algorithms.names() and algo != "ppo"
         assert all(k.count(".") >= 1 for k in over)
     c = compare.method_config("grpo", 0, config_arg="heavy_tailed,smoke")
     compare.apply_overrides(c, {"gdro.prompt.eta": 2.0, "algorithm.mini_batch_size": 8})

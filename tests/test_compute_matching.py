@@ -121,3 +121,9 @@ def test_holm_step_down_by_hand():
     # a NaN is never rejected but counts in m (here m = 2: 0.03 > 0.05 / 2 fails)
     assert statistics.holm({"a": 0.03, "b": float("nan")}, 0.05) == {"a": False, "b": False}
     assert statistics.holm({"a": 0.03}, 0.05) == {"a": True}
+
+
+def test_start_strata_by_hand():
+    rates = [0.0, 0.01, 0.1, 0.1001, 0.3, 0.31, 1.0]
+    np.testing.assert_array_equal(statistics.start_stratum(rates), [0, 1, 1, 2, 2, 3, 3])
+    assert len(statistics.START_LABELS) == 4

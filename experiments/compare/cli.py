@@ -40,12 +40,14 @@ from experiments.compare.plan import (
     split_heldout,
 )
 from experiments.compare.statistics import (
+    START_LABELS,
     choose_lrs,
     compute_to_grpo_level,
     metric_table,
     paired_bootstrap,
     per_problem_scores,
     safe_bootstrap,
+    start_stratum,
 )
 
 
@@ -426,6 +428,29 @@ def _gains(ctx, scores, levels) -> tuple[dict, dict]:
     return gains, by_level
 
 
+def _gains_by_start(ctx, scores, before) -> dict:
+    """pass@k gains vs GRPO by the warm start's success on each test problem: its share of
+    correct samples pooled over the seeds' warm starts (``before [S, N, k]``), in the strata of
+    `START_STRATA` (one stratum per problem for every seed, so the paired bootstrap applies)."""
+    rate = np.asarray(before, np.float64).mean(axis=(0, 2))
+    strata = start_stratum(rate)
+    out = {"counts": {lab: int((strata == i).sum()) for i, lab in enumerate(START_LABELS)}}
+    for m in ctx.methods[1:]:
+        out[m] = {}
+        for i, lab in enumerate(START_LABELS):
+            sel = strata == i
+            out[m][lab] = (
+                safe_bootstrap(
+                    scores[m]["pass_at_k"][:, sel],
+                    scores["grpo"]["pass_at_k"][:, sel],
+                    n_boot=min(ctx.opts["n_boot"], 2000),
+                )
+                if sel.any()
+                else None
+            )
+    return out
+
+
 def _mix_gains(ctx, correct_test, levels) -> dict:
     """pass@k (k in `EXTRA_PASS_K`, k <= samples) on the training mix (pooled) and the hard mix
     (``hard_weights``), with paired bootstrap gains vs GRPO (GRPO: its own score only)."""
@@ -462,6 +487,7 @@ def _test_statistics(ctx, runs, warm) -> dict:
     }
     scores["before"] = {mt: per_problem_scores(before, mt) for mt in METRICS}
     gains, by_level = _gains(ctx, scores, levels)
+    by_start = _gains_by_start(ctx, scores, before)
     curves = {"before": {mt: float(per_problem_scores(before, mt).mean()) for mt in METRICS}}
     for m, c in correct_test.items():  # [S, T, N, k]
         curves[m] = {"steps": [int(x) for x in runs[m][seeds[0]]["eval_steps"]]}
@@ -473,6 +499,7 @@ def _test_statistics(ctx, runs, warm) -> dict:
         "tables": {m: metric_table(sc, levels) for m, sc in scores.items()},
         "gains": gains,
         "gains_by_level": by_level,
+        "gains_by_start": by_start,
         "mix_gains": _mix_gains(ctx, correct_test, levels),
         "eval_curves": curves,
         "num_eval": len(levels_all),

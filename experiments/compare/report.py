@@ -668,6 +668,31 @@ def _section_compute_to_grpo(r) -> list[str]:
     return L + [""]
 
 
+def _section_by_start(r) -> list[str]:
+    """Relative test pass@k gains by the warm start's success on each test problem."""
+    b = r.get("gains_by_start")
+    if not b:
+        return []
+    labels = list(b["counts"])
+    k = r["pass_k"]
+    L = [
+        f"## Relative test pass@{k} gain by the warm start's success on the problem\n",
+        "Stratum = the share of the warm starts' samples (pooled over seeds) that solved the "
+        "test problem; problems per stratum in the header.\n",
+        "| method | " + " | ".join(f"{lab} ({b['counts'][lab]})" for lab in labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for m, by in b.items():
+        if m == "counts":
+            continue
+        L.append(
+            f"| {label(m)} | "
+            + " | ".join(_ci(by[lab]) if by[lab] else "—" for lab in labels)
+            + " |"
+        )
+    return L + [""]
+
+
 def _section_levels(r) -> list[str]:
     tab, k, methods = r["tables"], r["pass_k"], list(r["runs"])
     levels = [g for g in tab["before"] if g != "overall"]
@@ -772,7 +797,7 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     L = _section_head(r, command)
     L += _section_setup(r) + _section_sweep(r, rel) + _section_headline(r, rel)
     L += _section_criterion(r) + _section_mixes(r) + _section_compute(r)
-    L += _section_compute_to_grpo(r) + _section_levels(r)
+    L += _section_compute_to_grpo(r) + _section_levels(r) + _section_by_start(r)
     L += _section_curriculum(r, rel) + _section_variance(r, rel) + _section_end(r, out_dir, rel)
     path = os.path.join(out_dir, f"{REPORT_NAME}.md")
     with open(path, "w") as f:

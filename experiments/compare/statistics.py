@@ -9,6 +9,10 @@ import numpy as np
 
 from experiments.compare.plan import METRICS, PASS_K, split_heldout
 
+# strata of the warm start's per-problem success (share of its samples correct, pooled over
+# seeds): never solved, rarely, sometimes, mostly (reports/gdro_fair_test/preregistration.md)
+START_EDGES = (0.0, 0.1, 0.3)
+START_LABELS = ("0", "(0, 0.1]", "(0.1, 0.3]", "> 0.3")
 _NAN_KEYS = ("gain", "lo", "hi", "p_le_0", "diff", "diff_lo", "diff_hi", "d_z", "d_z_lo", "d_z_hi")
 
 
@@ -381,3 +385,10 @@ def holm(pvalues: Mapping, alpha: float = 0.025) -> dict:
             break
         out[names[j]] = True
     return out
+
+
+def start_stratum(rate) -> np.ndarray:
+    """[N] int: the `START_LABELS` index of each problem's warm-start success ``rate`` [N]
+    (0 exactly -> 0; (0, 0.1] -> 1; (0.1, 0.3] -> 2; above 0.3 -> 3)."""
+    rate = np.asarray(rate, np.float64)
+    return np.where(rate <= 0, 0, np.searchsorted(START_EDGES[1:], rate, side="left") + 1)
