@@ -155,8 +155,9 @@ def paper_shaped_pool(c):
     has 300 problems per d. (d = 1 has only 100 distinct problems: too few for disjoint pools.)"""
     a = c.data.arithmetic
     a.levels = (2, 3, 4, 5)  # RL ladder difficulties d: 3-6 digits in all
-    a.level_weights = (0.55, 0.2, 0.15, 0.1)  # easy | frontier | frontier | hard tail
+    a.level_weights = (0.45, 0.1, 0.35, 0.1)  # easy | mostly easy | frontier | hard tail
     a.sft_levels = (1, 2, 3, 4)  # the warm start never sees d = 5
+    a.sft_level_weights = (0.1, 0.55, 0.2, 0.15)  # mostly d = 2: it becomes easy
     a.seed = 46  # fresh RL, warm-start and held-out problems
-    c.sft.steps = 600
+    c.sft.steps = 1000
     return c

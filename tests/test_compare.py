@@ -362,7 +362,47 @@ def _fake_runs(runs_dir, *, methods, lrs, seeds, val_best, test_best, n=16, k=8,
                     },
                 )
     with open(runs_dir / "wall.json", "w") as f:
-        json.dump({"wall_seconds": 12.0, "workers": 1, "estimate_seconds": 10.0}, f)
+        json.dump(
+            {
+                "wall_seconds": 12.0,
+                "workers": 1,
+                "estimate_seconds": 10.0,
+                "date": "2026-01-02 03:04 UTC",
+                "cpus": 2,
+            },
+            f,
+        )
+
+
+def test_report_only_rebuilds_the_report_byte_for_byte(tmp_path):
+    """The date and core count come from runs/wall.json (the session that ran the jobs), so
+    two rebuilds from the same job files are identical, whenever they run."""
+    import time
+
+    methods, lrs, seeds = ("grpo", "rollout_gdro_sqrt"), (1e-4, 1e-3), (0, 1)
+    runs_dir = tmp_path / "gdro_vs_grpo" / "runs"
+    best = {"grpo": 1e-3, "rollout_gdro_sqrt": 1e-4}
+    _fake_runs(runs_dir, methods=methods, lrs=lrs, seeds=seeds, val_best=best, test_best=best)
+    kw = dict(
+        seeds=list(seeds),
+        sweep_seeds=2,
+        lrs=lrs,
+        methods=methods,
+        config_arg="heavy_tailed,smoke",
+        steps=2,
+        eval_every=1,
+        last_evals=2,
+        oracle_samples=0,
+        n_boot=50,
+        command="FAKE",
+        report_only=True,
+    )
+    out = []
+    for _ in range(2):
+        compare.run_comparison(str(tmp_path), **kw)
+        out.append([(tmp_path / f).read_bytes() for f in ("gdro_vs_grpo.md", "gdro_vs_grpo.json")])
+        time.sleep(0.01)
+    assert out[0] == out[1] and b"Generated 2026-01-02 03:04 UTC" in out[0][0]
 
 
 def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_path):

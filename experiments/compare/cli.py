@@ -335,6 +335,9 @@ def _wall(ctx, *, session: float | None, estimate) -> tuple[float, float | None]
     est = prev.get("estimate_seconds") or estimate
     rec = {"wall_seconds": total, "workers": ctx.opts["workers"], "estimate_seconds": est}
     rec["sessions"] = int(prev.get("sessions", 1 if prev else 0)) + 1
+    # when and where the jobs ran: the report reads these, so --report_only rebuilds it as is
+    rec["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rec["cpus"] = os.cpu_count()
     jobs_lib._write_text(path, json.dumps(rec))
     return total, est
 
@@ -577,9 +580,15 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
     stats = _test_statistics(ctx, runs, warm)
     num_eval = stats.pop("num_eval")
     p_for_seed, oracle_text = _true_p(ctx, runs, warm)
+    wall_path = os.path.join(ctx.runs_dir, "wall.json")
+    record = {}
+    if os.path.exists(wall_path):
+        with open(wall_path) as f:
+            record = json.load(f)
     results = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpus": os.cpu_count(),
+        # from runs/wall.json (the last session that ran jobs), so a rebuild is byte for byte
+        "date": record.get("date") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": record.get("cpus") or os.cpu_count(),
         "workers": o["workers"],
         "k": ctx.k,
         "pass_k": min(PASS_K, ctx.k),
