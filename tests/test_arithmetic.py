@@ -333,7 +333,8 @@ def test_pool_config_shape():
     P, N = c.rollout.prompts_per_step, a.num_train
     assert c.steps * P / N >= 15 and (N / P) / c.steps <= 0.10
     w = a.train_weights()
-    assert w[0] > 0.5 and w[-1] < w[1]  # a majority of the easiest d, a thin hard tail
+    # the two easiest d are the majority; the hardest (never in the warm start) a thin tail
+    assert w[0] + w[1] > 0.5 and 0.05 <= w[-1] <= 0.2
     assert a.seed != 0 and a.generator == "ladder" and max(a.levels) not in a.sft_mix()[0]
     assert c.algorithm.mini_batch_size * 2 == P * c.rollout.rollouts_per_prompt
     train, evals = make_arithmetic(dataclasses.replace(a, num_sft=200, num_eval=80))

@@ -349,6 +349,10 @@ def _fake_runs(runs_dir, *, methods, lrs, seeds, val_best, test_best, n=16, k=8,
                         "correct": c,
                         "levels": levels,
                         "eval_steps": np.array([1, 2]),
+                        "eval_tokens": np.array([100, 200]),
+                        "eval_rollouts": np.array([32, 64]),
+                        "eval_cpu_seconds": np.array([1.0, 2.0]),
+                        "budget_spent": True,
                         "ids": ids,
                         "bins": bins,
                         "n": nn,
@@ -448,6 +452,8 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     assert res["compute"]["grpo"] == res["compute"]["rollout_gdro_sqrt"]
     # the warm start solves problems 0-3 (every sample): test problems 1 and 3 in the top
     # stratum, the other six never solved; nothing in between
+    assert res["compute_to_grpo"]["grpo"]["reached"] == 1.0  # its own final level
+    assert res["compute"]["grpo"]["budget_spent"] == 1.0
     bs = res["gains_by_start"]
     assert bs["counts"] == {"0": 6, "(0, 0.1]": 0, "(0.1, 0.3]": 0, "> 0.3": 2}
     assert bs["rollout_gdro_sqrt"]["(0, 0.1]"] is None
@@ -455,6 +461,8 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
         "## Relative test pass@8 gain by the warm start's success",
+        "## Compute to reach GRPO's final validation pass@8",
+        "Every run spent its token budget.",
         "Regenerate: `FAKE`",
         "## Learning-rate sweep",
         "## Headline: test",

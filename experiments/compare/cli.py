@@ -569,8 +569,15 @@ def _compute(ctx, runs) -> dict:
     return {
         m: {key: float(np.mean([runs[m][s][key] for s in ctx.seeds])) for key in keys}
         | {"steps": float(np.mean([len(runs[m][s]["rows"]) for s in ctx.seeds]))}
+        | _budget_spent([runs[m][s] for s in ctx.seeds])
         for m in ctx.methods
     }
+
+
+def _budget_spent(jobs) -> dict:
+    """{"budget_spent": share of token-budget runs that spent their budget} ({} in step mode)."""
+    flags = [j.get("budget_spent") for j in jobs if j.get("budget_spent") is not None]
+    return {"budget_spent": float(np.mean(flags))} if flags else {}
 
 
 def _results(ctx, warm, sweep, chosen, runs) -> dict:

@@ -658,6 +658,8 @@ def _section_compute_to_grpo(r) -> list[str]:
         "to reach | median CPU s to reach |",
         "|---|---|---|---|---|---|",
     ]
+    spent = {m: r["compute"][m].get("budget_spent") for m in c if m in r.get("compute", {})}
+    short = [f"{label(m)} ({x:.0%})" for m, x in spent.items() if x is not None and x < 1]
     for m, v in c.items():
         cpu = np.asarray(v["cpu_seconds"], np.float64)
         med_cpu = float(np.median(cpu[np.isfinite(cpu)])) if np.isfinite(cpu).any() else None
@@ -665,6 +667,12 @@ def _section_compute_to_grpo(r) -> list[str]:
             f"| {label(m)} | {v['budget_tokens']:.0f} | {v['budget_rollouts']:.0f} | "
             f"{v['reached']:.0%} | {_fmt(v['median_tokens'], '.0f')} | {_fmt(med_cpu, '.0f')} |"
         )
+    L.append(
+        "\nEvery run spent its token budget."
+        if not short
+        else "\nRuns that hit the step cap before spending the budget (share of runs that spent "
+        "it): " + ", ".join(short) + "."
+    )
     return L + [""]
 
 
