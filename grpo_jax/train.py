@@ -210,12 +210,15 @@ class StepResult:
       rounds: one ``(ids [P] int32, placement)`` per sampling round (DAPO dynamic sampling
         draws several): which prompts were drawn, their bins and rollouts per prompt.
       outcome: what the curriculum learned from (`algorithms.StepOutcome` of the trained batch).
+      batch_ids: [P] int32, the prompts of the trained batch (the kept groups when several
+        rounds were drawn; the only round's ids otherwise).
     """
 
     run: RunState
     row: dict
     rounds: tuple
     outcome: algorithms.StepOutcome
+    batch_ids: np.ndarray | None = None
 
 
 def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> list[Round]:
@@ -328,7 +331,9 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
     row = _metrics_row(exp, rounds, rd, upd, summary, diagnostics, times)
     new_run = RunState(train=state, controllers=controllers, ref_params=run.ref_params)
     placements = tuple((x.ids, x.placement) for x in rounds)
-    return StepResult(run=new_run, row=row, rounds=placements, outcome=outcome)
+    return StepResult(
+        run=new_run, row=row, rounds=placements, outcome=outcome, batch_ids=np.asarray(rd.ids)
+    )
 
 
 def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, times) -> dict:

@@ -110,6 +110,9 @@ def test_rl_job_runs_to_the_token_budget_and_records_compute_per_evaluation():
     assert len(tok) == 2 and 150 <= tok[0] <= tok[1] == r["generated_tokens"]
     assert r["correct"].shape[0] == 2 and r["eval_steps"][-1] == len(rows)
     assert np.all(np.diff(r["eval_cpu_seconds"]) >= 0) and r["settings"]["token_budget"] == 300
+    # the trained batches' placements are kept also for steps that drew several rounds
+    assert any(x["dynamic_sampling/rounds"] > 1 for x in rows)
+    assert r["ids"].shape == (len(rows), 8) and np.all(r["n"] == 4)
 
 
 def test_holm_step_down_by_hand():

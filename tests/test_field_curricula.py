@@ -246,9 +246,9 @@ def test_off_settings_train_exactly_like_grpo(tmp_path):
         return out
 
     base = rows("grpo")
-    assert (
-        base
-        and rows("greso", **{"greso.p_init": 1.0, "greso.p_min": 1.0, "greso.delta": 0.0}) == base
-    )
-    assert rows("learnability", **{"learnability.uniform_mix": 1.0}) == base
-    assert rows("online_filter", **{"filter.low": 0.0, "filter.high": 1.0}) == base
+    greso_off = {"curricula.greso.p_init": 1.0, "curricula.greso.p_min": 1.0}
+    assert base and rows("greso", **greso_off, **{"curricula.greso.delta": 0.0}) == base
+    assert rows("learnability", **{"curricula.learnability.uniform_mix": 1.0}) == base
+    filter_off = {"curricula.filter.low": 0.0, "curricula.filter.high": 1.0}
+    assert rows("online_filter", **filter_off) == base
+    assert rows("dapo", **{"algorithm.dynamic_sampling_max_rounds": 0}) == base

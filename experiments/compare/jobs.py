@@ -232,12 +232,16 @@ def warm_start_job(
     }
 
 
-def _placement(rounds) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """A step's (prompt ids [P], bins [P], rollouts per prompt [P]) int32 from its
-    `train.StepResult.rounds`; None when the step sampled more than one round."""
-    if len(rounds) != 1:
+def _placement(result) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A step's (prompt ids [P], bins [P], rollouts per prompt [P]) int32 of its trained batch
+    (`train.StepResult`: the only round, or the kept groups when several rounds were drawn);
+    None when the step did not say which prompts it trained on."""
+    if len(result.rounds) == 1:
+        ids, placement = result.rounds[0]
+    elif result.batch_ids is not None:
+        ids, placement = result.batch_ids, result.outcome.placement
+    else:
         return None
-    ids, placement = rounds[0]
     n = np.bincount(placement.segment_ids, minlength=len(ids)).astype(np.int32)
     return np.asarray(ids, np.int32), np.asarray(placement.bins, np.int32), n
 
@@ -306,7 +310,7 @@ def rl_job(
         step = int(result.run.train.step)
         rows.append(writers.to_jsonable({"step": step, **result.row}))
         budget.add(result.row)
-        placements.append(_placement(result.rounds))
+        placements.append(_placement(result))
         due = budget.evaluations_now(step)
         if due:
             te, ce = time.perf_counter(), time.process_time()
