@@ -25,7 +25,6 @@ ARRAYS = (
     "eval_steps",
     "eval_tokens",
     "eval_rollouts",
-    "eval_cpu_seconds",
     "ids",
     "bins",
     "n",
@@ -351,7 +350,7 @@ def rl_job(
         "eval_steps": counts[:, 0].astype(np.int64),
         "eval_tokens": counts[:, 1].astype(np.int64),
         "eval_rollouts": counts[:, 2].astype(np.int64),
-        "eval_cpu_seconds": counts[:, 3],
+        "eval_cpu_seconds": counts[:, 3].tolist(),  # a timing: in the .json, not the .npz
         "correct": np.stack(evals),
         "levels": levels,
         "ids": ids,

@@ -644,6 +644,11 @@ def _section_compute(r) -> list[str]:
     return L + [""]
 
 
+def _finite_median(x) -> float | None:
+    x = np.asarray(x, np.float64)
+    return float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else None
+
+
 def _section_compute_to_grpo(r) -> list[str]:
     """Tokens / rollouts / CPU seconds to reach GRPO's final validation pass@k (token-budget
     runs only: jobs that record ``eval_tokens``)."""
@@ -655,22 +660,22 @@ def _section_compute_to_grpo(r) -> list[str]:
         f"## Compute to reach GRPO's final validation pass@{k} (per seed, first evaluation at "
         "or above it)\n",
         "| method | tokens used (mean) | rollouts used (mean) | seeds reaching | median tokens "
-        "to reach | median CPU s to reach |",
+        "to reach | median rollouts to reach |",
         "|---|---|---|---|---|---|",
     ]
     spent = {m: r["compute"][m].get("budget_spent") for m in c if m in r.get("compute", {})}
     short = [f"{label(m)} ({x:.0%})" for m, x in spent.items() if x is not None and x < 1]
     for m, v in c.items():
-        cpu = np.asarray(v["cpu_seconds"], np.float64)
-        med_cpu = float(np.median(cpu[np.isfinite(cpu)])) if np.isfinite(cpu).any() else None
         L.append(
             f"| {label(m)} | {v['budget_tokens']:.0f} | {v['budget_rollouts']:.0f} | "
-            f"{v['reached']:.0%} | {_fmt(v['median_tokens'], '.0f')} | {_fmt(med_cpu, '.0f')} |"
+            f"{v['reached']:.0%} | {_fmt(v['median_tokens'], '.0f')} | "
+            f"{_fmt(_finite_median(v['rollouts']), '.0f')} |"
         )
+    L.append("\nCPU seconds to reach it: in the Timing section (a clock measure).")
     L.append(
-        "\nEvery run spent its token budget."
+        "Every run spent its token budget."
         if not short
-        else "\nRuns that hit the step cap before spending the budget (share of runs that spent "
+        else "Runs that hit the step cap before spending the budget (share of runs that spent "
         "it): " + ", ".join(short) + "."
     )
     return L + [""]
@@ -790,6 +795,15 @@ def _section_end(r, out_dir, rel) -> list[str]:
     L.append(f"| SFT warm start + before-eval | {t['n_warm']} | {t['warm_start']:.0f} |")
     for m in r["runs"]:
         L.append(f"| {m} (RL + evaluations) | {t['n_jobs'][m]} | {t['rl'][m]:.0f} |")
+    c = r.get("compute_to_grpo") or {}
+    if any(v["seeds"] for v in c.values()):
+        cpu = ", ".join(
+            f"{label(m)} {_fmt(_finite_median(v['cpu_seconds']), '.0f')}" for m, v in c.items()
+        )
+        L.append(
+            f"\nCPU seconds (evaluation excluded) to reach GRPO's final validation pass@"
+            f"{r['pass_k']}, median over the seeds that reach it: {cpu}."
+        )
     est = r.get("estimate_seconds")
     L.append(
         f"\nTotal wall time: {r['wall_seconds']:.0f} s ({r['wall_seconds'] / 60:.1f} min); "
