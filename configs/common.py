@@ -29,11 +29,21 @@ def paper_gdro(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
-def parse_arg(arg: str, flags: tuple[str, ...], default: str = "grpo") -> tuple[str, set[str]]:
+def parse_arg(
+    arg: str,
+    flags: tuple[str, ...],
+    default: str = "grpo",
+    exclusive: tuple[tuple[str, ...], ...] = (),
+) -> tuple[str, set[str]]:
     """Splits a config argument ``"<algorithm>[,flag,...]"`` (the part after ``file.py:``).
 
+    Args:
+      exclusive: groups of flags of which at most one may be given (each sets the same fields,
+        so a later one would silently override an earlier one).
+
     Returns: (algorithm name, the set of flags). The algorithm may be omitted (``default``).
-    Raises: ValueError naming the unknown part and listing the valid algorithms and flags.
+    Raises: ValueError naming the unknown part and listing the valid algorithms and flags, or
+      naming two flags of one ``exclusive`` group.
     """
     from grpo_jax import algorithms
 
@@ -46,5 +56,12 @@ def parse_arg(arg: str, flags: tuple[str, ...], default: str = "grpo") -> tuple[
             raise ValueError(
                 f"unknown config argument {p!r}: the first part is an algorithm "
                 f"({' | '.join(algorithms.names())}), then any of: {', '.join(flags) or 'none'}"
+            )
+    for group in exclusive:
+        given = [f for f in group if f in parts]
+        if len(given) > 1:
+            raise ValueError(
+                f"config arguments {' and '.join(repr(f) for f in given)} cannot be combined: "
+                f"each sets the testbed (give one of {', '.join(group)})"
             )
     return algorithm, set(parts)

@@ -53,6 +53,7 @@ import numpy as np
 from grpo_jax import cli
 
 FRONTIER = (0.02, 0.5)  # per-sample success band counted as the frontier
+EASY = 0.7  # per-sample success from which a prompt counts as easy (the paper-shaped pool)
 METHODS = ("uniform", "prompt_gdro", "sqrt", "oracle")
 
 
@@ -521,7 +522,9 @@ def _report(res: dict, out: str) -> str:
         "",
         f"**{res['frontier_share']:.1%}** of RL prompts have p_i in [{FRONTIER[0]}, "
         f"{FRONTIER[1]}] (needed >= 40%). p = 0: {res['share_zero']:.1%}, p = 1: "
-        f"{res['share_one']:.1%}, mean p {res['mean_p']:.3f}.",
+        f"{res['share_one']:.1%}, mean p {res['mean_p']:.3f}; easy (p >= {EASY}): "
+        f"{res.get('share_easy', float('nan')):.1%}, hard (p < {FRONTIER[0]}): "
+        f"{res.get('share_hard', float('nan')):.1%}.",
         "",
         "| d | prompts | mean p | share in frontier | share p=0 | share p=1 |",
         "|---|---|---|---|---|---|",
@@ -651,6 +654,8 @@ def run_oracle(
         "frontier_share": float(inside.mean()),
         "share_zero": float(np.mean(p == 0)),
         "share_one": float(np.mean(p == 1)),
+        "share_easy": float(np.mean(p >= EASY)),
+        "share_hard": float(np.mean(p < FRONTIER[0])),
         "mean_p": float(p.mean()),
         "per_level": [
             {

@@ -126,9 +126,9 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
 def _algorithm_fields(c: ml_collections.ConfigDict) -> None:
     """The algorithm, its loss and advantage options, DAPO's options."""
     c.algorithm = ml_collections.ConfigDict()
-    c.algorithm.name = (
-        "grpo"  # a name registered in grpo_jax.algorithms (grpo | prompt_gdro | rollout_gdro | ppo)
-    )
+    # a name registered in grpo_jax.algorithms: grpo | prompt_gdro | rollout_gdro | ppo | dapo |
+    # online_filter | learnability | greso
+    c.algorithm.name = "grpo"
     c.algorithm.estimator = "grpo"  # advantage estimator: grpo | dr_grpo | rloo
     c.algorithm.std = "unbiased"  # group std for grpo: unbiased | population
     c.algorithm.advantage_clip = 5.0  # clip advantages to [-c, c] (0 = off)
@@ -234,6 +234,22 @@ def _gdro_fields(c: ml_collections.ConfigDict) -> None:
     c.gdro.rollout.evidence_decay = 0.8  # per-visit decay of a prompt's success/trial counts
     c.gdro.rollout.min_trials = 8.0  # prompts with fewer (decayed) trials keep >= n_bar rollouts
     c.gdro.rollout.prior_strength = 0.0  # a + b of the Beta prior (0 = fitted to the pool)
+
+    # the field's pass-rate curricula (grpo_jax.algorithms.field; read only by their algorithm)
+    c.curricula = ml_collections.ConfigDict()
+    c.curricula.learnability = ml_collections.ConfigDict()  # algorithm.name = learnability
+    c.curricula.learnability.uniform_mix = 0.0  # eps: q = (1 - eps) p(1-p) / sum + eps / N
+    c.curricula.learnability.unseen_p = 0.5  # pass rate assumed for a never-seen prompt
+    c.curricula.filter = ml_collections.ConfigDict()  # algorithm.name = online_filter
+    c.curricula.filter.low = 0.25  # keep groups with estimated pass rate in [low, high]
+    c.curricula.filter.high = 0.75
+    c.curricula.filter.estimate = "group"  # group (the group's share correct) | window
+    c.curricula.greso = ml_collections.ConfigDict()  # algorithm.name = greso
+    c.curricula.greso.p_init = 0.5  # exploration probability at the start (easy and hard)
+    c.curricula.greso.p_min = 0.05  # its floor
+    c.curricula.greso.delta = 0.01  # its step per RL step
+    c.curricula.greso.target = 0.125  # wanted share of zero-variance groups of each kind
+    c.curricula.greso.max_draws = 8  # candidate batches of P per step before filling
 
     # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
 

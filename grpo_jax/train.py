@@ -61,7 +61,9 @@ class Round:
 
     Host arrays: ids [P] int32, rows [R] (prompt id of each rollout), rewards [R] float32,
     correct [R] bool, lengths [R] int32, informative [P] bool (the group's rewards are not all
-    equal). Device arrays: rollouts (`sampling.Rollouts`, [R, ...]), prompt_mask [R, Lp] bool.
+    equal), kept [P] bool (a group-filtering step keeps the group: `Curriculum.keep_groups`;
+    ``informative`` otherwise). Device arrays: rollouts (`sampling.Rollouts`, [R, ...]),
+    prompt_mask [R, Lp] bool.
     decode_utilisation: share of decode slot-steps that did work (continuous batching only).
     reward_errors: failure kind -> its first text in the round (the reward's ``errors`` stat).
     """
@@ -75,6 +77,7 @@ class Round:
     correct: np.ndarray
     lengths: np.ndarray
     informative: np.ndarray
+    kept: np.ndarray
     reward_stats: dict
     times: dict
     texts: tuple = ()
@@ -94,6 +97,12 @@ _fold_in = jax.jit(jax.random.fold_in, static_argnums=1)
 def _timer():
     t0 = time.perf_counter()
     return lambda: time.perf_counter() - t0
+
+
+def filters_groups(exp: Experiment) -> bool:
+    """Whether a step keeps only the groups its curriculum accepts and samples more rounds
+    (``config.algorithm.dynamic_sampling`` or a curriculum with ``filters_groups``)."""
+    return bool(exp.config.algorithm.dynamic_sampling or exp.curriculum.filters_groups)
 
 
 def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> Round:
@@ -134,6 +143,12 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     hi, lo = np.full(P, -np.inf, np.float32), np.full(P, np.inf, np.float32)
     np.maximum.at(hi, seg, rewards)
     np.minimum.at(lo, seg, rewards)
+    informative = hi > lo
+    kept = (
+        np.asarray(cur.keep_groups(run.controllers, ids, rewards, correct, seg), bool)
+        if filters_groups(exp)
+        else informative
+    )
     times["reward"] = t()
     return Round(
         ids=ids,
@@ -144,7 +159,8 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         rewards=rewards,
         correct=correct,
         lengths=np.asarray(lengths),
-        informative=hi > lo,
+        informative=informative,
+        kept=kept,
         reward_stats=reward_stats,
         times=times,
         texts=tuple(texts),
@@ -154,15 +170,16 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
 
 
 def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Round]) -> Round:
-    """DAPO dynamic sampling (Yu et al. 2025, Eq. 11): a batch of P groups of the same size,
-    groups with unequal rewards first (in the order they were sampled); when the rounds ran out
-    before P such groups were found, the rest is filled with all-equal groups (zero advantage,
-    so they add only the KL term), keeping every shape fixed. Needs a fixed group size.
+    """DAPO dynamic sampling (Yu et al. 2025, Eq. 11) and its relatives: a batch of P groups of
+    the same size, the kept groups first (``Round.kept``: DAPO's are those with unequal rewards;
+    in the order they were sampled); when the rounds ran out before P such groups were found,
+    the rest is filled with the others (DAPO's have zero advantage, so they add only the KL
+    term), keeping every shape fixed. Needs a fixed group size.
     """
     P, n = exp.config.rollout.prompts_per_step, exp.config.rollout.rollouts_per_prompt
     R = exp.batching.rollouts_per_step
-    order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.informative)]
-    order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.informative)]
+    order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.kept)]
+    order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.kept)]
     chosen = order[:P]
     src = np.concatenate([r * R + g * n + np.arange(n) for r, g in chosen])  # rows of the rounds
     cat = lambda f: np.concatenate([f(x) for x in rounds])[src]
@@ -186,6 +203,7 @@ def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Roun
         correct=cat(lambda x: x.correct),
         lengths=cat(lambda x: x.lengths),
         informative=np.asarray([rounds[r].informative[g] for r, g in chosen]),
+        kept=np.asarray([rounds[r].kept[g] for r, g in chosen]),
         reward_stats={},
         times={},
     )
@@ -203,6 +221,8 @@ class StepResult:
       outcome: what the curriculum learned from (`algorithms.StepOutcome` of the trained batch).
       reward_failures: ``{"failed", "scored", "errors"}``: rollouts of every round whose reward
         failed (crashed or timed out) of those scored, and failure kind -> its first text.
+      batch_ids: [P] int32, the prompts of the trained batch (the kept groups when several
+        rounds were drawn; the only round's ids otherwise).
     """
 
     run: RunState
@@ -210,16 +230,18 @@ class StepResult:
     rounds: tuple
     outcome: algorithms.StepOutcome
     reward_failures: dict = dataclasses.field(default_factory=dict)
+    batch_ids: np.ndarray | None = None
 
 
 def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> list[Round]:
-    """Steps 1-4: one round; with DAPO dynamic sampling, more rounds until P groups have
-    unequal rewards (at most 1 + ``dynamic_sampling_max_rounds``)."""
+    """Steps 1-4: one round; with group filtering (`filters_groups`: DAPO dynamic
+    sampling and its relatives), more rounds until P groups are kept (at most 1 +
+    ``dynamic_sampling_max_rounds``)."""
     rounds = [sample_round(exp, fns, run, source, key)]
     algo, P = exp.config.algorithm, exp.config.rollout.prompts_per_step
-    if algo.dynamic_sampling:
+    if filters_groups(exp):
         for r in range(algo.dynamic_sampling_max_rounds):
-            if sum(int(x.informative.sum()) for x in rounds) >= P:
+            if sum(int(x.kept.sum()) for x in rounds) >= P:
                 break
             rounds.append(sample_round(exp, fns, run, source, _fold_in(key, r + 1)))
     return rounds
@@ -327,6 +349,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
         rounds=placements,
         outcome=outcome,
         reward_failures=_reward_failures(rounds),
+        batch_ids=np.asarray(rd.ids),
     )
 
 
@@ -364,6 +387,7 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         "skipped_updates": int(upd.pop("skipped_updates")),
         "consecutive_skips": int(summary["consecutive_skips"]),
         "generated_tokens": generated,
+        "generated_rollouts": int(sum(len(x.rows) for x in rounds)),  # every round's rollouts
         **{k: float(v) for k, v in upd.items()},
     }
     reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
@@ -380,10 +404,11 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         row["decode_utilisation"] = float(np.mean(util))
     # prompts per bin; the last entry counts never-seen prompts (their own state)
     row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
-    if cfg.algorithm.dynamic_sampling:
+    if filters_groups(exp):
         row["dynamic_sampling/rounds"] = len(rounds)
         row["dynamic_sampling/informative_groups"] = int(sum(x.informative.sum() for x in rounds))
         row["dynamic_sampling/kept_informative"] = int(rd.informative.sum())  # of P in the batch
+        row["dynamic_sampling/kept_groups"] = int(sum(x.kept.sum() for x in rounds))
     row.update(diagnostics)
     row.update({f"time/{k}": v for k, v in times.items()})
     row["time/step"] = sum(times.values())

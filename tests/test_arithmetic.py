@@ -300,3 +300,42 @@ def test_frontier_config():
     assert (d.steps, d.rollout.prompts_per_step, d.rollout.rollouts_per_prompt) == (100, 64, 8)
     assert d.data.arithmetic.levels == (1, 2, 3) and d.sft.steps == 300
     assert "generator" not in d.data.arithmetic
+
+
+@pytest.mark.parametrize(
+    "arg, named",
+    [
+        ("grpo,heavy_tailed,long", ("'heavy_tailed'", "'long'")),
+        ("prompt_gdro,frontier,heavy_tailed", ("'heavy_tailed'", "'frontier'")),
+        ("grpo,pool,long", ("'long'", "'pool'")),
+        ("grpo,frontier,pool,smoke", ("'frontier'", "'pool'")),
+    ],
+)
+def test_conflicting_testbed_flags_are_refused(arg, named):
+    """Two flags that each set the testbed are refused in one line naming both (before, `,long`
+    silently reset `,heavy_tailed`'s mix)."""
+    from configs import arithmetic as arith_cfg
+
+    with pytest.raises(ValueError, match="cannot be combined") as e:
+        arith_cfg.get_config(arg)
+    assert "\n" not in str(e.value) and all(n in str(e.value) for n in named)
+    # frontier + long is the long testbed (long implies frontier), not a conflict
+    assert arith_cfg.get_config("grpo,frontier,long").steps == 200
+
+
+def test_pool_config_shape():
+    """`,pool`: the long horizon (>= 15 visits, controller-free first pass <= 10% of the run)
+    over a heavy-tailed ladder mix with fresh problems (generator seed != 0)."""
+    from configs import arithmetic as arith_cfg
+
+    c = arith_cfg.get_config("rollout_gdro,pool")
+    a = ArithmeticConfig(**c.data.arithmetic.to_dict())
+    P, N = c.rollout.prompts_per_step, a.num_train
+    assert c.steps * P / N >= 15 and (N / P) / c.steps <= 0.10
+    w = a.train_weights()
+    # the two easiest d are the majority; the hardest (never in the warm start) a thin tail
+    assert w[0] + w[1] > 0.5 and 0.05 <= w[-1] <= 0.2
+    assert a.seed != 0 and a.generator == "ladder" and max(a.levels) not in a.sft_mix()[0]
+    assert c.algorithm.mini_batch_size * 2 == P * c.rollout.rollouts_per_prompt
+    train, evals = make_arithmetic(dataclasses.replace(a, num_sft=200, num_eval=80))
+    assert len(train) == N and {ex["level"] for ex in train} == set(a.levels)

@@ -349,6 +349,10 @@ def _fake_runs(runs_dir, *, methods, lrs, seeds, val_best, test_best, n=16, k=8,
                         "correct": c,
                         "levels": levels,
                         "eval_steps": np.array([1, 2]),
+                        "eval_tokens": np.array([100, 200]),
+                        "eval_rollouts": np.array([32, 64]),
+                        "eval_cpu_seconds": np.array([1.0, 2.0]),
+                        "budget_spent": True,
                         "ids": ids,
                         "bins": bins,
                         "n": nn,
@@ -362,7 +366,47 @@ def _fake_runs(runs_dir, *, methods, lrs, seeds, val_best, test_best, n=16, k=8,
                     },
                 )
     with open(runs_dir / "wall.json", "w") as f:
-        json.dump({"wall_seconds": 12.0, "workers": 1, "estimate_seconds": 10.0}, f)
+        json.dump(
+            {
+                "wall_seconds": 12.0,
+                "workers": 1,
+                "estimate_seconds": 10.0,
+                "date": "2026-01-02 03:04 UTC",
+                "cpus": 2,
+            },
+            f,
+        )
+
+
+def test_report_only_rebuilds_the_report_byte_for_byte(tmp_path):
+    """The date and core count come from runs/wall.json (the session that ran the jobs), so
+    two rebuilds from the same job files are identical, whenever they run."""
+    import time
+
+    methods, lrs, seeds = ("grpo", "rollout_gdro_sqrt"), (1e-4, 1e-3), (0, 1)
+    runs_dir = tmp_path / "gdro_vs_grpo" / "runs"
+    best = {"grpo": 1e-3, "rollout_gdro_sqrt": 1e-4}
+    _fake_runs(runs_dir, methods=methods, lrs=lrs, seeds=seeds, val_best=best, test_best=best)
+    kw = dict(
+        seeds=list(seeds),
+        sweep_seeds=2,
+        lrs=lrs,
+        methods=methods,
+        config_arg="heavy_tailed,smoke",
+        steps=2,
+        eval_every=1,
+        last_evals=2,
+        oracle_samples=0,
+        n_boot=50,
+        command="FAKE",
+        report_only=True,
+    )
+    out = []
+    for _ in range(2):
+        compare.run_comparison(str(tmp_path), **kw)
+        out.append([(tmp_path / f).read_bytes() for f in ("gdro_vs_grpo.md", "gdro_vs_grpo.json")])
+        time.sleep(0.01)
+    assert out[0] == out[1] and b"Generated 2026-01-02 03:04 UTC" in out[0][0]
 
 
 def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_path):
@@ -406,8 +450,19 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     assert d["rollout_gdro_sqrt"]["wse_proxy_ratio"] == pytest.approx(0.9)
     assert d["grpo"]["informative_groups"] == 5
     assert res["compute"]["grpo"] == res["compute"]["rollout_gdro_sqrt"]
+    # the warm start solves problems 0-3 (every sample): test problems 1 and 3 in the top
+    # stratum, the other six never solved; nothing in between
+    assert res["compute_to_grpo"]["grpo"]["reached"] == 1.0  # its own final level
+    assert res["compute"]["grpo"]["budget_spent"] == 1.0
+    bs = res["gains_by_start"]
+    assert bs["counts"] == {"0": 6, "(0, 0.1]": 0, "(0.1, 0.3]": 0, "> 0.3": 2}
+    assert bs["rollout_gdro_sqrt"]["(0, 0.1]"] is None
+    assert bs["rollout_gdro_sqrt"]["0"]["n_problems"] == 6
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
+        "## Relative test pass@8 gain by the warm start's success",
+        "## Compute to reach GRPO's final validation pass@8",
+        "Every run spent its token budget.",
         "Regenerate: `FAKE`",
         "## Learning-rate sweep",
         "## Headline: test",
@@ -576,8 +631,10 @@ def test_parse_level_weights_and_method_order():
 
 
 def test_method_overrides_are_dotted_config_paths():
+    from grpo_jax import algorithms
+
     for algo, over in compare.METHODS.values():
-        assert algo in ("grpo", "prompt_gdro", "rollout_gdro")
+        assert algo in algorithms.names() and algo != "ppo"
         assert all(k.count(".") >= 1 for k in over)
     c = compare.method_config("grpo", 0, config_arg="heavy_tailed,smoke")
     compare.apply_overrides(c, {"gdro.prompt.eta": 2.0, "algorithm.mini_batch_size": 8})
@@ -682,6 +739,7 @@ def test_criterion_and_the_sentence():
         "supports": True,
         "supports_size": True,
         "best": "prompt_gdro_aw",
+        "meets_holm": {"prompt_gdro_aw": False, "rollout_gdro_sqrt": False},  # no p_le_0 given
     }
     res["criterion"] = c
     s = report.criterion_sentence(res)
@@ -695,7 +753,7 @@ def test_criterion_and_the_sentence():
         "excluded by every such interval" in s
         and "direction of the paper's claim, not its size" in s
     )
-    assert "1 of 2 arms met the criterion" in s
+    assert "1 of 2 arms met the criterion" in s and "0 after Holm's step-down over the 2" in s
     gains["prompt_gdro_aw"]["pass_at_k"]["lo"] = -0.02
     res["criterion"] = report.criterion(res)
     assert "does not support the paper's claim" in report.criterion_sentence(res)

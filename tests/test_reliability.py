@@ -361,6 +361,11 @@ _BAD_INPUT = {  # name: (config argument, overrides, what the one line must say)
         ["--config.data.name=gsm8k", "--config.data.source_dir=/nonexistent/data"],
         ["dataset 'gsm8k'", "/nonexistent/data", "data.source_dir"],
     ),
+    "conflicting testbed flags": (
+        "grpo,heavy_tailed,long",
+        [],
+        ["config arguments 'heavy_tailed' and 'long' cannot be combined"],
+    ),
     "missing config file": (
         None,
         ["--config=configs/no_such_config.py:grpo"],

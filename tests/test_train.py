@@ -258,6 +258,7 @@ def _fake_round(rewards_by_group, ids, n=2, Lp=3, Lc=2, offset=0):
         correct=rewards > 0,
         lengths=np.full(P * n, Lc),
         informative=informative,
+        kept=informative,
         reward_stats={},
         times={},
     )

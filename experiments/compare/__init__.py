@@ -24,13 +24,20 @@ Protocol:
 6. **Statistics**: paired bootstrap over seeds and test problems (`paired_bootstrap`) of the
    relative gain vs GRPO (pass@8, mean@8; pass@1/8/32 on the training mix and on a
    ``--hard_weights`` level mix), the absolute difference and the paired effect size d_z.
-7. **Equal compute**: P prompts and ``R = P * n_bar`` rollouts per step for every method.
+7. **Equal compute**: P prompts and ``R = P * n_bar`` rollouts per step for every method; with
+   ``--token_budget=T`` every run instead goes on until it has generated T completion tokens
+   (every sampling round counted, so arms that discard or add rollouts get the same generation
+   compute), evaluated at as many evenly spaced token counts as ``--eval_every`` gives steps,
+   with the same keys per seed; the report adds the tokens, rollouts and CPU seconds each arm
+   needs to reach GRPO's final validation pass@8 (`statistics.compute_to_grpo_level`).
 8. **Diagnostics** (`diagnostics`): per-prompt true WSE (`grpo_jax.metrics.
    weighted_standard_error`) vs uniform, expected vs measured informative groups, rollouts per
    prompt by true-p stratum, Prompt-GDRO's weight ratio / ESS, the share of steps on which the
    controller had data; step x bin heatmaps.
 9. **Report extras**: ``--preregistration=PATH`` (included verbatim near the top) and
-   ``--criterion`` (per arm: is the 95% CI lower bound of the relative test pass@8 gain > 0?).
+   ``--criterion`` (per arm: is the 95% CI lower bound of the relative test pass@8 gain > 0?
+   and, with Holm's step-down over the arms, is its one-sided bootstrap p-value rejected at
+   0.025?); gains by the warm start's per-problem success.
 
 True success rates ``p_i``: ``--oracle_json=PATH`` (``experiments/oracle.py``'s output, or by
 hand: ``{"p": {"<prompt id>": p}, "problems": {"<prompt id>": "3+4"} (optional, checked)}``,

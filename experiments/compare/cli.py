@@ -40,11 +40,14 @@ from experiments.compare.plan import (
     split_heldout,
 )
 from experiments.compare.statistics import (
+    START_LABELS,
     choose_lrs,
+    compute_to_grpo_level,
     metric_table,
     paired_bootstrap,
     per_problem_scores,
     safe_bootstrap,
+    start_stratum,
 )
 from grpo_jax import cli
 
@@ -111,8 +114,17 @@ def _context(
         raise ValueError("seeds must not be empty")
     plan = plan_jobs(seeds, sweep_seeds, methods, lrs)
     job_kw = {k: kw.pop(k) for k in ("config_arg", "steps", "rl_prompts", "paper_gdro")}
-    job_kw.update(prompts_per_step=kw.pop("prompts_per_step"), eval_every=kw.pop("eval_every"))
-    cfg0 = method_config("grpo", seeds[0], **{k: v for k, v in job_kw.items() if k != "eval_every"})
+    job_kw.update(
+        prompts_per_step=kw.pop("prompts_per_step"),
+        eval_every=kw.pop("eval_every"),
+        token_budget=int(kw.pop("token_budget", 0)),
+    )
+    if job_kw["token_budget"] < 0:
+        raise ValueError(f"token_budget={job_kw['token_budget']} must be >= 0 (0 = steps)")
+    not_config = ("eval_every", "token_budget")
+    cfg0 = method_config(
+        "grpo", seeds[0], **{k: v for k, v in job_kw.items() if k not in not_config}
+    )
     when = eval_steps(cfg0.steps, job_kw["eval_every"])
     if not 1 <= last_evals <= len(when):
         raise ValueError(f"last_evals={last_evals} must be in 1..{len(when)} (evals at {when})")
@@ -324,6 +336,9 @@ def _wall(ctx, *, session: float | None, estimate) -> tuple[float, float | None]
     est = prev.get("estimate_seconds") or estimate
     rec = {"wall_seconds": total, "workers": ctx.opts["workers"], "estimate_seconds": est}
     rec["sessions"] = int(prev.get("sessions", 1 if prev else 0)) + 1
+    # when and where the jobs ran: the report reads these, so --report_only rebuilds it as is
+    rec["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rec["cpus"] = os.cpu_count()
     jobs_lib._write_text(path, json.dumps(rec))
     return total, est
 
@@ -417,6 +432,29 @@ def _gains(ctx, scores, levels) -> tuple[dict, dict]:
     return gains, by_level
 
 
+def _gains_by_start(ctx, scores, before) -> dict:
+    """pass@k gains vs GRPO by the warm start's success on each test problem: its share of
+    correct samples pooled over the seeds' warm starts (``before [S, N, k]``), in the strata of
+    `START_STRATA` (one stratum per problem for every seed, so the paired bootstrap applies)."""
+    rate = np.asarray(before, np.float64).mean(axis=(0, 2))
+    strata = start_stratum(rate)
+    out = {"counts": {lab: int((strata == i).sum()) for i, lab in enumerate(START_LABELS)}}
+    for m in ctx.methods[1:]:
+        out[m] = {}
+        for i, lab in enumerate(START_LABELS):
+            sel = strata == i
+            out[m][lab] = (
+                safe_bootstrap(
+                    scores[m]["pass_at_k"][:, sel],
+                    scores["grpo"]["pass_at_k"][:, sel],
+                    n_boot=min(ctx.opts["n_boot"], 2000),
+                )
+                if sel.any()
+                else None
+            )
+    return out
+
+
 def _mix_gains(ctx, correct_test, levels) -> dict:
     """pass@k (k in `EXTRA_PASS_K`, k <= samples) on the training mix (pooled) and the hard mix
     (``hard_weights``), with paired bootstrap gains vs GRPO (GRPO: its own score only)."""
@@ -453,6 +491,7 @@ def _test_statistics(ctx, runs, warm) -> dict:
     }
     scores["before"] = {mt: per_problem_scores(before, mt) for mt in METRICS}
     gains, by_level = _gains(ctx, scores, levels)
+    by_start = _gains_by_start(ctx, scores, before)
     curves = {"before": {mt: float(per_problem_scores(before, mt).mean()) for mt in METRICS}}
     for m, c in correct_test.items():  # [S, T, N, k]
         curves[m] = {"steps": [int(x) for x in runs[m][seeds[0]]["eval_steps"]]}
@@ -464,6 +503,7 @@ def _test_statistics(ctx, runs, warm) -> dict:
         "tables": {m: metric_table(sc, levels) for m, sc in scores.items()},
         "gains": gains,
         "gains_by_level": by_level,
+        "gains_by_start": by_start,
         "mix_gains": _mix_gains(ctx, correct_test, levels),
         "eval_curves": curves,
         "num_eval": len(levels_all),
@@ -530,8 +570,15 @@ def _compute(ctx, runs) -> dict:
     return {
         m: {key: float(np.mean([runs[m][s][key] for s in ctx.seeds])) for key in keys}
         | {"steps": float(np.mean([len(runs[m][s]["rows"]) for s in ctx.seeds]))}
+        | _budget_spent([runs[m][s] for s in ctx.seeds])
         for m in ctx.methods
     }
+
+
+def _budget_spent(jobs) -> dict:
+    """{"budget_spent": share of token-budget runs that spent their budget} ({} in step mode)."""
+    flags = [j.get("budget_spent") for j in jobs if j.get("budget_spent") is not None]
+    return {"budget_spent": float(np.mean(flags))} if flags else {}
 
 
 def _results(ctx, warm, sweep, chosen, runs) -> dict:
@@ -539,15 +586,22 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
     o = ctx.opts
     num_prompts = int(runs["grpo"][ctx.seeds[0]]["num_prompt_ids"])
     stats = _test_statistics(ctx, runs, warm)
+    num_eval = stats.pop("num_eval")
     p_for_seed, oracle_text = _true_p(ctx, runs, warm)
+    wall_path = os.path.join(ctx.runs_dir, "wall.json")
+    record = {}
+    if os.path.exists(wall_path):
+        with open(wall_path) as f:
+            record = json.load(f)
     results = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpus": os.cpu_count(),
+        # from runs/wall.json (the last session that ran jobs), so a rebuild is byte for byte
+        "date": record.get("date") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": record.get("cpus") or os.cpu_count(),
         "workers": o["workers"],
         "k": ctx.k,
         "pass_k": min(PASS_K, ctx.k),
         "n_boot": o["n_boot"],
-        "setup": _setup(ctx, num_prompts, stats.pop("num_eval")),
+        "setup": _setup(ctx, num_prompts, num_eval),
         "sweep": {
             m: {
                 "chosen": chosen[m][0],
@@ -558,6 +612,7 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
         "runs": runs,
         **stats,
         "compute": _compute(ctx, runs),
+        "compute_to_grpo": compute_to_grpo_level(runs, num_eval, min(PASS_K, ctx.k)),
         "timing": _timing(ctx, warm, sweep, runs),
         "oracle_text": oracle_text,
         "preregistration": _read(o["preregistration"]),
@@ -625,6 +680,7 @@ def run_comparison(
     prompts_per_step: int = 0,
     rl_prompts: int = 512,
     eval_every: int = 20,
+    token_budget: int = 0,
     last_evals: int = 3,
     select_metric: str = "pass_at_k",
     oracle_json: str = "",
@@ -667,6 +723,7 @@ def run_comparison(
         paper_gdro=paper_gdro,
         prompts_per_step=prompts_per_step,
         eval_every=eval_every,
+        token_budget=token_budget,
         workers=workers,
         n_boot=n_boot,
         jax_cache=jax_cache,
@@ -764,6 +821,13 @@ def _parser() -> argparse.ArgumentParser:
     a("--prompts_per_step", type=int, default=0, help="P (0 = the config's)")
     a("--rl_prompts", type=int, default=512, help="RL pool: the first N problems")
     a("--eval_every", type=int, default=20, help="evaluate every N RL steps")
+    a(
+        "--token_budget",
+        type=int,
+        default=0,
+        help="generated tokens per RL run (0 = --steps steps); evaluations at as many evenly "
+        "spaced token counts as --eval_every gives steps",
+    )
     a("--last_evals", type=int, default=3, help="score = mean of the last N evals")
     a("--select_metric", default="pass_at_k", choices=METRICS)
     a("--oracle_json", default="", help='{"p": {"<prompt id>": p}} (docstring)')
@@ -838,6 +902,7 @@ def main(argv=None) -> int:
         paper_gdro=args.paper_gdro,
         prompts_per_step=args.prompts_per_step,
         eval_every=args.eval_every,
+        token_budget=args.token_budget,
     )
     common = dict(seeds=args.seeds, sweep_seeds=sweep_seeds, lrs=lrs, methods=methods)
     if args.estimate_only:

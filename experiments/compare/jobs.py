@@ -19,7 +19,19 @@ import numpy as np
 
 from experiments.compare.plan import METHODS, eval_steps, job_name, method_config
 
-ARRAYS = ("correct", "levels", "eval_steps", "ids", "bins", "n", "oracle_p")
+ARRAYS = (
+    "correct",
+    "levels",
+    "eval_steps",
+    "eval_tokens",
+    "eval_rollouts",
+    "ids",
+    "bins",
+    "n",
+    "oracle_p",
+)
+# a token-budget run may take up to this many times the config's steps to spend its budget
+MAX_STEP_FACTOR = 4
 PARAMS_SUFFIX = "_params.pkl"  # a warm start's parameters (host numpy pytree; for resume)
 
 
@@ -89,10 +101,20 @@ def warm_settings(config_arg, paper_gdro, oracle_samples, rl_prompts) -> dict:
 
 
 def rl_settings(
-    method, lr, *, config_arg, steps, rl_prompts, paper_gdro, prompts_per_step, eval_every
+    method,
+    lr,
+    *,
+    config_arg,
+    steps,
+    rl_prompts,
+    paper_gdro,
+    prompts_per_step,
+    eval_every,
+    token_budget=0,
 ) -> dict:
     """What an RL job's results depend on (recorded in its ``.json``, checked on resume)."""
     return {
+        "token_budget": int(token_budget),
         "method": method,
         "algorithm": METHODS[method][0],
         "overrides": dict(METHODS[method][1]),
@@ -104,6 +126,56 @@ def rl_settings(
         "prompts_per_step": int(prompts_per_step),
         "eval_every": int(eval_every),
     }
+
+
+def token_checkpoints(budget: int, num_evals: int) -> list[int]:
+    """The cumulative generated-token counts after which a token-budget run is evaluated:
+    ``round(budget * j / num_evals)`` for ``j = 1 .. num_evals`` (the last is the budget)."""
+    if budget <= 0 or num_evals < 1:
+        raise ValueError(
+            f"token_checkpoints: budget {budget} and num_evals {num_evals} must be > 0"
+        )
+    return [int(round(budget * j / num_evals)) for j in range(1, num_evals + 1)]
+
+
+class Budget:
+    """When a run is evaluated and when it stops: after the scheduled steps ``when`` (step
+    mode, ``token_budget = 0``), or (token mode) at the first step whose cumulative generated
+    tokens reach each of `token_checkpoints`, stopping at the budget. Counts the run's
+    generated tokens, rollouts and CPU seconds (``time.process_time``, evaluation excluded)."""
+
+    def __init__(self, when: list[int], token_budget: int = 0, cap: int = 0):
+        self.token_budget, self.cap = int(token_budget), int(cap)
+        self.when = list(when)
+        self.marks = token_checkpoints(self.token_budget, len(when)) if self.token_budget else []
+        self.tokens = self.rollouts = 0
+        self.cpu0, self.eval_cpu = time.process_time(), 0.0
+
+    def add(self, row: dict) -> None:
+        """Counts one step's metrics row (``generated_tokens``, ``generated_rollouts``)."""
+        self.tokens += int(row["generated_tokens"])
+        self.rollouts += int(row["generated_rollouts"])
+
+    def evaluations_now(self, step: int) -> int:
+        """How many evaluation records this step gets: 0 or 1 in step mode; in token mode one
+        per token mark passed (each consumed), and at the step cap ``cap`` every mark left (the
+        run could not spend its budget; the same evaluation fills them, so every run has
+        ``len(when)`` records)."""
+        if not self.token_budget:
+            return int(step in self.when)
+        due = 0
+        while self.marks and (self.tokens >= self.marks[0] or step >= self.cap > 0):
+            self.marks.pop(0)
+            due += 1
+        return due
+
+    def done(self) -> bool:
+        """Whether a token-budget run has spent its budget (never in step mode)."""
+        return bool(self.token_budget) and self.tokens >= self.token_budget
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the run so far, evaluation excluded."""
+        return time.process_time() - self.cpu0 - self.eval_cpu
 
 
 def warm_start_job(
@@ -159,12 +231,16 @@ def warm_start_job(
     }
 
 
-def _placement(rounds) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """A step's (prompt ids [P], bins [P], rollouts per prompt [P]) int32 from its
-    `train.StepResult.rounds`; None when the step sampled more than one round."""
-    if len(rounds) != 1:
+def _placement(result) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A step's (prompt ids [P], bins [P], rollouts per prompt [P]) int32 of its trained batch
+    (`train.StepResult`: the only round, or the kept groups when several rounds were drawn);
+    None when the step did not say which prompts it trained on."""
+    if len(result.rounds) == 1:
+        ids, placement = result.rounds[0]
+    elif result.batch_ids is not None:
+        ids, placement = result.batch_ids, result.outcome.placement
+    else:
         return None
-    ids, placement = rounds[0]
     n = np.bincount(placement.segment_ids, minlength=len(ids)).astype(np.int32)
     return np.asarray(ids, np.int32), np.asarray(placement.bins, np.int32), n
 
@@ -190,12 +266,21 @@ def rl_job(
     paper_gdro: bool = False,
     prompts_per_step: int = 0,
     eval_every: int = 0,
+    token_budget: int = 0,
 ) -> dict:
     """RL from the seed's warm-start ``params`` with ``method`` at learning rate ``lr``,
-    evaluated on the whole held-out set after each step of ``eval_steps(steps, eval_every)``.
+    evaluated on the whole held-out set after each step of ``eval_steps(steps, eval_every)``;
+    with ``token_budget`` > 0 the run instead goes on until it has generated that many tokens
+    (at most `MAX_STEP_FACTOR` x the steps), evaluated at as many evenly spaced token counts
+    (`Budget`), so arms that discard or add rollouts get the same generation compute. The j-th
+    evaluation's key is ``eval_key(seed, eval_steps(steps, eval_every)[j])`` in both modes, so
+    every arm of a seed is evaluated with the same keys.
 
-    Returns the job dict: ``correct [T, N, k]``, ``eval_steps [T]``, per-step placements
-    ``ids``/``bins``/``n`` ``[steps, P]``, metrics ``rows``, compute counts, ``settings``.
+    Returns the job dict: ``correct [T, N, k]``; per evaluation ``eval_steps``, cumulative
+    ``eval_tokens`` / ``eval_rollouts`` (generated, every sampling round) and
+    ``eval_cpu_seconds`` ``[T]``; per-step placements ``ids``/``bins``/``n`` ``[steps, P]``;
+    metrics ``rows``; the run's totals (``generated_tokens``, ``rollouts``, ``cpu_seconds``,
+    ``budget_spent``); ``settings``.
     """
     import jax
 
@@ -212,24 +297,35 @@ def rl_job(
         prompts_per_step=prompts_per_step,
     )
     cfg = method_config(method, seed, lr=lr, **kw)
-    exp = build_experiment(cfg)
     when = eval_steps(cfg.steps, eval_every)
-    rows, evals, summaries, placements = [], [], [], []
-    acc = {"eval_seconds": 0.0, "levels": None}
+    if token_budget:  # the steps are a cap; the budget in generated tokens ends the run
+        cfg.steps = int(cfg.steps) * MAX_STEP_FACTOR
+    budget = Budget(when, token_budget, cap=cfg.steps)
+    exp = build_experiment(cfg)
+    rows, evals, summaries, placements, counts = [], [], [], [], []
+    acc = {"levels": None}
 
-    def record(result) -> None:  # the row, the step's placement, the scheduled evaluations
+    def record(result) -> bool:  # the row, the placement, the due evaluations; True = stop
         step = int(result.run.train.step)
         rows.append(writers.to_jsonable({"step": step, **result.row}))
-        placements.append(_placement(result.rounds))
-        if step in when:
-            te = time.perf_counter()
+        budget.add(result.row)
+        placements.append(_placement(result))
+        due = budget.evaluations_now(step)
+        if due:
+            te, ce = time.perf_counter(), time.process_time()
+            # keyed by the evaluation's scheduled step (token mode: the same for every arm)
+            nominal = when[min(len(evals), len(when) - 1)]
             summary, correct, levels = evaluate_per_problem(
-                exp, result.run.train.params, eval_key(seed, step)
+                exp, result.run.train.params, eval_key(seed, nominal)
             )
-            acc["eval_seconds"] += time.perf_counter() - te
+            acc["eval_seconds"] = acc.get("eval_seconds", 0.0) + time.perf_counter() - te
+            budget.eval_cpu += time.process_time() - ce
             acc["levels"] = levels
-            evals.append(correct)
-            summaries.append({"step": step, **summary})
+            for _ in range(due):
+                evals.append(correct)
+                summaries.append({"step": step, **summary})
+                counts.append((step, budget.tokens, budget.rollouts, budget.cpu_seconds()))
+        return budget.done()
 
     try:
         params = jax.tree.map(lambda x: jax.numpy.asarray(x), params)
@@ -239,10 +335,11 @@ def rl_job(
         pool = [ex["problem"] for ex in exp.pool.examples]
     finally:
         exp.close()
-    eval_seconds, levels = acc["eval_seconds"], acc["levels"]
+    eval_seconds, levels = acc.get("eval_seconds", 0.0), acc["levels"]
     ids, bins, n = _placements(placements)
     R = cfg.rollout.prompts_per_step * cfg.rollout.rollouts_per_prompt
     per_step = int(cfg.algorithm.num_iterations) * (R // int(exp.batching.mini_batch_size))
+    counts = np.asarray(counts, np.float64).reshape(-1, 4)
     return {
         "method": method,
         "seed": seed,
@@ -250,7 +347,10 @@ def rl_job(
         "rows": rows,
         "eval": summaries[-1],
         "eval_summaries": summaries,
-        "eval_steps": np.asarray(when),
+        "eval_steps": counts[:, 0].astype(np.int64),
+        "eval_tokens": counts[:, 1].astype(np.int64),
+        "eval_rollouts": counts[:, 2].astype(np.int64),
+        "eval_cpu_seconds": counts[:, 3].tolist(),  # a timing: in the .json, not the .npz
         "correct": np.stack(evals),
         "levels": levels,
         "ids": ids,
@@ -262,11 +362,13 @@ def rl_job(
         "num_bins": int(exp.num_bins),
         "n_bar": int(cfg.rollout.rollouts_per_prompt),
         "rollouts_per_step": R,
-        "rollouts": R * len(rows),
-        "generated_tokens": int(sum(r["generated_tokens"] for r in rows)),
+        "rollouts": budget.rollouts,
+        "generated_tokens": budget.tokens,
+        "budget_spent": bool(budget.done()) if token_budget else None,
+        "cpu_seconds": budget.cpu_seconds(),
         "updates": per_step * len(rows) - int(sum(r.get("skipped_updates", 0) for r in rows)),
         "pool_problems": pool if len(pool) <= 4096 else [],  # checked against an oracle file
-        "settings": rl_settings(method, lr, eval_every=eval_every, **kw),
+        "settings": rl_settings(method, lr, eval_every=eval_every, token_budget=token_budget, **kw),
     }
 
 

@@ -37,6 +37,12 @@ METHODS: dict[str, tuple[str, dict]] = {
             "gdro.rollout.mode": "paper",
         },
     ),
+    # the field's curricula (grpo_jax/algorithms/field.py; reports/gdro_fair_test/)
+    "dapo": ("dapo", {}),
+    # the window estimate: with n_bar = 4 the group's own rate makes the band DAPO's rule
+    "online_filter": ("online_filter", {"curricula.filter.estimate": "window"}),
+    "learnability": ("learnability", {}),
+    "greso": ("greso", {}),
 }
 # the arms of the mechanism test, in its report's order
 MECHANISM_METHODS = (
@@ -48,6 +54,18 @@ MECHANISM_METHODS = (
     "rollout_gdro_sqrt_any",
     "rollout_gdro_shrunk",
     "rollout_gdro_bandit_paper",
+)
+# the arms of the fair test (reports/gdro_fair_test/preregistration.md), in its report's order
+FAIR_TEST_METHODS = (
+    "grpo",
+    "prompt_gdro_eta10",
+    "prompt_gdro_paper",
+    "rollout_gdro_bandit_paper",
+    "rollout_gdro_sqrt",
+    "learnability",
+    "online_filter",
+    "greso",
+    "dapo",
 )
 LABELS = {
     "grpo": "GRPO",
@@ -61,6 +79,10 @@ LABELS = {
     "rollout_gdro_sqrt_any": "Rollout-GDRO (sqrt, any-correct)",
     "rollout_gdro_shrunk": "Rollout-GDRO (shrunk)",
     "rollout_gdro_bandit_paper": "Rollout-GDRO (paper bandit)",
+    "dapo": "DAPO dynamic sampling",
+    "online_filter": "Online difficulty filter (Bae et al.)",
+    "learnability": "Learnability sampling (p(1-p))",
+    "greso": "GRESO pre-rollout skipping",
 }
 PAPER = "+10.6% (Prompt-GDRO) / +10.1% (Rollout-GDRO) relative pass@8 over GRPO on Qwen3-Base"
 REPORT_NAME = "gdro_vs_grpo"

@@ -403,9 +403,15 @@ def criterion(results) -> dict:
     ``meets`` = the 95% CI lower bound of the relative test pass@8 gain vs GRPO is above 0
     (the paper's direction); ``size`` = it meets that and the CI's upper bound reaches
     ``PAPER_GAIN`` (the paper's size is not excluded); ``supports`` = some arm meets it;
-    ``supports_size`` = some arm has ``size``; ``best`` = the arm with the highest gain."""
+    ``supports_size`` = some arm has ``size``; ``best`` = the arm with the highest gain;
+    ``meets_holm`` = the arm's one-sided bootstrap p-value (``p_le_0``, the share of replicates
+    with gain <= 0) is rejected by Holm's step-down over all arms at 0.025 (`statistics.holm`;
+    reports/gdro_fair_test/preregistration.md)."""
+    from experiments.compare.statistics import holm
+
     gains = {m: g["pass_at_k"] for m, g in results["gains"].items()}
     meets = {m: bool(np.isfinite(g["lo"]) and g["lo"] > 0) for m, g in gains.items()}
+    meets_holm = holm({m: g.get("p_le_0", float("nan")) for m, g in gains.items()}, 0.025)
     size = {m: meets[m] and bool(g["hi"] >= PAPER_GAIN) for m, g in gains.items()}
     finite = {m: g["gain"] for m, g in gains.items() if np.isfinite(g["gain"])}
     best = max(finite, key=finite.get) if finite else None
@@ -415,6 +421,7 @@ def criterion(results) -> dict:
         "supports": any(meets.values()),
         "supports_size": any(size.values()),
         "best": best,
+        "meets_holm": meets_holm,
     }
 
 
@@ -448,6 +455,9 @@ def criterion_sentence(results) -> str:
             f"; {met} of {len(c['meets'])} arms met the criterion (95% each, no multiplicity "
             "correction)"
         )
+        if "meets_holm" in c:
+            held = sum(bool(v) for v in c["meets_holm"].values())
+            size += f", {held} after Holm's step-down over the {len(c['meets'])} arms"
     return f"**This result {head}**: {why}{size} (best arm: {label(c['best'])}, {_ci(g)})."
 
 
@@ -634,6 +644,68 @@ def _section_compute(r) -> list[str]:
     return L + [""]
 
 
+def _finite_median(x) -> float | None:
+    x = np.asarray(x, np.float64)
+    return float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else None
+
+
+def _section_compute_to_grpo(r) -> list[str]:
+    """Tokens / rollouts / CPU seconds to reach GRPO's final validation pass@k (token-budget
+    runs only: jobs that record ``eval_tokens``)."""
+    c = r.get("compute_to_grpo") or {}
+    if not any(v["seeds"] for v in c.values()):
+        return []
+    k = r["pass_k"]
+    L = [
+        f"## Compute to reach GRPO's final validation pass@{k} (per seed, first evaluation at "
+        "or above it)\n",
+        "| method | tokens used (mean) | rollouts used (mean) | seeds reaching | median tokens "
+        "to reach | median rollouts to reach |",
+        "|---|---|---|---|---|---|",
+    ]
+    spent = {m: r["compute"][m].get("budget_spent") for m in c if m in r.get("compute", {})}
+    short = [f"{label(m)} ({x:.0%})" for m, x in spent.items() if x is not None and x < 1]
+    for m, v in c.items():
+        L.append(
+            f"| {label(m)} | {v['budget_tokens']:.0f} | {v['budget_rollouts']:.0f} | "
+            f"{v['reached']:.0%} | {_fmt(v['median_tokens'], '.0f')} | "
+            f"{_fmt(_finite_median(v['rollouts']), '.0f')} |"
+        )
+    L.append("\nCPU seconds to reach it: in the Timing section (a clock measure).")
+    L.append(
+        "Every run spent its token budget."
+        if not short
+        else "Runs that hit the step cap before spending the budget (share of runs that spent "
+        "it): " + ", ".join(short) + "."
+    )
+    return L + [""]
+
+
+def _section_by_start(r) -> list[str]:
+    """Relative test pass@k gains by the warm start's success on each test problem."""
+    b = r.get("gains_by_start")
+    if not b:
+        return []
+    labels = list(b["counts"])
+    k = r["pass_k"]
+    L = [
+        f"## Relative test pass@{k} gain by the warm start's success on the problem\n",
+        "Stratum = the share of the warm starts' samples (pooled over seeds) that solved the "
+        "test problem; problems per stratum in the header.\n",
+        "| method | " + " | ".join(f"{lab} ({b['counts'][lab]})" for lab in labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for m, by in b.items():
+        if m == "counts":
+            continue
+        L.append(
+            f"| {label(m)} | "
+            + " | ".join(_ci(by[lab]) if by[lab] else "—" for lab in labels)
+            + " |"
+        )
+    return L + [""]
+
+
 def _section_levels(r) -> list[str]:
     tab, k, methods = r["tables"], r["pass_k"], list(r["runs"])
     levels = [g for g in tab["before"] if g != "overall"]
@@ -723,6 +795,15 @@ def _section_end(r, out_dir, rel) -> list[str]:
     L.append(f"| SFT warm start + before-eval | {t['n_warm']} | {t['warm_start']:.0f} |")
     for m in r["runs"]:
         L.append(f"| {m} (RL + evaluations) | {t['n_jobs'][m]} | {t['rl'][m]:.0f} |")
+    c = r.get("compute_to_grpo") or {}
+    if any(v["seeds"] for v in c.values()):
+        cpu = ", ".join(
+            f"{label(m)} {_fmt(_finite_median(v['cpu_seconds']), '.0f')}" for m, v in c.items()
+        )
+        L.append(
+            f"\nCPU seconds (evaluation excluded) to reach GRPO's final validation pass@"
+            f"{r['pass_k']}, median over the seeds that reach it: {cpu}."
+        )
     est = r.get("estimate_seconds")
     L.append(
         f"\nTotal wall time: {r['wall_seconds']:.0f} s ({r['wall_seconds'] / 60:.1f} min); "
@@ -737,7 +818,8 @@ def write_report(results: dict, out_dir: str, figs: dict, command: str) -> str:
     rel = lambda p: os.path.relpath(p, out_dir)
     L = _section_head(r, command)
     L += _section_setup(r) + _section_sweep(r, rel) + _section_headline(r, rel)
-    L += _section_criterion(r) + _section_mixes(r) + _section_compute(r) + _section_levels(r)
+    L += _section_criterion(r) + _section_mixes(r) + _section_compute(r)
+    L += _section_compute_to_grpo(r) + _section_levels(r) + _section_by_start(r)
     L += _section_curriculum(r, rel) + _section_variance(r, rel) + _section_end(r, out_dir, rel)
     path = os.path.join(out_dir, f"{REPORT_NAME}.md")
     with open(path, "w") as f:

@@ -9,6 +9,10 @@ import numpy as np
 
 from experiments.compare.plan import METRICS, PASS_K, split_heldout
 
+# strata of the warm start's per-problem success (share of its samples correct, pooled over
+# seeds): never solved, rarely, sometimes, mostly (reports/gdro_fair_test/preregistration.md)
+START_EDGES = (0.0, 0.1, 0.3)
+START_LABELS = ("0", "(0, 0.1]", "(0.1, 0.3]", "> 0.3")
 _NAN_KEYS = ("gain", "lo", "hi", "p_le_0", "diff", "diff_lo", "diff_hi", "d_z", "d_z_lo", "d_z_hi")
 
 
@@ -302,3 +306,89 @@ def true_wse(ids, bins, n, p, n_bar: float) -> dict:
         "informative_uniform": inf(uniform),
         "known": int(ok.sum()),
     }
+
+
+def first_reach(x, values, target: float) -> float:
+    """``x[t]`` at the first evaluation ``t`` with ``values[t] >= target`` (no interpolation
+    between evaluations: a conservative count); NaN when no evaluation reaches it.
+
+    Args:
+      x: ``[T]`` cumulative compute at each evaluation (tokens, rollouts, CPU seconds).
+      values: ``[T]`` the metric at each evaluation.
+    """
+    x, values = np.asarray(x, np.float64), np.asarray(values, np.float64)
+    hit = np.flatnonzero(values >= target - 1e-12)
+    return float(x[hit[0]]) if hit.size else float("nan")
+
+
+def compute_to_grpo_level(runs: Mapping, num_eval: int, pass_k: int = PASS_K) -> dict:
+    """Per arm, the generated tokens, rollouts and CPU seconds each seed's run needed to reach
+    GRPO's *final* validation pass@k on the same seed (`first_reach` over its evaluations).
+
+    Args:
+      runs: method -> seed -> job (``correct [T, N, k]``, ``eval_tokens`` / ``eval_rollouts`` /
+        ``eval_cpu_seconds`` ``[T]``, ``generated_tokens``, ``rollouts``); ``"grpo"`` is the
+        baseline. Jobs without ``eval_tokens`` (written before token budgets) are left out.
+      num_eval: held-out problems (validation = `split_heldout`'s first half).
+
+    Returns:
+      method -> {"seeds": [...], "target": [S] GRPO's final validation pass@k, "tokens" /
+      "rollouts" / "cpu_seconds": [S] (NaN = never reached), "reached": share of seeds,
+      "median_tokens": median over the seeds that reached it (NaN if none), "budget_tokens" /
+      "budget_rollouts": mean over seeds of the run's totals}.
+    """
+    val, _ = split_heldout(num_eval)
+
+    def curve(job) -> np.ndarray:  # [T] validation pass@k
+        return per_problem_scores(np.asarray(job["correct"])[:, val], pass_k=pass_k).mean(-1)
+
+    out = {}
+    for method, by_seed in runs.items():
+        seeds = [s for s in by_seed if s in runs["grpo"] and "eval_tokens" in by_seed[s]]
+        target = [float(curve(runs["grpo"][s])[-1]) for s in seeds]
+        res = {"seeds": seeds, "target": target}
+        for key in ("tokens", "rollouts", "cpu_seconds"):
+            res[key] = [
+                first_reach(by_seed[s][f"eval_{key}"], curve(by_seed[s]), t)
+                for s, t in zip(seeds, target)
+            ]
+        tok = np.asarray(res["tokens"], np.float64)
+        res["reached"] = float(np.isfinite(tok).mean()) if seeds else float("nan")
+        res["median_tokens"] = (
+            float(np.median(tok[np.isfinite(tok)])) if np.isfinite(tok).any() else float("nan")
+        )
+        for key, field in (("budget_tokens", "generated_tokens"), ("budget_rollouts", "rollouts")):
+            vals = [float(by_seed[s][field]) for s in seeds]
+            res[key] = float(np.mean(vals)) if vals else float("nan")
+        out[method] = res
+    return out
+
+
+def holm(pvalues: Mapping, alpha: float = 0.025) -> dict:
+    """Holm's step-down procedure (Holm 1979): sort the m p-values ascending and reject the
+    i-th smallest (i = 1..m) while every p_(j), j <= i, is <= alpha / (m - j + 1); it controls the
+    family-wise error rate at ``alpha``. A NaN p-value is never rejected and still counts in m.
+
+    Args:
+      pvalues: name -> p-value (here the one-sided bootstrap ``p_le_0``, so ``alpha = 0.025``
+        matches a two-sided 95% interval for a single arm).
+
+    Returns: name -> rejected (bool).
+    """
+    names = list(pvalues)
+    p = np.asarray([pvalues[n] for n in names], np.float64)
+    m = len(names)
+    order = np.argsort(np.where(np.isfinite(p), p, np.inf), kind="stable")
+    out = dict.fromkeys(names, False)
+    for i, j in enumerate(order):
+        if not (np.isfinite(p[j]) and p[j] <= alpha / (m - i)):
+            break
+        out[names[j]] = True
+    return out
+
+
+def start_stratum(rate) -> np.ndarray:
+    """[N] int: the `START_LABELS` index of each problem's warm-start success ``rate`` [N]
+    (0 exactly -> 0; (0, 0.1] -> 1; (0.1, 0.3] -> 2; above 0.3 -> 3)."""
+    rate = np.asarray(rate, np.float64)
+    return np.where(rate <= 0, 0, np.searchsorted(START_EDGES[1:], rate, side="left") + 1)

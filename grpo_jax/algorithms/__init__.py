@@ -19,6 +19,12 @@ from grpo_jax.algorithms.base import (
     StepOutcome,
     Visit,
 )
+from grpo_jax.algorithms.field import (
+    GRESO,
+    DynamicSampling,
+    LearnabilitySampling,
+    OnlineDifficultyFilter,
+)
 from grpo_jax.algorithms.gdro import PromptGDRO, RolloutGDRO
 from grpo_jax.algorithms.ppo import PPO, PPOBatch, PPOState
 
@@ -73,12 +79,20 @@ register("grpo")
 register("prompt_gdro", curriculum=PromptGDRO)
 register("rollout_gdro", curriculum=RolloutGDRO)
 register("ppo", learner=PPO)
+register("dapo", curriculum=DynamicSampling)
+register("online_filter", curriculum=OnlineDifficultyFilter)
+register("learnability", curriculum=LearnabilitySampling)
+register("greso", curriculum=GRESO)
 
 __all__ = [
     "PPO",
     "Algorithm",
     "Curriculum",
     "CurriculumState",
+    "DynamicSampling",
+    "GRESO",
+    "LearnabilitySampling",
+    "OnlineDifficultyFilter",
     "Learner",
     "PPOBatch",
     "PPOState",

@@ -117,6 +117,9 @@ class Curriculum:
     fixed_group_size = True
     # the classifier's hysteresis margin when config.gdro.classifier.delta < 0 ("default")
     hysteresis = 0.0
+    # True: after generation the step keeps only the groups `keep_groups` accepts and samples
+    # more rounds until it has P (DAPO dynamic sampling and its relatives; grpo_jax/train.py)
+    filters_groups = False
 
     @classmethod
     def from_config(cls, config, num_prompts: int) -> Curriculum:
@@ -171,6 +174,25 @@ class Curriculum:
         bins, success = self.classify(state, ids)
         alloc = gdro.fixed_allocation(bins, self.rollouts_per_prompt, self.num_bins)
         return Placement(bins=bins, success=success, allocation=alloc)
+
+    def keep_groups(
+        self,
+        state: CurriculumState,
+        ids: np.ndarray,
+        rewards: np.ndarray,
+        correct: np.ndarray,
+        segment_ids: np.ndarray,
+    ) -> np.ndarray:
+        """[P] bool: the groups a group-filtering step keeps (read when ``filters_groups`` or
+        ``config.algorithm.dynamic_sampling``). Default, DAPO's (Yu et al. 2025, Eq. 11): the
+        group's rewards [R] float32 are not all equal. ``ids`` [P] int32, ``correct`` [R] bool,
+        ``segment_ids`` [R] int32 (host arrays) are for subclasses."""
+        del state, correct
+        P = len(ids)
+        hi, lo = np.full(P, -np.inf, np.float32), np.full(P, np.inf, np.float32)
+        np.maximum.at(hi, segment_ids, rewards)
+        np.minimum.at(lo, segment_ids, rewards)
+        return hi > lo
 
     def weights(
         self, state: CurriculumState, placement: Placement, advantages: np.ndarray
