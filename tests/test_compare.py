@@ -455,9 +455,9 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     assert res["compute_to_grpo"]["grpo"]["reached"] == 1.0  # its own final level
     assert res["compute"]["grpo"]["budget_spent"] == 1.0
     bs = res["gains_by_start"]
-    assert bs["counts"] == {"0": 6, "(0, 0.1]": 0, "(0.1, 0.3]": 0, "> 0.3": 2}
+    assert bs["share"] == {"0": 0.75, "(0, 0.1]": 0.0, "(0.1, 0.3]": 0.0, "> 0.3": 0.25}
     assert bs["rollout_gdro_sqrt"]["(0, 0.1]"] is None
-    assert bs["rollout_gdro_sqrt"]["0"]["n_problems"] == 6
+    assert set(bs["rollout_gdro_sqrt"]["0"]) == {"method", "base", "gain", "lo", "hi"}
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
         "## Relative test pass@8 gain by the warm start's success",

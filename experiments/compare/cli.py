@@ -40,14 +40,13 @@ from experiments.compare.plan import (
     split_heldout,
 )
 from experiments.compare.statistics import (
-    START_LABELS,
     choose_lrs,
     compute_to_grpo_level,
+    gains_by_start,
     metric_table,
     paired_bootstrap,
     per_problem_scores,
     safe_bootstrap,
-    start_stratum,
 )
 from grpo_jax import cli
 
@@ -433,25 +432,18 @@ def _gains(ctx, scores, levels) -> tuple[dict, dict]:
 
 
 def _gains_by_start(ctx, scores, before) -> dict:
-    """pass@k gains vs GRPO by the warm start's success on each test problem: its share of
-    correct samples pooled over the seeds' warm starts (``before [S, N, k]``), in the strata of
-    `START_STRATA` (one stratum per problem for every seed, so the paired bootstrap applies)."""
-    rate = np.asarray(before, np.float64).mean(axis=(0, 2))
-    strata = start_stratum(rate)
-    out = {"counts": {lab: int((strata == i).sum()) for i, lab in enumerate(START_LABELS)}}
+    """pass@k gains vs GRPO by each seed's warm-start success on each test problem (its share
+    of correct samples in ``before [S, N, k]``; `statistics.gains_by_start`): ``{"share":
+    {label: share of cells}, method: {label: gain or None}}``."""
+    rate = np.asarray(before, np.float64).mean(axis=2)  # [S, N]
+    n_boot = min(ctx.opts["n_boot"], 2000)
+    out = {}
     for m in ctx.methods[1:]:
-        out[m] = {}
-        for i, lab in enumerate(START_LABELS):
-            sel = strata == i
-            out[m][lab] = (
-                safe_bootstrap(
-                    scores[m]["pass_at_k"][:, sel],
-                    scores["grpo"]["pass_at_k"][:, sel],
-                    n_boot=min(ctx.opts["n_boot"], 2000),
-                )
-                if sel.any()
-                else None
-            )
+        by = gains_by_start(
+            scores[m]["pass_at_k"], scores["grpo"]["pass_at_k"], rate, n_boot=n_boot
+        )
+        out["share"] = by.pop("share")
+        out[m] = by
     return out
 
 

@@ -682,27 +682,31 @@ def _section_compute_to_grpo(r) -> list[str]:
 
 
 def _section_by_start(r) -> list[str]:
-    """Relative test pass@k gains by the warm start's success on each test problem."""
+    """Relative test pass@k gains by each seed's warm-start success on each test problem."""
     b = r.get("gains_by_start")
-    if not b:
+    if not b or "share" not in b:
         return []
-    labels = list(b["counts"])
+    labels = list(b["share"])
     k = r["pass_k"]
     L = [
         f"## Relative test pass@{k} gain by the warm start's success on the problem\n",
-        "Stratum = the share of the warm starts' samples (pooled over seeds) that solved the "
-        "test problem; problems per stratum in the header.\n",
-        "| method | " + " | ".join(f"{lab} ({b['counts'][lab]})" for lab in labels) + " |",
+        "Stratum = the share of the seed's own warm-start samples that solved the test problem "
+        "(each seed has its own warm start); the header gives the stratum's share of the "
+        "(seed, problem) cells. Gain = the method's summed scores over the stratum's cells / "
+        "GRPO's - 1, paired bootstrap over seeds and problems.\n",
+        "| method | " + " | ".join(f"{lab} ({b['share'][lab]:.0%})" for lab in labels) + " |",
         "|---|" + "---|" * len(labels),
     ]
     for m, by in b.items():
-        if m == "counts":
+        if m == "share":
             continue
-        L.append(
-            f"| {label(m)} | "
-            + " | ".join(_ci(by[lab]) if by[lab] else "—" for lab in labels)
-            + " |"
-        )
+        cells = [
+            f"{100 * by[lab]['gain']:+.1f}% [{100 * by[lab]['lo']:+.1f}, {100 * by[lab]['hi']:+.1f}]"
+            if by[lab]
+            else "—"
+            for lab in labels
+        ]
+        L.append(f"| {label(m)} | " + " | ".join(cells) + " |")
     return L + [""]
 
 

@@ -9,8 +9,8 @@ import numpy as np
 
 from experiments.compare.plan import METRICS, PASS_K, split_heldout
 
-# strata of the warm start's per-problem success (share of its samples correct, pooled over
-# seeds): never solved, rarely, sometimes, mostly (reports/gdro_fair_test/preregistration.md)
+# strata of the warm start's per-problem success (share of its samples correct; each seed has its
+# own warm start): never solved, rarely, sometimes, mostly
 START_EDGES = (0.0, 0.1, 0.3)
 START_LABELS = ("0", "(0, 0.1]", "(0.1, 0.3]", "> 0.3")
 _NAN_KEYS = ("gain", "lo", "hi", "p_le_0", "diff", "diff_lo", "diff_hi", "d_z", "d_z_lo", "d_z_hi")
@@ -388,7 +388,68 @@ def holm(pvalues: Mapping, alpha: float = 0.025) -> dict:
 
 
 def start_stratum(rate) -> np.ndarray:
-    """[N] int: the `START_LABELS` index of each problem's warm-start success ``rate`` [N]
-    (0 exactly -> 0; (0, 0.1] -> 1; (0.1, 0.3] -> 2; above 0.3 -> 3)."""
+    """The `START_LABELS` index of each warm-start success ``rate`` (any shape, int, same shape):
+    0 exactly -> 0; (0, 0.1] -> 1; (0.1, 0.3] -> 2; above 0.3 -> 3."""
     rate = np.asarray(rate, np.float64)
     return np.where(rate <= 0, 0, np.searchsorted(START_EDGES[1:], rate, side="left") + 1)
+
+
+def gains_by_start(
+    scores_m, scores_base, start_rate, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> dict:
+    """Relative gain of a method over a baseline within strata of the starting model's success.
+
+    The stratum of problem i in seed s is `start_stratum` of ``start_rate[s, i]``, the share of
+    that seed's warm-start samples that solved it (each seed has its own warm start, so the
+    strata differ per seed). The statistic is ``sum(method) / sum(base) - 1`` over the stratum's
+    (seed, problem) cells. The interval is a paired percentile bootstrap: each replicate
+    resamples seeds and, independently, problems with replacement, the same draw for both
+    methods (as `paired_bootstrap`).
+
+    Args:
+      scores_m, scores_base: ``[S, N]`` float per-problem scores (e.g. test pass@8).
+      start_rate: ``[S, N]`` float in [0, 1], the warm start's share of correct samples.
+      n_boot, seed, level: bootstrap replicates, its seed, the interval's coverage.
+
+    Returns:
+      ``{"share": {label: share of the S x N cells}, label: {"method", "base" (mean scores over
+      the stratum's cells), "gain", "lo", "hi"} or None (an empty stratum)}`` over
+      `START_LABELS`; ``gain`` is NaN when the stratum's baseline sums to 0.
+
+    Raises:
+      ValueError: shapes differ or are not ``[S, N]``.
+    """
+    a, b = np.asarray(scores_m, np.float64), np.asarray(scores_base, np.float64)
+    strata = start_stratum(start_rate)
+    if not (a.shape == b.shape == strata.shape) or a.ndim != 2:
+        raise ValueError(f"need three [S, N] arrays; got {a.shape}, {b.shape}, {strata.shape}")
+    s, n = a.shape
+    rng = np.random.default_rng(seed)
+    si = rng.integers(0, s, size=(n_boot, s))
+    counts = np.zeros((n_boot, n))
+    np.add.at(counts, (np.arange(n_boot)[:, None], rng.integers(0, n, size=(n_boot, n))), 1.0)
+    cols = np.arange(n_boot)[:, None]
+    q = (1 - level) / 2
+    out = {"share": {}}
+    for i, lab in enumerate(START_LABELS):
+        mask = strata == i
+        out["share"][lab] = float(mask.mean())
+        if not mask.any():
+            out[lab] = None
+            continue
+        am, bm = a * mask, b * mask  # cells outside the stratum count 0
+        num = (am @ counts.T)[si, cols].sum(1)  # [n_boot]: resampled problems, then seeds
+        den = (bm @ counts.T)[si, cols].sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps = num / den - 1
+        reps = reps[np.isfinite(reps)]
+        lo, hi = np.quantile(reps, [q, 1 - q]) if reps.size else (np.nan, np.nan)
+        gain = am.sum() / bm.sum() - 1 if bm.sum() > 0 else np.nan
+        out[lab] = {
+            "method": float(am.sum() / mask.sum()),
+            "base": float(bm.sum() / mask.sum()),
+            "gain": float(gain),
+            "lo": float(lo),
+            "hi": float(hi),
+        }
+    return out
