@@ -701,7 +701,7 @@ def _progress_bar(config, step: int, stack):
 
 
 def _step_hooks(job: _Job, writer, bar, final_eval: dict):
-    """The job's `run_steps` hooks: samples, the non-finite stop, evaluation + row + checkpoint.
+    """The job's `run_steps` hooks: the non-finite stop; evaluation + samples + row + checkpoint.
     Also returns ``finish_step(run, row, saved)`` (True: a signal stops the run)."""
     config, sig = job.config, job.sig
 
@@ -726,8 +726,7 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
             row.update({f"eval/{k}": v for k, v in writers.flatten(ev).items()})
             if step == config.steps:
                 final_eval["eval_after"] = ev
-        if step % config.logging.every_steps == 0 or step == config.steps:
-            writer.write(step, row)
+        record(step, row, step % config.logging.every_steps == 0 or step == config.steps)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -744,13 +743,17 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
             return True
         return False
 
-    def samples(result: StepResult) -> None:
-        writer.write_samples(int(result.run.train.step), result.row.pop("samples"))
+    def record(step: int, row: dict, with_row: bool) -> None:
+        # a step's samples and row are written together, after its evaluation and before its
+        # checkpoint (a pending row keeps its samples): on resume both files are cut at one step
+        writer.write_samples(step, row.pop("samples", []))
+        if with_row:
+            writer.write(step, row)
 
     def non_finite(result: StepResult) -> None:
         run, step = result.run, int(result.run.train.step)
         if int(run.train.skips) >= config.optimizer.max_consecutive_skips:
-            writer.write(step, result.row)  # the failing step's row (loss, grad_norm) is diagnosis
+            record(step, result.row, True)  # the failing step's row (loss, grad_norm) is diagnosis
             job.save(run)
             raise FloatingPointError(
                 f"step {step}: {int(run.train.skips)} consecutive updates had a non-finite "
@@ -763,7 +766,7 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
     def finish(result: StepResult) -> bool:
         return finish_step(result.run, result.row, saved=False)
 
-    return (samples, non_finite, finish), finish_step
+    return (non_finite, finish), finish_step
 
 
 def _train(config, workdir, allow_changes, sig, stack) -> dict:
