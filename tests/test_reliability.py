@@ -5,8 +5,8 @@ The bar: nothing that was checkpointed is lost, a resumed run reproduces the uni
 bit for bit (metrics, evaluation, final parameters, optimizer, RNG and controller states), and
 bad input is one ``error: ...`` line on stderr with a non-zero exit and no traceback.
 
-The end-to-end fault tests drive ``python -m experiments.run`` in subprocesses that share a
-persistent compilation cache (only the first run of a configuration compiles).
+The end-to-end fault tests drive ``python -m experiments.run`` in subprocesses that share the
+session's persistent compilation cache (only the first run of a configuration compiles).
 """
 
 import dataclasses
@@ -522,15 +522,10 @@ _E2E = [
 
 
 @pytest.fixture(scope="module")
-def cli_env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_compilation_cache")
-    return dict(
-        os.environ,
-        PYTHONUNBUFFERED="1",
-        JAX_COMPILATION_CACHE_DIR=str(cache),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+def cli_env():
+    """The runs' environment: with the session's persistent compilation cache (conftest.py)."""
+    assert os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 class _Run:

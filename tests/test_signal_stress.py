@@ -42,10 +42,11 @@ from workdirs import differences
 
 from grpo_jax import writers
 
+_STEPS = 3
 _ARGS = [
     "--config=configs/arithmetic.py:grpo,smoke",
     "--config.mesh.num_devices=1",
-    "--config.steps=3",
+    f"--config.steps={_STEPS}",
     "--config.checkpoint.every_steps=1",
     "--config.eval.every_steps=2",  # an evaluation inside the loop, and the final one
 ]
@@ -64,7 +65,23 @@ _PHASES = {
     "restore": 0.05,
     "anywhere": None,  # from outside, at a random moment after the handler is installed
 }
-_CALLS = {"sampling": 3, "update": 3, "evaluation": 2, "checkpoint": 2}  # n-th call: 1..this
+_MAX_NTH = 3  # a phase's n-th call: n in 1..min(this, the calls left)
+
+
+def _calls_left(phase, last) -> int:
+    """How many times a run resumed from checkpoint ``last`` (-1: none) calls ``phase``'s
+    function (evaluations: the "before" one, after step 2 (every_steps=2), the final one)."""
+    done = max(last, 0)
+    return {
+        "warmstart": int(last < 0),
+        "restore": int(last >= 0),
+        "sampling": _STEPS - done,
+        "update": _STEPS - done,
+        "checkpoint": _STEPS - last,  # checkpoint 0 too in a fresh run
+        "evaluation": 3 if last < 0 else max(1, len({2, 3} & set(range(last + 1, _STEPS + 1)))),
+        "anywhere": 1,
+    }[phase]
+
 
 # The run with a signal injected into one phase: the phase's n-th call starts a timer that
 # sends the signal if the call is still running when it fires (else the next call sends it at
@@ -90,7 +107,7 @@ def fire():
         threading.Event().wait(second_delay)
         os.kill(os.getpid(), getattr(signal, second))
 
-def wrap(real):
+def wrap(real, wait=False):
     def wrapped(*args, **kwargs):
         state["calls"] += 1
         armed = state["calls"] >= nth and not state["sent"]
@@ -99,9 +116,16 @@ def wrap(real):
                 state["inside"] = True
             timer = threading.Timer(state["delay"], fire)
             timer.daemon = True
-            timer.start()
+            if state["delay"]:
+                timer.start()
+            else:
+                fire()  # now: the handler runs before the phase's first line
         try:
-            return real(*args, **kwargs)
+            out = real(*args, **kwargs)
+            if wait:  # a dispatched program: the phase lasts until its results are ready
+                import jax
+                jax.block_until_ready(out)
+            return out
         finally:
             if armed:
                 with lock:
@@ -112,7 +136,9 @@ def wrap(real):
 
 if phase == "update":
     make = steps.make_steps
-    steps.make_steps = lambda exp: (lambda f: dataclasses.replace(f, train=wrap(f.train)))(make(exp))
+    steps.make_steps = lambda exp: (lambda f: dataclasses.replace(f, train=wrap(f.train, True)))(
+        make(exp)
+    )
 else:
     module, name = {
         "warmstart": (steps, "supervised_warmstart"),
@@ -271,19 +297,20 @@ def _hammer_problems(rc, out, err) -> list[str]:
     return [] if ok else [f"hammer: exit {rc}, stderr {err[-2000:]!r}, stdout {out[-500:]!r}"]
 
 
-def _next_signal(todo, fresh):
-    """The first (phase, signal) of ``todo`` that this invocation can reach (a fresh run: the
-    warm start's first), or None."""
-    reachable = [
-        x
-        for x in todo
-        if not ((x[0] == "warmstart" and not fresh) or (x[0] == "restore" and fresh))
-    ]
-    first = [x for x in reachable if fresh and x[0] == "warmstart"]
+def _last_checkpoint(workdir) -> int:
+    d = workdir / "checkpoints"
+    return max([int(n) for n in os.listdir(d) if n.isdigit()] if d.is_dir() else [], default=-1)
+
+
+def _next_signal(todo, last, timed):
+    """The first (phase, signal) of ``todo`` that a run resumed from checkpoint ``last`` can
+    reach (a fresh run: the warm start's first; "anywhere" once a cached run was ``timed``)."""
+    reachable = [x for x in todo if _calls_left(x[0], last) and (x[0] != "anywhere" or timed)]
+    first = [x for x in reachable if x[0] == "warmstart"]
     return (first or reachable or [None])[0]
 
 
-def _start(rng, workdir, env, tag, item):
+def _start(rng, workdir, env, tag, item, last):
     """An invocation of `_ARGS` with ``item``'s signal injected (None: none, or from outside)."""
     if item is None or item[0] == "anywhere":
         return _Invocation(workdir, env, tag=tag)
@@ -291,7 +318,7 @@ def _start(rng, workdir, env, tag, item):
     second = str(rng.choice(["SIGTERM", "SIGINT"])) if rng.uniform() < 0.5 else ""
     inject = (
         phase,
-        int(rng.integers(1, _CALLS.get(phase, 1) + 1)),
+        int(rng.integers(1, min(_MAX_NTH, _calls_left(phase, last)) + 1)),
         signame,
         round(float(rng.uniform(0, _PHASES[phase])), 4),
         second,
@@ -323,9 +350,10 @@ def test_signals_in_every_phase_under_load_exit_cleanly_and_reruns_equal_the_ref
         ready = ref.wait_for_handler()
         rc = ref.wait()
         assert rc == 0 and (reference / "summary.json").exists(), (rc, ref.err[-3000:])
-        # "anywhere": handler installed -> exit; the moments are drawn in [0, 0.9 span]; span
-        # shrinks to the shortest rerun that completed without a signal (cached compiles)
-        span = time.monotonic() - ref.t0 - (ready or 0.0)
+        # "anywhere": handler installed -> exit; the moments are drawn in [0, 0.9 span], span
+        # the shortest rerun that completed without a signal (cached compiles; the reference
+        # compiled, so "anywhere" waits for the first such rerun)
+        span, timed = time.monotonic() - ref.t0 - (ready or 0.0), False
         hammer.start()
 
         chain = 0
@@ -334,11 +362,9 @@ def test_signals_in_every_phase_under_load_exit_cleanly_and_reruns_equal_the_ref
             workdir = tmp_path / f"chain{chain}"
             for i in range(_MAX_INTERRUPTS + 2):
                 hammer.idle.wait()  # the chain's runs never race a hammer for the lock
-                fresh = not os.path.isdir(workdir / "checkpoints") or not any(
-                    n.isdigit() for n in os.listdir(workdir / "checkpoints")
-                )
-                item = _next_signal(todo, fresh) if i < _MAX_INTERRUPTS else None
-                inv = _start(rng, workdir, env, f"run{i}", item)
+                last = _last_checkpoint(workdir)
+                item = _next_signal(todo, last, timed) if i < _MAX_INTERRUPTS else None
+                inv = _start(rng, workdir, env, f"run{i}", item, last)
                 hammer.target = (str(workdir), inv)
                 ready = inv.wait_for_handler()
                 delay = None
@@ -363,6 +389,7 @@ def test_signals_in_every_phase_under_load_exit_cleanly_and_reruns_equal_the_ref
                 done = (workdir / "summary.json").exists()
                 if rc == 0 and not inv.sent and ready is not None and done:
                     span = min(span, time.monotonic() - inv.t0 - ready)  # a cached run's length
+                    timed = True
                 log.append((chain, i, item, delay, inv.sent, rc))
                 problems += _problems(inv, rc)
                 if done:
