@@ -54,8 +54,8 @@ _HAMMER_ARGS = ["--config.seed=12345"]  # refused also when it gets the lock: an
 _SEED = int(os.environ.get("GRPO_JAX_STRESS_SEED", "0"))
 _MAX_INTERRUPTS = 6  # per chain: then a rerun without a signal completes it
 _MAX_CHAINS = 10
-# phase -> the longest delay (s) after the phase's call starts; a phase that ends first is
-# signalled at the start of its next call (the delays stay inside short phases on fast machines)
+# phase -> the longest delay (s) after the phase's call starts (a call that ends first is
+# signalled as it returns)
 _PHASES = {
     "warmstart": 0.5,
     "sampling": 0.3,
@@ -84,16 +84,20 @@ def _calls_left(phase, last) -> int:
 
 
 # The run with a signal injected into one phase: the phase's n-th call starts a timer that
-# sends the signal if the call is still running when it fires (else the next call sends it at
-# its start), writes "<phase> <signal>" to the marker file, and maybe sends a second signal.
+# sends the signal if the call is still running when it fires (else the call sends it as it
+# returns), writes "<phase> <signal>" to the marker file, and maybe sends a second signal.
 _INJECT = """
-import dataclasses, os, random, runpy, signal, sys, threading
+import dataclasses, os, runpy, signal, sys, threading
 phase, nth, signame, delay, second, second_delay, marker = sys.argv[1:8]
 nth, delay, second_delay = int(nth), float(delay), float(second_delay)
 del sys.argv[1:8]
 from grpo_jax import checkpointing, evaluation, steps, train
-state = {"calls": 0, "inside": False, "sent": False, "delay": delay}
+state = {"calls": 0, "inside": False, "sent": False}
 lock = threading.Lock()
+
+def send_second():
+    threading.Event().wait(second_delay)
+    os.kill(os.getpid(), getattr(signal, second))
 
 def fire():
     with lock:
@@ -104,22 +108,18 @@ def fire():
             f.write(f"{phase} {signame}\\n")
         os.kill(os.getpid(), getattr(signal, signame))
     if second:
-        threading.Event().wait(second_delay)
-        os.kill(os.getpid(), getattr(signal, second))
+        threading.Thread(target=send_second, daemon=True).start()
 
 def wrap(real, wait=False):
     def wrapped(*args, **kwargs):
         state["calls"] += 1
-        armed = state["calls"] >= nth and not state["sent"]
+        armed = state["calls"] == nth
         if armed:
             with lock:
                 state["inside"] = True
-            timer = threading.Timer(state["delay"], fire)
+            timer = threading.Timer(delay, fire)
             timer.daemon = True
-            if state["delay"]:
-                timer.start()
-            else:
-                fire()  # now: the handler runs before the phase's first line
+            timer.start()
         try:
             out = real(*args, **kwargs)
             if wait:  # a dispatched program: the phase lasts until its results are ready
@@ -128,10 +128,10 @@ def wrap(real, wait=False):
             return out
         finally:
             if armed:
+                timer.cancel()
+                fire()  # a phase shorter than the delay: at its end
                 with lock:
                     state["inside"] = False
-                timer.cancel()
-                state["delay"] = 0.0
     return wrapped
 
 if phase == "update":
