@@ -647,7 +647,14 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
             steps.make_steps(exp),
             jax.random.PRNGKey(config.seed + 7),
         )
-        restored = ckpt.restore_latest(steps.abstract_run_state(exp))
+        try:
+            restored = ckpt.restore_latest(
+                steps.abstract_run_state(exp), interrupted=lambda: sig.flag
+            )
+        except Exception:
+            if sig.flag:  # the signal interrupted the read (nothing was skipped or moved)
+                raise _Interrupted() from None
+            raise
         if restored is None:
             run, sft_metrics = steps.init_run(exp)
             job.meta = {"eval_before": job.evaluate(run), "sft": sft_metrics}
@@ -660,6 +667,8 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
                 job.meta["config"], config.to_dict(), where, allow_changes, what="a state"
             )
         job.source.set_state(job.meta["data"])
+        # before any file is cut back to this step: no later start resumes from a newer one
+        ckpt.set_aside_unreadable()
         # every process says it (multi-host launch logs are read per process)
         print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
         return job, run, True

@@ -116,6 +116,32 @@ def test_damaged_latest_checkpoint_warns_and_falls_back_to_the_previous_one(tmp_
     np.testing.assert_array_equal(tree["w"], _tree(22)["w"])
 
 
+def test_a_read_failing_after_a_signal_is_raised_and_a_fallback_sets_the_newer_one_aside(
+    tmp_path, capsys
+):
+    """A signal inside a restore comes back as Orbax's / TensorStore's error: with the signal
+    flag up that error is raised (nothing skipped, moved or warned), not taken for damage. A
+    real fallback moves the newer checkpoint aside at once (`set_aside_unreadable`, called by
+    a resuming run before it cuts its files back), so no later start resumes from it."""
+    d = str(tmp_path / "checkpoints")
+    ck = checkpointing.Checkpointer(d, keep=3)
+    for s in (1, 2):
+        ck.save(s, _tree(s), {"data": {"position": s}})
+    ck.close()
+    _corrupt(os.path.join(d, "2"), "truncate")
+    template = checkpointing.abstract_like(_tree(0))
+
+    ck = checkpointing.Checkpointer(d, keep=3)
+    with pytest.raises(Exception):  # whatever the library raised
+        ck.restore_latest(template, interrupted=lambda: True)
+    assert _warnings(capsys.readouterr().out) == [] and sorted(os.listdir(d)) == ["1", "2"]
+    step, _, _ = ck.restore_latest(template, interrupted=lambda: False)
+    assert step == 1
+    ck.set_aside_unreadable()
+    assert sorted(os.listdir(d)) == ["1", "2" + checkpointing.UNREADABLE_SUFFIX]
+    ck.close()
+
+
 def test_interrupted_save_is_reported_discarded_and_the_step_saved_again(tmp_path, capsys):
     d = str(tmp_path / "checkpoints")
     ck = checkpointing.Checkpointer(d)
