@@ -15,9 +15,11 @@ loop, the final one), a checkpoint write and the restore of a resumed run -- at 
 of that phase (a seeded delay after the phase's n-th call starts, the n-th call drawn too); and
 "anywhere": at a random moment after the handler is installed, sent from outside, as a user
 would. Half of the signals are followed by a second one during the teardown. That is 14
-signals (plus the second ones) in ~4 chains of a 3-step smoke run, ~20 invocations of ~10 s
-of CPU each (cached compiles), where random moments alone needed 32 signals to reach the short
-phases. ``GRPO_JAX_STRESS_SEED`` changes the draws.
+signals (plus the second ones) in ~4 chains of a 3-step smoke run: measured, 19 invocations and
+19 refused second processes in 5 chains, 253 s of CPU in all (user + sys, a 2-core AMD EPYC
+VM; the compiles are the session's cached ones). The test it replaces drew 32 random moments
+(~25 invocations, a second process every 1-3 s, an un-niced burner on a full core) and reached
+the short phases only by chance. ``GRPO_JAX_STRESS_SEED`` changes the draws.
 
 Checked for every invocation: the exit status is 0 (completed, or SIGTERM) or 130 (SIGINT),
 matching the signal its one line names; never a signal death (a negative status, 139); no
