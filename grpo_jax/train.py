@@ -619,7 +619,8 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
     """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
     and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
     Returns (job, run state, restored?); raises `_Interrupted` on a signal (nothing saved;
-    ``progress["step"]`` is the restored checkpoint's step once it is read). ``new_workdir``:
+    ``progress["step"]``: the newest checkpoint's step while restoring, then the restored
+    one's). ``new_workdir``:
     no config.json before this command, so a failed set-up removes the one it wrote."""
     config_path = os.path.join(workdir, "config.json")  # written by check_workdir
     with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
@@ -647,6 +648,7 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
             steps.make_steps(exp),
             jax.random.PRNGKey(config.seed + 7),
         )
+        progress["step"] = max(ckpt.all_steps(), default=None)  # a signal now: "resuming"
         try:
             restored = ckpt.restore_latest(
                 steps.abstract_run_state(exp), interrupted=lambda: sig.flag
