@@ -12,9 +12,12 @@ What survives what:
   interrupted save, removes its temporary directory and resumes from the last complete step.
 * a truncated or corrupted checkpoint (unreadable files, or arrays whose checksum no longer
   matches, e.g. flipped bits that Orbax would read back silently): reported with a warning and
-  the next older checkpoint is used. At the next save the unreadable ones are moved aside to
-  ``<step>.unreadable`` (kept for inspection, out of Orbax's way), so that step can be saved
-  again.
+  the next older checkpoint is used. A run resuming there moves the unreadable ones aside to
+  ``<step>.unreadable`` (kept for inspection, out of Orbax's way) before it writes anything
+  (`Checkpointer.set_aside_unreadable`; else at the next save), so that step can be saved again
+  and no later start resumes from it past the files truncated to the older step.
+* a signal while a checkpoint is read: not taken for damage (``restore_latest``'s
+  ``interrupted``): the error is raised, nothing is skipped or moved.
 * no readable checkpoint at all: `CheckpointError` (never a silent fresh start).
 * a save that fails (full disk, read-only or vanished directory): `CheckpointSaveError`, one
   line naming the path and the OS error; the previous checkpoints are intact (the failed step
@@ -37,6 +40,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -293,7 +297,7 @@ class Checkpointer:
         captured = _CapturedStderr()
         try:
             with captured:  # a failing save prints ~100 tracebacks from Orbax's threads
-                self._set_aside_unreadable()
+                self.set_aside_unreadable()
                 self.manager.save(
                     step,
                     args=ocp.args.Composite(
@@ -315,12 +319,17 @@ class Checkpointer:
                 )
             ) from e
 
-    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+    def restore_latest(
+        self, abstract_state: Any, interrupted: Callable[[], bool] | None = None
+    ) -> tuple[int, Any, dict] | None:
         """Restores the newest readable checkpoint (read-only: nothing on disk changes).
 
         Args:
           abstract_state: a pytree of ``jax.ShapeDtypeStruct`` (with shardings) shaped like the
             saved state; restored arrays take these shardings.
+          interrupted: True once a signal arrived; a read that fails then is the signal's doing
+            (an interrupt inside Orbax's or TensorStore's callbacks comes back as their error),
+            not damage: the error is raised instead of skipping the checkpoint.
 
         Returns:
           ``(step, state, meta)``, or None when the directory holds no checkpoint. A newer
@@ -347,6 +356,8 @@ class Checkpointer:
                 if expected is not None:
                     _check_fingerprint(expected, fingerprint(restored["state"]))
             except Exception as e:
+                if interrupted is not None and interrupted():
+                    raise
                 reason = plain_reason(e)
                 older = [s for s in steps if s < step]
                 _warn(
@@ -363,7 +374,8 @@ class Checkpointer:
             if unreadable:
                 _warn(
                     f"resuming from checkpoint {step}, not from the newer unreadable "
-                    f"checkpoint(s) {unreadable}; they are moved to <step>{UNREADABLE_SUFFIX} at the next save"
+                    f"checkpoint(s) {unreadable}; a run resuming here moves them to "
+                    f"<step>{UNREADABLE_SUFFIX}"
                 )
             self._unreadable = unreadable
             # host-local leaves (numpy templates, see abstract_like) come back as local arrays
@@ -378,8 +390,9 @@ class Checkpointer:
             "away (or pass --config.checkpoint.overwrite=True) to start over"
         )
 
-    def _set_aside_unreadable(self) -> None:
-        """Moves the checkpoints `restore_latest` skipped to ``<step>.unreadable[.N]``."""
+    def set_aside_unreadable(self) -> None:
+        """Moves the checkpoints `restore_latest` skipped to ``<step>.unreadable[.N]`` (every
+        process calls it on multi-host runs; `save` does it first too)."""
         if not self._unreadable:
             return
         if jax.process_index() == 0:

@@ -715,7 +715,8 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
     """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
     and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
     Returns (job, run state, restored?); raises `_Interrupted` on a signal (nothing saved;
-    ``progress["step"]`` is the restored checkpoint's step once it is read). ``new_workdir``:
+    ``progress["step"]``: the newest checkpoint's step while restoring, then the restored
+    one's). ``new_workdir``:
     no config.json before this command, so a failed set-up removes the one it wrote."""
     config_path = os.path.join(workdir, "config.json")  # written by check_workdir
     with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
@@ -743,7 +744,15 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
             steps.make_steps(exp),
             jax.random.PRNGKey(config.seed + 7),
         )
-        restored = ckpt.restore_latest(steps.abstract_run_state(exp))
+        progress["step"] = max(ckpt.all_steps(), default=None)  # a signal now: "resuming"
+        try:
+            restored = ckpt.restore_latest(
+                steps.abstract_run_state(exp), interrupted=lambda: sig.flag
+            )
+        except Exception:
+            if sig.flag:  # the signal interrupted the read (nothing was skipped or moved)
+                raise _Interrupted() from None
+            raise
         if restored is None:
             run, sft_metrics = steps.init_run(exp)
             job.meta = {"eval_before": job.evaluate(run), "sft": sft_metrics}
@@ -757,6 +766,8 @@ def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workd
                 job.meta["config"], config.to_dict(), where, allow_changes, what="a state"
             )
         job.source.set_state(job.meta["data"])
+        # before any file is cut back to this step: no later start resumes from a newer one
+        ckpt.set_aside_unreadable()
         # every process says it (multi-host launch logs are read per process)
         print(f"Resuming from checkpoint at step {step} in {ckpt.directory}", flush=True)
         return job, run, True
@@ -798,8 +809,8 @@ def _progress_bar(config, step: int, stack):
 
 
 def _step_hooks(job: _Job, writer, bar, final_eval: dict):
-    """The job's `run_steps` hooks: samples, reward failures (`grpo_jax.rewards.failures`), the
-    non-finite stop, finite divergence (`grpo_jax.divergence`), evaluation + row + checkpoint.
+    """The job's `run_steps` hooks: reward failures (`grpo_jax.rewards.failures`), the non-finite
+    stop, finite divergence (`grpo_jax.divergence`), evaluation + samples + row + checkpoint.
     Also returns ``finish_step(run, row, saved)`` (True: a signal stops the run)."""
     config, sig = job.config, job.sig
 
@@ -824,8 +835,7 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
             row.update({f"eval/{k}": v for k, v in writers.flatten(ev).items()})
             if step == config.steps:
                 final_eval["eval_after"] = ev
-        if step % config.logging.every_steps == 0 or step == config.steps:
-            writer.write(step, row)
+        record(step, row, step % config.logging.every_steps == 0 or step == config.steps)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -842,13 +852,17 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
             return True
         return False
 
-    def samples(result: StepResult) -> None:
-        writer.write_samples(int(result.run.train.step), result.row.pop("samples"))
+    def record(step: int, row: dict, with_row: bool) -> None:
+        # a step's samples and row are written together, after its evaluation and before its
+        # checkpoint (a pending row keeps its samples): on resume both files are cut at one step
+        writer.write_samples(step, row.pop("samples", []))
+        if with_row:
+            writer.write(step, row)
 
     def non_finite(result: StepResult) -> None:
         run, step = result.run, int(result.run.train.step)
         if int(run.train.skips) >= config.optimizer.max_consecutive_skips:
-            writer.write(step, result.row)  # the failing step's row (loss, grad_norm) is diagnosis
+            record(step, result.row, True)  # the failing step's row (loss, grad_norm) is diagnosis
             job.save(run)
             raise FloatingPointError(
                 f"step {step}: {int(run.train.skips)} consecutive updates had a non-finite "
@@ -861,20 +875,21 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
     def finish(result: StepResult) -> bool:
         return finish_step(result.run, result.row, saved=False)
 
-    reward_failures, diverged = _watch_hooks(job, writer)
-    return (samples, reward_failures, non_finite, diverged, finish), finish_step
+    reward_failures, diverged = _watch_hooks(job, record)
+    return (reward_failures, non_finite, diverged, finish), finish_step
 
 
-def _watch_hooks(job: _Job, writer):
+def _watch_hooks(job: _Job, record):
     """The hooks of the run's watches: reward failures and finite divergence (their state is
-    kept in ``job.meta``, so it is saved with every checkpoint)."""
+    kept in ``job.meta``, so it is saved with every checkpoint). ``record(step, row, with_row)``
+    writes a step's samples and row (`_step_hooks`)."""
 
     def reward_failures(result: StepResult) -> None:
         step, f = int(result.run.train.step), result.reward_failures
         try:
             lines = job.reward_watch.observe(step, f["failed"], f["scored"], f["errors"])
         except rewards_failures.RewardFailureError:
-            writer.write(step, result.row)  # the failing step's row (reward/num_crashes ...)
+            record(step, result.row, True)  # the failing step's row (reward/num_crashes ...)
             raise
         for line in lines:
             _say(line)
@@ -887,7 +902,7 @@ def _watch_hooks(job: _Job, writer):
             _say(line)
         job.meta[_DIVERGENCE] = job.divergence.state()
         if stop:
-            writer.write(step, result.row)
+            record(step, result.row, True)
             job.save(run)  # the diverged state, to inspect (the earlier checkpoints are kept)
             raise divergence.DivergenceError(f"{stop} (checkpoint {step} in {job.ckpt.directory})")
 

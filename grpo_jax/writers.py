@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -33,11 +34,14 @@ def to_jsonable(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (+ TensorBoard).
+    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` and a step's sample
+    completions to ``<workdir>/samples.jsonl`` (+ TensorBoard, W&B).
 
-    On resume, rows with ``step >= resume_step`` are dropped first, so a run that is killed
-    after writing a row but before its checkpoint leaves no duplicate rows (and a line torn by
-    a kill mid-write is dropped too).
+    On resume, the rows of both files with ``step >= resume_step`` are dropped first, and
+    TensorBoard is told to hide its events from that step on (``purge_step``): a run killed
+    after writing a step but before its checkpoint leaves no duplicate or missing rows once the
+    resumed run has rewritten them (a line torn by a kill mid-write is dropped too). The caller
+    writes a step's samples and its row together, so one step bounds both files.
     """
 
     def __init__(
@@ -53,7 +57,8 @@ class MetricsWriter:
         Args:
           workdir: the run's directory.
           tensorboard: also write TensorBoard event files (skipped if tensorboardX is missing).
-          resume_step: drop rows with ``step >= resume_step`` first (a resumed run).
+          resume_step: drop rows (both files) and TensorBoard events with
+            ``step >= resume_step`` first (a resumed run: the first step it writes again).
           wandb: ``{"project", "entity", "mode", "name"}`` (``config.logging.wandb_*``); an
             empty project = off. The W&B run id is kept in ``<workdir>/wandb_run_id`` so a
             resumed run continues the same W&B run.
@@ -82,7 +87,13 @@ class MetricsWriter:
             try:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+                self._tb = SummaryWriter(
+                    os.path.join(workdir, "tensorboard"),
+                    purge_step=resume_step,
+                    # files are named by the second they are opened in, and opened with "wb": a
+                    # writer opened in the same second would erase the last one's events
+                    filename_suffix=f".{time.time_ns()}",
+                )
             except ImportError:  # optional
                 self._tb = None
         if wandb and wandb.get("project"):

@@ -1,9 +1,29 @@
-"""Test setup: 8 virtual CPU devices so sharding tests run on one CPU host."""
+"""Test setup: 8 virtual CPU devices so sharding tests run on one CPU host, and one JAX
+persistent compilation cache for the whole session.
 
+The cache: every test module (and every end-to-end run in a subprocess) builds the same jitted
+programs again (a smoke experiment's step functions are new closures per experiment), so the
+first compile of each program is written to a directory that the pytest-xdist workers and the
+subprocesses share through the environment (set here in the controlling process, before the
+workers and any subprocess start; they inherit it). Thresholds 0: every program is cached.
+A cached program is the same executable: results are bit-identical (the resume tests compare
+cache-hit runs with the run that compiled, bit for bit). Set ``JAX_COMPILATION_CACHE_DIR``
+yourself to keep a cache across sessions; otherwise a fresh temporary one is removed at exit.
+"""
+
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (or a plain pytest) only
+    _cache = tempfile.mkdtemp(prefix="grpo_jax_tests_jax_cache_")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
 

@@ -5,8 +5,8 @@ The bar: nothing that was checkpointed is lost, a resumed run reproduces the uni
 bit for bit (metrics, evaluation, final parameters, optimizer, RNG and controller states), and
 bad input is one ``error: ...`` line on stderr with a non-zero exit and no traceback.
 
-The end-to-end fault tests drive ``python -m experiments.run`` in subprocesses that share a
-persistent compilation cache (only the first run of a configuration compiles).
+The end-to-end fault tests drive ``python -m experiments.run`` in subprocesses that share the
+session's persistent compilation cache (only the first run of a configuration compiles).
 """
 
 import dataclasses
@@ -28,6 +28,8 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from test_train import REPO, deterministic_rows, smoke_config
+from workdirs import differences as workdir_differences
+from workdirs import tensorboard_events
 
 from grpo_jax import checkpointing, config_utils, experiment, rewards, steps, train, writers
 from grpo_jax.data import arithmetic
@@ -114,6 +116,32 @@ def test_damaged_latest_checkpoint_warns_and_falls_back_to_the_previous_one(tmp_
     np.testing.assert_array_equal(tree["w"], _tree(22)["w"])
 
 
+def test_a_read_failing_after_a_signal_is_raised_and_a_fallback_sets_the_newer_one_aside(
+    tmp_path, capsys
+):
+    """A signal inside a restore comes back as Orbax's / TensorStore's error: with the signal
+    flag up that error is raised (nothing skipped, moved or warned), not taken for damage. A
+    real fallback moves the newer checkpoint aside at once (`set_aside_unreadable`, called by
+    a resuming run before it cuts its files back), so no later start resumes from it."""
+    d = str(tmp_path / "checkpoints")
+    ck = checkpointing.Checkpointer(d, keep=3)
+    for s in (1, 2):
+        ck.save(s, _tree(s), {"data": {"position": s}})
+    ck.close()
+    _corrupt(os.path.join(d, "2"), "truncate")
+    template = checkpointing.abstract_like(_tree(0))
+
+    ck = checkpointing.Checkpointer(d, keep=3)
+    with pytest.raises(Exception):  # whatever the library raised
+        ck.restore_latest(template, interrupted=lambda: True)
+    assert _warnings(capsys.readouterr().out) == [] and sorted(os.listdir(d)) == ["1", "2"]
+    step, _, _ = ck.restore_latest(template, interrupted=lambda: False)
+    assert step == 1
+    ck.set_aside_unreadable()
+    assert sorted(os.listdir(d)) == ["1", "2" + checkpointing.UNREADABLE_SUFFIX]
+    ck.close()
+
+
 def test_interrupted_save_is_reported_discarded_and_the_step_saved_again(tmp_path, capsys):
     d = str(tmp_path / "checkpoints")
     ck = checkpointing.Checkpointer(d)
@@ -185,6 +213,35 @@ def test_metrics_line_torn_by_a_kill_is_dropped_on_resume(tmp_path):
     writer.write(3, {"loss": 1.0})
     writer.close()
     assert [r["step"] for r in writers.read_jsonl(str(path))] == [0, 1, 2, 3]
+
+
+def test_resume_rewrites_metrics_samples_and_tensorboard_from_one_step(tmp_path):
+    """A run killed after writing steps 2 and 3 but checkpointed at 1: the resumed writer drops
+    both files' rows from step 2 on and TensorBoard hides its events from step 2 on, so what
+    is left equals a straight run's (the killed tail had other values: they must not show)."""
+
+    def write(writer, steps, loss):
+        for step in steps:
+            writer.write_samples(step, [{"prompt": f"p{step}", "reward": loss(step)}] * (step > 0))
+            writer.write(step, {"loss": loss(step)})
+        writer.close()
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    write(writers.MetricsWriter(str(straight), resume_step=0), range(4), lambda s: s / 2)
+    write(
+        writers.MetricsWriter(str(resumed), resume_step=0), range(4), lambda s: s / 2 + (s > 1) * 99
+    )
+    write(writers.MetricsWriter(str(resumed), resume_step=2), [2, 3], lambda s: s / 2)
+    write(writers.MetricsWriter(str(resumed), resume_step=4), [], None)  # a resume at the end
+
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert (resumed / name).read_text() == (straight / name).read_text()
+    events = tensorboard_events(str(resumed / "tensorboard"))
+    assert events == tensorboard_events(str(straight / "tensorboard"))
+    assert [(step, tag) for step, tag, _ in events if tag == "loss"] == [
+        (s, "loss") for s in range(4)
+    ]
+    assert [step for step, tag, _ in events if tag == "samples/text_summary"] == [1, 2, 3]
 
 
 # ============================================================================ numerics and rewards
@@ -497,15 +554,10 @@ _E2E = [
 
 
 @pytest.fixture(scope="module")
-def cli_env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_compilation_cache")
-    return dict(
-        os.environ,
-        PYTHONUNBUFFERED="1",
-        JAX_COMPILATION_CACHE_DIR=str(cache),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+def cli_env():
+    """The runs' environment: with the session's persistent compilation cache (conftest.py)."""
+    assert os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 class _Run:
@@ -555,16 +607,26 @@ def _saved_state(workdir, step):
 
 
 def _assert_same_run(reference, workdir):
-    """Metrics, evaluation and the final state (params, optimizer, RNG, controllers) are identical."""
+    """Metrics, samples, evaluation and the final state (params, optimizer, RNG, controllers)
+    are identical (`workdirs.differences` compares every file, where the configs are equal)."""
     a, b = deterministic_rows(str(reference)), deterministic_rows(str(workdir))
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(7))
     assert a == b
+    _assert_same_samples(reference, workdir)
     sa = json.load(open(os.path.join(reference, "summary.json")))
     sb = json.load(open(os.path.join(workdir, "summary.json")))
     assert sa["eval_after"] == sb["eval_after"] and sa["data"] == sb["data"]
     ta, tb = _saved_state(reference, 6), _saved_state(workdir, 6)
     assert jax.tree.structure(ta) == jax.tree.structure(tb)
     assert _tree_equal(ta, tb)
+
+
+def _assert_same_samples(reference, workdir):
+    a = writers.read_jsonl(str(reference / "samples.jsonl"))
+    b = writers.read_jsonl(str(workdir / "samples.jsonl"))
+    assert [r["step"] for r in b] == [r["step"] for r in a] == sorted(r["step"] for r in a)
+    assert sorted({r["step"] for r in a}) == list(range(1, 7))
+    assert a == b
 
 
 @pytest.fixture(scope="module")
@@ -678,6 +740,7 @@ def test_sigkill_mid_save_and_a_corrupted_latest_checkpoint_lose_nothing(
     _assert_resumed(final.out, *expect)
     assert not [x for x in os.listdir(checkpoints) if checkpointing.TMP_MARK in x]
     _assert_same_run(reference, workdir)
+    assert workdir_differences(reference, workdir) == []  # every file
 
     # Now damage the newest checkpoint (silently: flipped bits) and run the same command again.
     _corrupt(str(checkpoints / "6"), "flip_bits")
@@ -974,6 +1037,7 @@ def test_signal_in_the_warm_start_or_first_evaluation_saves_nothing_and_the_reru
     rerun = _Run(workdir, cli_env, args, "rerun")
     assert rerun.wait() == 0, rerun.err[-3000:]
     _assert_same_run(reference, workdir)
+    assert workdir_differences(reference, workdir) == []  # every file
 
 
 @pytest.mark.slow
@@ -1008,6 +1072,8 @@ def test_sigterm_in_an_evaluation_inside_the_loop_and_the_final_one_resume_to_th
         {k: v for k, v in r.items() if r["step"] == 0 or not k.startswith("eval/")} for r in rs
     ]
     assert strip(deterministic_rows(str(workdir))) == strip(deterministic_rows(str(reference)))
+    # the samples of the steps whose evaluation was interrupted (2 and 6) are kept too
+    _assert_same_samples(reference, workdir)
     sa = json.load(open(reference / "summary.json"))
     sb = json.load(open(workdir / "summary.json"))
     assert sa["eval_after"] == sb["eval_after"]

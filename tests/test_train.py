@@ -126,6 +126,8 @@ def test_resume_after_sigterm_reproduces_uninterrupted_run(tmp_path, algorithm, 
     # rows 0..6, then the final evaluation's row (step 6)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4, 5, 6]
     assert a == b  # bitwise: every loss, reward, bin
+    samples = (straight / "samples.jsonl").read_text()
+    assert samples and (interrupted / "samples.jsonl").read_text() == samples
 
 
 @pytest.mark.slow
