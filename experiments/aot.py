@@ -68,6 +68,7 @@ class Chip:
     bandwidth_Bps: float = 0.0  # published HBM bandwidth per chip, bytes/s (same source page)
     device_kinds: tuple[str, ...] = ()  # jax.Device.device_kind strings of this chip
     peak_bf16_flops: float = 0.0  # published peak dense bf16 FLOP/s per chip (same source page)
+    interconnect: str = ""  # the chip-to-chip link inside a node / slice, as published
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
@@ -113,20 +114,36 @@ CHIPS = {
     "h100": Chip(
         "NVIDIA H100 SXM",
         80 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3, 3.35 TB/s, 989 dense bf16 TFLOPS)",
+        "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 80 GB HBM3, 3.35 TB/s, "
+        "1,979 bf16 TFLOPS with sparsity = 989 dense, NVLink 900 GB/s)",
         1,
         3.35e12,
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
         989e12,
+        "NVLink 4, 900 GB/s per GPU (bidirectional), 8 per node over NVSwitch",
     ),
     "h200": Chip(
         "NVIDIA H200 SXM",
         141 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s, 989 dense bf16 TFLOPS)",
+        "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 141 GB HBM3e, 4.8 TB/s, "
+        "1,979 bf16 TFLOPS with sparsity = 989 dense, NVLink 900 GB/s)",
         1,
         4.8e12,
-        ("NVIDIA H200",),
+        ("NVIDIA H200", "NVIDIA H200 141GB HBM3e"),
         989e12,
+        "NVLink 4, 900 GB/s per GPU (bidirectional), 8 per node over NVSwitch",
+    ),
+    "b200": Chip(
+        "NVIDIA B200",
+        180 * 10**9,
+        "https://www.nvidia.com/en-us/data-center/dgx-b200/ and .../data-center/hgx/ (8 x B200: "
+        "1,440 GB HBM3e = 180 GB per GPU, 64 TB/s = 8 TB/s per GPU; HGX B200 36 PFLOPS bf16 "
+        "with sparsity = 2,250 dense TFLOPS per GPU; NVLink 1.8 TB/s per GPU)",
+        1,
+        8.0e12,
+        ("NVIDIA B200",),
+        2250e12,
+        "NVLink 5, 1.8 TB/s per GPU (bidirectional), 8 per node over NVSwitch",
     ),
     "a100-40": Chip(
         "NVIDIA A100 40GB",
@@ -178,6 +195,9 @@ def parse_topology(topology: str) -> tuple[Chip, int]:
                 f"--topology={topology}: {m.group(1)} counts TensorCores ({chip.cores_per_chip} per chip)"
             )
         return chip, n // chip.cores_per_chip
+    m = re.fullmatch(r"(h100|h200|b200)-(\d+)", t)
+    if m:  # GPU nodes for the XLA:GPU compiler (GPU_TOPOLOGIES)
+        return CHIPS[m.group(1)], int(m.group(2))
     m = re.fullmatch(r"(\d+)x([a-z0-9-]+)", t) or re.fullmatch(r"([a-z0-9-]+?)x(\d+)", t)
     if m:
         count, name = (m.group(1), m.group(2)) if m.group(1).isdigit() else (m.group(2), m.group(1))
@@ -185,7 +205,7 @@ def parse_topology(topology: str) -> tuple[Chip, int]:
             return CHIPS[name], int(count)
     raise ValueError(
         f"--topology={topology!r}: expected e.g. v5p-8 (4 chips), v4-32, v5e-16, v6e-8, "
-        f"8xh100, 8xh200, 8xa100-80; chips: {sorted(CHIPS)}"
+        f"h100-8, h200-64, b200-8, 8xa100-80; chips: {sorted(CHIPS)}"
     )
 
 
@@ -250,6 +270,81 @@ def tpu_devices(topology: str, num_slices: int = 1) -> list:
     kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
     desc = topologies.get_topology_desc(
         topology_name=tpu_topology_name(topology), platform="tpu", **kwargs
+    )
+    return list(desc.devices)
+
+
+# ----------------------------------------------------------------------------- GPU compiler
+
+GPUS_PER_NODE = 8  # HGX / DGX H100, H200, B200 nodes
+
+
+def cuda_plugin_missing() -> str:
+    """Why the XLA:GPU compiler cannot run here ("" when it can): the CUDA 12 plugin is the
+    optional extra ``pip install -e ".[gpu_aot]"`` (about 3 GB); no GPU is needed."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        found = False
+    if not found:
+        return 'the CUDA plugin is not installed (pip install -e ".[gpu_aot]"; no GPU needed)'
+    return ""
+
+
+def is_gpu_topology(topology: str) -> bool:
+    """Whether ``topology`` names GPUs (``h100-8``, ``8xh100``, ...) rather than a TPU slice."""
+    try:
+        return parse_topology(topology)[0].name.startswith("NVIDIA")
+    except ValueError:
+        return False
+
+
+def gpu_topology_name(count: int) -> str:
+    """``jax.experimental.topologies``' CUDA topology of ``count`` GPUs, "partitions x hosts x
+    devices per host": up to one node of ``GPUS_PER_NODE`` -> ``1x1xcount``, more -> whole
+    nodes (64 -> ``1x8x8``).
+
+    Raises:
+      ValueError: a count above one node that is not a multiple of ``GPUS_PER_NODE``.
+    """
+    if count <= GPUS_PER_NODE:
+        return f"1x1x{count}"
+    if count % GPUS_PER_NODE:
+        raise ValueError(f"{count} GPUs: more than one node must be whole nodes of {GPUS_PER_NODE}")
+    return f"1x{count // GPUS_PER_NODE}x{GPUS_PER_NODE}"
+
+
+def gpu_devices(topology: str) -> list:
+    """The devices of ``topology`` (``h100-8``, ``h200-64``, ``b200-8``, ``h100-2``) as XLA:GPU
+    sees them, from a deviceless CUDA topology description (``experiments.gpu_specs``: XLA's
+    own device description of the chip, the installed CUDA runtime and cuDNN versions). No GPU
+    is needed and JAX's default backend must stay the CPU (``JAX_PLATFORMS=cpu``; without it the
+    plugin looks for a driver and fails); programs whose mesh is made of these devices are
+    compiled by XLA:GPU.
+
+    Raises:
+      ValueError: a topology that is not a GPU with a device description.
+      RuntimeError: the CUDA plugin is not installed.
+    """
+    from jax.experimental import topologies
+
+    from experiments import gpu_specs
+
+    chip, count = parse_topology(topology)
+    key = next(k for k, c in CHIPS.items() if c is chip)
+    if key not in gpu_specs.DEVICES:
+        raise ValueError(
+            f"--topology={topology}: no XLA:GPU device description for {chip.name}; "
+            f"known: {sorted(gpu_specs.DEVICES)}"
+        )
+    if cuda_plugin_missing():
+        raise RuntimeError(cuda_plugin_missing())
+    desc = topologies.get_topology_desc(
+        platform="cuda",
+        target_config=gpu_specs.target_config(key),
+        topology=gpu_topology_name(count),
     )
     return list(desc.devices)
 
@@ -323,6 +418,8 @@ def roofline(result: dict, chip: Chip) -> dict:
         calls = _calls_per_step(result, name)
         out[name] = {
             "calls": calls,
+            "flops": flops,
+            "bytes": nbytes,
             "model_flops": model,
             "seconds_per_call": t,
             "bound": "compute"
@@ -352,22 +449,24 @@ def roofline(result: dict, chip: Chip) -> dict:
 
 
 def format_roofline(result: dict, chip: Chip) -> str:
+    """``roofline``'s table as printed: per step the FLOPs and bytes per device it used (the
+    larger of the compiler's and the analytic count), seconds per call and per RL step."""
     r = roofline(result, chip)
+    done = f"compiled for {result.get('platform', 'tpu').upper()}, not run"
     lines = [
         f"roofline per chip ({chip.name}: {chip.peak_bf16_flops / 1e12:.0f} bf16 TFLOP/s, "
-        f"{chip.bandwidth_Bps / 1e9:.0f} GB/s HBM; compiled for TPU, not run):",
+        f"{chip.bandwidth_Bps / 1e9:.0f} GB/s HBM; {done}):",
         f"{'step':<10}{'TFLOP/dev':>11}{'GB/dev':>9}{'s/call':>9}{'calls':>7}{'s/step':>9}  bound",
     ]
     for name, x in r["steps"].items():
-        s = result["steps"][name]
         lines.append(
-            f"{name:<10}{s.get('flops', 0) / 1e12:>11.2f}{s.get('bytes', 0) / 1e9:>9.1f}"
+            f"{name:<10}{x['flops'] / 1e12:>11.2f}{x['bytes'] / 1e9:>9.1f}"
             f"{x['seconds_per_call']:>9.3f}{x['calls']:>7}{x['calls'] * x['seconds_per_call']:>9.2f}"
             f"  {x['bound']}"
         )
     lines.append(
         f"estimated RL step {r['step_seconds']:.1f} s, MFU {r['mfu']:.0%} (roofline: "
-        "no communication, no overlap losses; compiled for TPU, not run)"
+        f"no communication, no overlap losses; {done})"
     )
     if "maxtext_step_seconds" in r:
         ref_mfu, what, _ = MAXTEXT_MFU[chip.name]
@@ -450,6 +549,12 @@ def _cost(compiled) -> dict:
     return {"flops": float(c.get("flops", 0.0)), "bytes": float(c.get("bytes accessed", 0.0))}
 
 
+def cudnn_attention_calls(hlo_text: str) -> int:
+    """The number of cuDNN fused-attention custom calls (``__cudnn$fmha...``: forward and
+    backward) in an optimised HLO module's text."""
+    return len(re.findall(r'custom_call_target="__cudnn\$fmha', hlo_text))
+
+
 def _compile_for(fn, *args, mesh=None, platform="cpu", **kwargs):
     """Lowers (with ``mesh`` as the abstract-mesh context, as ``sharding.under_mesh`` sets it in
     training) and compiles ``fn`` for ``platform`` (the mesh's devices: virtual CPUs, or a TPU
@@ -524,7 +629,10 @@ def compile_steps(
             if platform == "cpu" or "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             return _exhausted(str(e), _bytes_per_device(args))
-        return {**_memory(compiled), **times, **_cost(compiled)}
+        info = {**_memory(compiled), **times, **_cost(compiled)}
+        if platform == "gpu":  # which attention XLA:GPU emitted (the cuDNN fused kernel or not)
+            info["cudnn_fmha_calls"] = cudnn_attention_calls(compiled.as_text())
+        return info
 
     P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
     R, mb = P * n_bar, exp.batching.mini_batch_size
@@ -651,6 +759,7 @@ def compile_steps(
         "devices": mesh.size,
         "platform": platform,
         "device_kind": mesh.devices.flat[0].device_kind,
+        "attention_impl": exp.model_config.attention_impl,
         "batch": {
             "R": R,
             "mini_batch": mb,
@@ -743,7 +852,8 @@ SWEEP_ALGORITHMS = ("grpo", "prompt_gdro", "rollout_gdro")
 
 
 def _early_device_count(argv) -> int | None:
-    """The virtual device count from --topology / --devices, read before JAX starts."""
+    """The virtual device count from --topology / --devices, read before JAX starts (None: the
+    devices come from a TPU or GPU topology description, not from virtual CPUs)."""
 
     def value(name):
         for i, a in enumerate(argv):
@@ -753,27 +863,49 @@ def _early_device_count(argv) -> int | None:
                 return argv[i + 1]
         return None
 
-    if value("sweep") or value("tpu_table"):
+    if value("sweep") or value("tpu_table") or value("gpu_table"):
         return None  # each config runs in its own subprocess; a table compiles nothing
-    if _use_tpu_compiler(value("topology") or _DEFAULT_TOPOLOGY, value("compiler") or "auto"):
-        return None  # the TPU topology's devices come from libtpu, not from virtual CPUs
+    topology = value("topology") or _DEFAULT_TOPOLOGY
+    if choose_compiler(topology, value("compiler") or "auto") != "cpu":
+        return None
     if value("devices"):
         return int(value("devices"))
-    return parse_topology(value("topology") or _DEFAULT_TOPOLOGY)[1]
+    return parse_topology(topology)[1]
 
 
-def _use_tpu_compiler(topology: str, compiler: str) -> bool:
-    """``--compiler=auto``: the TPU compiler for a TPU slice when libtpu is installed; the
-    virtual-CPU stand-in otherwise (always for GPUs: there is no deviceless GPU compiler)."""
-    is_tpu = topology.strip().lower().startswith(("v4", "v5", "v6"))
-    if compiler == "cpu" or not is_tpu:
-        if compiler == "tpu":
+def choose_compiler(topology: str, compiler: str) -> str:
+    """ "tpu" | "gpu" | "cpu" for ``--compiler`` (auto: the real compiler of the topology's chip,
+    libtpu for TPU slices and XLA:GPU for GPUs, when its plugin is installed).
+
+    The XLA:CPU stand-in on virtual devices ("cpu") is kept for two reasons only: a TPU slice
+    on a machine without libtpu (its partitioning is the real one), and an explicit
+    ``--compiler=cpu`` to reproduce the older CPU tables of ``reports/aot.md``. For GPUs it is
+    no longer chosen by itself: without the CUDA plugin the script exits saying how to install
+    it, because XLA:CPU's fusion, layout and memory plan (and its einsum attention) are nothing
+    like XLA:GPU's.
+
+    Raises:
+      SystemExit: a compiler that does not match the topology, or a missing plugin.
+    """
+    gpu = is_gpu_topology(topology)
+    if compiler == "cpu":
+        return "cpu"
+    if compiler == "tpu" or (compiler == "auto" and not gpu):
+        if gpu:
             raise SystemExit(f"--compiler=tpu: --topology={topology} is not a TPU slice")
-        return False
-    missing = libtpu_missing()
-    if compiler == "tpu" and missing:
-        raise SystemExit(f"--compiler=tpu: {missing}")
-    return not missing
+        missing = libtpu_missing()
+        if compiler == "tpu" and missing:
+            raise SystemExit(f"--compiler=tpu: {missing}")
+        return "cpu" if missing else "tpu"
+    if not gpu:
+        raise SystemExit(f"--compiler=gpu: --topology={topology} is not a GPU topology")
+    missing = cuda_plugin_missing()
+    if missing:
+        raise SystemExit(
+            f"--topology={topology}: XLA:GPU compiles it without a GPU, but {missing}; "
+            "--compiler=cpu gives the older XLA:CPU stand-in"
+        )
+    return "gpu"
 
 
 def _set_virtual_devices(n: int) -> None:
@@ -798,16 +930,17 @@ def main(argv=None):
     flags.DEFINE_string(
         "topology",
         _DEFAULT_TOPOLOGY,
-        "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, 8xh100, ...",
+        "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, h100-8, h200-64, b200-8, ...",
     )
     flags.DEFINE_integer("devices", 0, "Virtual devices (default: the topology's chips).")
     flags.DEFINE_enum(
         "compiler",
         "auto",
-        ["auto", "tpu", "cpu"],
-        "tpu: the real TPU compiler (libtpu, no TPU needed) on the slice's devices; cpu: "
-        "XLA:CPU on virtual devices (the only way for GPUs); auto: tpu for TPU slices when "
-        "libtpu is installed.",
+        ["auto", "tpu", "gpu", "cpu"],
+        "tpu: the real TPU compiler (libtpu, no TPU needed) on the slice's devices; gpu: "
+        "XLA:GPU (the CUDA plugin, no GPU needed) on the node(s)' devices; cpu: the XLA:CPU "
+        "stand-in on virtual devices; auto: the real compiler of the chip when its plugin is "
+        "installed (choose_compiler).",
     )
     flags.DEFINE_integer("num_slices", 1, "TPU slices (multi-slice over DCN; TPU compiler only).")
     flags.DEFINE_string(
@@ -839,20 +972,28 @@ def main(argv=None):
         "Print the markdown table of these TPU-compiled results (comma-separated --json_out "
         "files and --sweep .jsonl files) and exit; compiles nothing.",
     )
+    flags.DEFINE_string(
+        "gpu_table", "", "The same for XLA:GPU-compiled results (peaks per GPU, cuDNN attention)."
+    )
     app.run(lambda _: _run(flags.FLAGS), argv=argv)
 
 
+def _read_records(paths: str) -> list[dict]:
+    records = []
+    for path in paths.split(","):
+        with open(path) as f:
+            records += (
+                [json.loads(line) for line in f if line.strip()]
+                if path.endswith(".jsonl")
+                else [json.load(f)]
+            )
+    return records
+
+
 def _run(FLAGS):
-    if FLAGS.tpu_table:
-        records = []
-        for path in FLAGS.tpu_table.split(","):
-            with open(path) as f:
-                records += (
-                    [json.loads(line) for line in f if line.strip()]
-                    if path.endswith(".jsonl")
-                    else [json.load(f)]
-                )
-        print(tpu_table(records), end="")
+    if FLAGS.tpu_table or FLAGS.gpu_table:
+        table = tpu_table if FLAGS.tpu_table else gpu_table
+        print(table(_read_records(FLAGS.tpu_table or FLAGS.gpu_table)), end="")
         return None
     chip, count = parse_topology(FLAGS.topology)
     if FLAGS.sweep:
@@ -873,8 +1014,9 @@ def _run(FLAGS):
 
     from grpo_jax import config_utils
 
-    if _use_tpu_compiler(FLAGS.topology, FLAGS.compiler):
-        return _run_tpu(FLAGS, config, chip)
+    compiler = choose_compiler(FLAGS.topology, FLAGS.compiler)
+    if compiler != "cpu":
+        return _run_compiled(FLAGS, config, chip, compiler)
     if len(jax.devices()) != (FLAGS.devices or count):
         raise SystemExit(
             f"JAX sees {len(jax.devices())} devices, the topology needs {FLAGS.devices or count}: "
@@ -907,20 +1049,33 @@ def _run(FLAGS):
         sys.exit(1)
 
 
-def _run_tpu(FLAGS, config, chip):
-    """``_run`` with the TPU compiler: the mesh is made of the slice's devices (libtpu's
-    topology description), every program is compiled by libtpu for them, and the roofline
-    estimate is added. Nothing runs: every figure is "compiled for TPU, not run"."""
+_COMPILER_LABELS = {
+    "tpu": ("TPU compiler (libtpu)", "tpu (libtpu; compiled for TPU, not run)"),
+    "gpu": ("XLA:GPU (CUDA plugin, deviceless)", "gpu (XLA:GPU; compiled for GPU, not run)"),
+}
+
+
+def _run_compiled(FLAGS, config, chip, compiler: str):
+    """``_run`` with a real compiler: the mesh is made of the topology's devices (libtpu's
+    slice description, or XLA:GPU's deviceless CUDA topology), every program is compiled for
+    them, and the roofline estimate is added. Nothing runs: every figure is "compiled for
+    TPU/GPU, not run"."""
     from grpo_jax import config_utils
 
+    if FLAGS.num_slices > 1 and compiler != "tpu":
+        raise SystemExit("--num_slices: TPU slices only (GPU nodes: --topology=h100-64)")
     if FLAGS.num_slices > 1 and config.mesh.data % FLAGS.num_slices:
         raise SystemExit(
             f"--num_slices={FLAGS.num_slices}: the mesh's data axis ({config.mesh.data}) must be "
             "a multiple of the slice count, so that only data parallelism crosses the slower "
             f"links between slices (e.g. --mesh={FLAGS.num_slices},-1,1: FSDP within a slice)"
         )
-    devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
+    if compiler == "tpu":
+        devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
+    else:
+        devices = gpu_devices(FLAGS.topology)
     label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
+    banner, tag = _COMPILER_LABELS[compiler]
     try:
         config_utils.validate(config)
         result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
@@ -930,7 +1085,7 @@ def _run_tpu(FLAGS, config, chip):
     est = roofline(result, chip)
     result.update(
         topology=label,
-        compiler="tpu (libtpu; compiled for TPU, not run)",
+        compiler=tag,
         chip=chip.name,
         chip_bytes=chip.memory_bytes,
         headroom=FLAGS.headroom,
@@ -938,7 +1093,9 @@ def _run_tpu(FLAGS, config, chip):
         sampler_mode=FLAGS.sampler,
         roofline=est,
     )
-    print(f"TPU compiler (libtpu), {len(devices)} x {result['device_kind']}: compiled, not run")
+    print(f"{banner}, {len(devices)} x {result['device_kind']}: compiled, not run")
+    if compiler == "gpu":
+        print(_gpu_attention_line(result))
     print(format_result(result, chip, FLAGS.headroom, label=label), flush=True)
     print(format_roofline(result, chip), flush=True)
     if FLAGS.json_out:
@@ -946,7 +1103,7 @@ def _run_tpu(FLAGS, config, chip):
             json.dump(result, f, indent=2)
     if result["verdict"] != "fits":
         print(
-            f"error: does not fit on {label} ({chip.name}, TPU compiler): peak "
+            f"error: does not fit on {label} ({chip.name}, {banner}): peak "
             f"{_fmt(result['peak'])} GiB per device > {_fmt(chip.memory_bytes * FLAGS.headroom)} "
             f"GiB usable. {advice(result)}",
             file=sys.stderr,
@@ -1018,6 +1175,30 @@ def _size_label(params: int) -> str:
     )
 
 
+def _table_cells(r: dict) -> dict:
+    """The cells shared by ``tpu_table`` and ``gpu_table`` for one compiled result."""
+    b, st = r["batch"], r["steps"]
+    algo = r.get("algorithm") or ("prompt_gdro" if b["R"] > 1024 else "rollout_gdro")
+    algo = "grpo / rollout_gdro" if algo in ("grpo", "rollout_gdro") else algo
+    sampler = st.get("sampler") or st.get("decode")
+    settings = []
+    if b.get("micro_batch") and b["micro_batch"] < b["mini_batch"]:
+        settings.append(f"micro {b['micro_batch']}")
+    calls = b["R"] // b["generate_batch"]
+    settings.append(f"{calls} sampler call{'s' if calls > 1 else ''} of {b['generate_batch']}")
+    peaks = " / ".join(
+        _fmt(x["peak"]) if x else "-" for x in (st["update"], sampler, st.get("logprobs"))
+    )
+    return {
+        "key": (r["params"], algo, r["devices"], r["topology"]),
+        "size": _size_label(r["params"]),
+        "algo": algo,
+        "settings": ", ".join(settings),
+        "peaks": peaks,
+        "verdict": f"{r['verdict']}, peak {_fmt(r['peak'])}",
+    }
+
+
 def tpu_table(records: list[dict]) -> str:
     """A markdown table of TPU-compiled results (``--json_out`` files or ``--sweep``'s .jsonl
     lines): model x algorithm x slice -> peaks per device, verdict, the roofline step time and
@@ -1032,35 +1213,72 @@ def tpu_table(records: list[dict]) -> str:
     ]
     keyed = []
     for r in records:
-        chip = by_name[r["chip"]]
-        b, st = r["batch"], r["steps"]
-        algo = r.get("algorithm") or ("prompt_gdro" if b["R"] > 1024 else "rollout_gdro")
-        algo = "grpo / rollout_gdro" if algo in ("grpo", "rollout_gdro") else algo
-        sampler = st.get("sampler") or st.get("decode")
-        settings = []
-        if b.get("micro_batch") and b["micro_batch"] < b["mini_batch"]:
-            settings.append(f"micro {b['micro_batch']}")
-        calls = b["R"] // b["generate_batch"]
-        settings.append(f"{calls} sampler call{'s' if calls > 1 else ''} of {b['generate_batch']}")
-        est = roofline(r, chip)
+        c, est = _table_cells(r), roofline(r, by_name[r["chip"]])
         cal = (
             f"{est['maxtext_step_seconds']:.1f} ({est['maxtext_mfu']:.0%})"
             if "maxtext_step_seconds" in est
             else "-"
         )
-        peaks = " / ".join(
-            _fmt(x["peak"]) if x else "-" for x in (st["update"], sampler, st.get("logprobs"))
-        )
-        size = _size_label(r["params"])
         keyed.append(
             (
-                (r["params"], algo, r["devices"], r["topology"]),
-                f"| {size} | {algo} | {r['topology']} ({r['devices']}) | {', '.join(settings)} | {peaks} | "
-                f"{r['verdict']}, peak {_fmt(r['peak'])} | {est['step_seconds']:.1f} "
+                c["key"],
+                f"| {c['size']} | {c['algo']} | {r['topology']} ({r['devices']}) | "
+                f"{c['settings']} | {c['peaks']} | {c['verdict']} | {est['step_seconds']:.1f} "
                 f"({est['mfu']:.0%}) | {cal} |",
             )
         )
     return "\n".join(out + [row for _, row in sorted(keyed)]) + "\n"
+
+
+def gpu_table(records: list[dict]) -> str:
+    """A markdown table of XLA:GPU-compiled results: model x algorithm x GPUs -> peaks per GPU,
+    verdict, the attention XLA:GPU emitted (cuDNN fused-attention calls per program) and the
+    roofline step (compiled for GPU, not run; no communication)."""
+    by_name = {c.name: c for c in CHIPS.values()}
+    out = [
+        "| model | algorithm | GPUs | settings | update / sampler / log-prob peak (GiB per GPU) "
+        "| verdict | attention (cuDNN calls: update / sampler / log-prob) | roofline s per RL "
+        "step (MFU) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keyed = []
+    for r in records:
+        chip = by_name[r["chip"]]
+        c, est = _table_cells(r), roofline(r, chip)
+        gpus = f"{r['topology']} ({r['devices']} x {chip.name.replace('NVIDIA ', '')})"
+        keyed.append(
+            (
+                c["key"],
+                f"| {c['size']} | {c['algo']} | {gpus} | {c['settings']} | {c['peaks']} | "
+                f"{c['verdict']} | {_attention_cell(r)} | {est['step_seconds']:.1f} "
+                f"({est['mfu']:.0%}) |",
+            )
+        )
+    return "\n".join(out + [row for _, row in sorted(keyed)]) + "\n"
+
+
+def _attention_cell(r: dict) -> str:
+    st = r["steps"]
+    counts = " / ".join(
+        str(st[k].get("cudnn_fmha_calls", "-")) if k in st else "-"
+        for k in ("update", "sampler", "logprobs")
+    )
+    return f"{r.get('attention_impl', '?')} ({counts})"
+
+
+def _gpu_attention_line(result: dict) -> str:
+    """What attention the GPU programs hold: ``model.attention_impl`` as resolved for the
+    mesh's GPUs and the cuDNN fused-attention custom calls XLA:GPU emitted per program."""
+    impl = result["attention_impl"]
+    calls = {k: s.get("cudnn_fmha_calls", 0) for k, s in result["steps"].items()}
+    line = (
+        f"attention: model.attention_impl resolved to {impl!r} for these GPUs; cuDNN "
+        f"fused-attention calls in the optimised HLO: "
+        + ", ".join(f"{k} {n}" for k, n in calls.items())
+    )
+    if impl == "cudnn" and not any(calls.values()):
+        line += " (none: the programs fell back to XLA attention)"
+    return line
 
 
 def _markdown(rows, chip, FLAGS) -> str:

@@ -121,6 +121,9 @@ def test_tensor_parallel_mesh_and_decode_only_sampler():
         ("8xh100", "h100", 8),
         ("h200x8", "h200", 8),
         ("4xa100-40", "a100-40", 4),
+        ("h100-8", "h100", 8),
+        ("h200-64", "h200", 64),
+        ("b200-8", "b200", 8),
     ],
 )
 def test_topologies(topology, chip, count):
@@ -229,3 +232,54 @@ def test_roofline_and_maxtext_calibration_by_hand():
     table = aot.tpu_table([r])
     assert "| 1.00B params | grpo / rollout_gdro | v6e-2 (2) | 1 sampler call of 4 |" in table
     assert "| 2.0 / 3.0 / 2.0 | fits, peak 3.0 |" in table
+
+
+def test_gpu_topologies_are_whole_nodes_of_eight():
+    assert aot.gpu_topology_name(2) == "1x1x2"
+    assert aot.gpu_topology_name(8) == "1x1x8"
+    assert aot.gpu_topology_name(16) == "1x2x8"
+    assert aot.gpu_topology_name(64) == "1x8x8"
+    with pytest.raises(ValueError, match="whole nodes"):
+        aot.gpu_topology_name(12)
+    assert aot.is_gpu_topology("h100-8") and aot.is_gpu_topology("8xh200")
+    assert not aot.is_gpu_topology("v5p-8") and not aot.is_gpu_topology("nonsense")
+
+
+def test_compiler_choice_names_the_missing_plugin(monkeypatch):
+    monkeypatch.setattr(aot, "cuda_plugin_missing", lambda: "the CUDA plugin is not installed")
+    with pytest.raises(SystemExit, match="CUDA plugin is not installed.*--compiler=cpu"):
+        aot.choose_compiler("h100-8", "auto")
+    assert aot.choose_compiler("h100-8", "cpu") == "cpu"  # the stand-in, asked for by name
+    with pytest.raises(SystemExit, match="not a TPU slice"):
+        aot.choose_compiler("h100-8", "tpu")
+    with pytest.raises(SystemExit, match="not a GPU topology"):
+        aot.choose_compiler("v5p-8", "gpu")
+    monkeypatch.setattr(aot, "cuda_plugin_missing", lambda: "")
+    assert aot.choose_compiler("b200-8", "auto") == "gpu"
+
+
+def test_cudnn_attention_calls_counts_forward_and_backward_custom_calls():
+    hlo = (
+        '%a = custom-call(%p), custom_call_target="__cudnn$fmhaSoftmax", x\n'
+        '%b = custom-call(%p), custom_call_target="__cudnn$fmhaSoftmaxBackward", y\n'
+        '%c = custom-call(%p), custom_call_target="__cublas$gemm"\n'
+    )
+    assert aot.cudnn_attention_calls(hlo) == 2
+    assert aot.cudnn_attention_calls("fusion(...) __cudnn$fmha in a comment") == 0
+
+
+def test_gpu_table_row_by_hand():
+    r = _synthetic_tpu_record()
+    r.update(chip="NVIDIA H100 SXM", topology="h100-2", attention_impl="cudnn")
+    r["steps"]["update"]["cudnn_fmha_calls"] = 3
+    r["steps"]["sampler"]["cudnn_fmha_calls"] = 2
+    r["steps"]["logprobs"]["cudnn_fmha_calls"] = 1
+    est = aot.roofline(r, aot.CHIPS["h100"])
+    peak, bw = 989e12, 3.35e12
+    by_hand = 2 * (6e9 * 2 * 4 / 2) / peak + (2e9 * 4 * 4 / 2) / peak + 2 * 2e9 / bw
+    np.testing.assert_allclose(est["step_seconds"], by_hand, rtol=1e-9)
+    table = aot.gpu_table([r])
+    assert (
+        "| 1.00B params | grpo / rollout_gdro | h100-2 (2 x H100 SXM) | 1 sampler call of 4 | "
+        "2.0 / 3.0 / 2.0 | fits, peak 3.0 | cudnn (3 / 2 / 1) |"
+    ) in table
