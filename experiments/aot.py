@@ -2,8 +2,10 @@
 
     python -m experiments.aot --config=configs/dapo_qwen3.py:8b,rollout_gdro --topology=v5p-128
 
-lowers and compiles, on an abstract mesh of virtual CPU devices standing in for the target
-(``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before JAX starts), with
+    python -m experiments.aot --config=configs/dapo_qwen3.py:8b,rollout_gdro --topology=h100-8
+
+lowers and compiles, on a mesh of the target's devices as its compiler sees them (below: a
+TPU slice or GPU nodes described without the hardware, or virtual CPU devices), with
 ``jax.ShapeDtypeStruct`` inputs carrying the real shardings (``grpo_jax.sharding`` rules):
 
   update     ``steps.make_steps(exp).update``: one mini-batch AdamW update (the jitted, donated
@@ -22,7 +24,7 @@ optimizer state while sampling, the frozen reference parameters while updating),
 the peak with the chip's memory (``CHIPS``). Exit status 1, with a message saying what to
 change, when the config does not fit; 0 when it does.
 
-Two compilers:
+Three compilers (``choose_compiler``):
 
   TPU slices (v5e-8, v5p-128, v6e-256, ... ``TPU_TOPOLOGIES``; ``--num_slices=2`` for two
   slices over DCN), when libtpu is installed (``pip install -e ".[tpu_aot]"``): the mesh is made
@@ -30,12 +32,17 @@ Two compilers:
   the real TPU compiler (as MaxText's ``train_compile.py`` does; no TPU needed, JAX's default
   backend stays the CPU). Its memory_analysis and cost_analysis per device are reported, with a
   roofline time per chip (``roofline``: peak bf16 FLOP/s and HBM bandwidth of ``CHIPS``), an
-  estimated RL step time and MFU: all "compiled for TPU, not run" (``_run_tpu``).
-  GPUs (and TPUs with ``--compiler=cpu`` or without libtpu): XLA's CPU compiler on virtual CPU
-  devices, since there is no deviceless GPU compiler. The partitioning (what each device holds)
-  is the real one; the temporaries are the CPU compiler's buffer assignment, which fuses and
-  schedules differently from the TPU/GPU compilers; read them as an estimate of the order of
-  magnitude, not as the last GiB.
+  estimated RL step time and MFU: all "compiled for TPU, not run" (``_run_compiled``).
+  GPU nodes (h100-8, h200-8, h100-16, h100-64, h200-64, b200-8: ``gpu_devices``), when the CUDA
+  plugin is installed (``pip install -e ".[gpu_aot]"``): the same with XLA:GPU, deviceless,
+  from XLA's own description of the chip (``experiments/gpu_specs.py``); ``model.attention_impl``
+  resolves to cuDNN's fused attention for the GPUs and the number of cuDNN attention calls in
+  each optimised program is reported. XLA:GPU gives no cost analysis without a GPU (the
+  roofline counts FLOPs analytically) and autotunes nothing: "compiled for GPU, not run".
+  ``--compiler=cpu`` (and TPU slices without libtpu): XLA's CPU compiler on virtual CPU
+  devices. The partitioning (what each device holds) is the real one; the temporaries are the
+  CPU compiler's buffer assignment, which fuses and schedules differently (and uses the einsum
+  attention); kept for machines without libtpu and to reproduce the older tables.
 
 ``--sweep=reports/aot.md`` runs the three Qwen3 sizes x grpo / prompt_gdro / rollout_gdro,
 each in its own subprocess, and appends the markdown table (and the JSON rows to
