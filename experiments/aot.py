@@ -1243,7 +1243,8 @@ def gpu_table(records: list[dict]) -> str:
     roofline step (compiled for GPU, not run; no communication)."""
     by_name = {c.name: c for c in CHIPS.values()}
     out = [
-        "| model | algorithm | GPUs | settings | update / sampler / log-prob peak (GiB per GPU) "
+        "| model | algorithm | GPUs | settings (mesh data x fsdp x tensor) | update / sampler / "
+        "log-prob peak (GiB per GPU) "
         "| verdict | attention (cuDNN calls: update / sampler / log-prob) | roofline s per RL "
         "step (MFU) |",
         "|---|---|---|---|---|---|---|---|",
@@ -1253,10 +1254,12 @@ def gpu_table(records: list[dict]) -> str:
         chip = by_name[r["chip"]]
         c, est = _table_cells(r), roofline(r, chip)
         gpus = f"{r['topology']} ({r['devices']} x {chip.name.replace('NVIDIA ', '')})"
+        m = r.get("mesh", {})
+        mesh = f"mesh {m['data']} x {m['fsdp']} x {m['tensor']}, " if m else ""
         keyed.append(
             (
-                c["key"],
-                f"| {c['size']} | {c['algo']} | {gpus} | {c['settings']} | {c['peaks']} | "
+                (*c["key"], mesh),
+                f"| {c['size']} | {c['algo']} | {gpus} | {mesh}{c['settings']} | {c['peaks']} | "
                 f"{c['verdict']} | {_attention_cell(r)} | {est['step_seconds']:.1f} "
                 f"({est['mfu']:.0%}) |",
             )

@@ -11,9 +11,12 @@
 # These are the settings XLA:GPU compiled for one node (reports/aot.md, "The real GPU
 # compiler"; compiled for GPU, not run): the paper's Qwen3-8B step on 8 x H100 with FSDP over
 # the 8 GPUs, micro-batches of 8 rollouts and sampler calls of 256 rows peaks at 43.2 GiB per
-# GPU (the sampler's); on 8 x H200 sampler calls of 512 rows halve the calls. Check another
-# layout or node count first: python -m experiments.aot --topology=h100-16 ... (pip install
-# -e ".[gpu_aot]"; no GPU needed).
+# GPU (the sampler's); on 8 x H200 sampler calls of 512 rows halve the calls. Two nodes:
+# --nodes=2 and --config.mesh.data=2 --config.algorithm.micro_batch_size=16
+# --config.rollout.generate_batch_size=512 (data parallel across the nodes, FSDP within each:
+# the same 43.2 GiB per GPU, weight gathers on NVLink). Check another layout or node count
+# first: python -m experiments.aot --topology=h100-16 --mesh=2,8,1 ... (pip install -e
+# ".[gpu_aot]"; no GPU needed).
 #
 # Everything after `--` goes to `python -m experiments.run` on every node (with --workdir and
 # the coordinator flags added). Outside an allocation the script submits itself with sbatch
@@ -38,7 +41,7 @@ DRY_RUN=0
 RUN_ARGS=()
 
 usage() {
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 Options:
   --nodes=N              nodes (one process each)                    [1]

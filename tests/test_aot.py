@@ -271,6 +271,7 @@ def test_cudnn_attention_calls_counts_forward_and_backward_custom_calls():
 def test_gpu_table_row_by_hand():
     r = _synthetic_tpu_record()
     r.update(chip="NVIDIA H100 SXM", topology="h100-2", attention_impl="cudnn")
+    r["mesh"] = {"data": 1, "fsdp": 2, "tensor": 1}
     r["steps"]["update"]["cudnn_fmha_calls"] = 3
     r["steps"]["sampler"]["cudnn_fmha_calls"] = 2
     r["steps"]["logprobs"]["cudnn_fmha_calls"] = 1
@@ -280,6 +281,6 @@ def test_gpu_table_row_by_hand():
     np.testing.assert_allclose(est["step_seconds"], by_hand, rtol=1e-9)
     table = aot.gpu_table([r])
     assert (
-        "| 1.00B params | grpo / rollout_gdro | h100-2 (2 x H100 SXM) | 1 sampler call of 4 | "
+        "| 1.00B params | grpo / rollout_gdro | h100-2 (2 x H100 SXM) | mesh 1 x 2 x 1, 1 sampler call of 4 | "
         "2.0 / 3.0 / 2.0 | fits, peak 3.0 | cudnn (3 / 2 / 1) |"
     ) in table
