@@ -12,7 +12,8 @@ TPU slice or GPU nodes described without the hardware, or virtual CPU devices), 
              program the step's ``train`` loop runs once per mini-batch), at
              ``config.algorithm.mini_batch_size`` rollouts;
   sampler    ``grpo_jax.sampling.generate`` (prefill + the KV-cache decode loop) for the step's
-             R = prompts_per_step x rollouts_per_prompt rows; ``--sampler=decode`` compiles one
+             R = prompts_per_step x rollouts_per_prompt rows (continuous batching when
+             ``rollout.decode_slots`` > 0); ``--sampler=decode`` compiles one
              prefill call and one decode call on the full-size cache instead;
   logprobs   ``steps.make_steps(exp).logprobs``: the reference / old log-prob pass over the whole
              R-row batch, as ``rl_step`` calls it (one mini-batch of rows at a time, inside the
@@ -415,10 +416,13 @@ def roofline(result: dict, chip: Chip) -> dict:
         model = _model_flops(result, name, s["rows"])
         flops = max(s.get("flops", 0.0), model / dev)
         nbytes = s.get("bytes", 0.0)
-        if name == "sampler":
-            b = result["batch"]
-            decode_reads = b["new_tokens"] * (
-                2 * result["params"] + s["rows"] * result["kv_bytes_per_row"] / dev
+        if name == "sampler":  # rows decoded `slots` at a time (continuous batching), longest
+            b = result["batch"]  # case: every row runs to max_new_tokens
+            slots = b.get("decode_slots") or s["rows"]
+            decode_reads = (
+                b["new_tokens"]
+                * (s["rows"] / slots)
+                * (2 * result["params"] + slots * result["kv_bytes_per_row"] / dev)
             )
             nbytes = max(nbytes, decode_reads)
         t = max(flops / chip.peak_bf16_flops, nbytes / chip.bandwidth_Bps)
@@ -690,7 +694,28 @@ def compile_steps(
     G = exp.batching.generate_batch_size
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
     not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
-    if sampler == "full":
+    slots = exp.train_sampling.decode_slots
+    if sampler == "full" and slots:  # continuous batching: `slots` decode rows refilled
+        info = _compile(
+            sampling._generate_continuous,
+            exp.graphdef,
+            state.params,
+            batched((G, Lp), "int32"),
+            batched((G, Lp), "bool"),
+            rng,
+            batched((G,), "int32"),
+            exp.train_sampling,
+            slots,
+            mesh=mesh,
+        )
+        steps["sampler"] = {
+            **info,
+            "resident_extra": not_args,
+            "rows": G,
+            "what": f"generate, continuous batching: {G} rows per call ({R // G} calls) through "
+            f"{slots} decode slots, {Lp}+{Lc}-slot KV cache",
+        }
+    elif sampler == "full":
         info = _compile(
             sampling._generate,
             exp.graphdef,
@@ -772,6 +797,7 @@ def compile_steps(
             "mini_batch": mb,
             "micro_batch": exp.batching.micro_batch_size,
             "generate_batch": exp.batching.generate_batch_size,
+            "decode_slots": slots,
             "prompt_tokens": Lp,
             "new_tokens": Lc,
         },
@@ -1193,6 +1219,8 @@ def _table_cells(r: dict) -> dict:
         settings.append(f"micro {b['micro_batch']}")
     calls = b["R"] // b["generate_batch"]
     settings.append(f"{calls} sampler call{'s' if calls > 1 else ''} of {b['generate_batch']}")
+    if b.get("decode_slots"):
+        settings[-1] += f" through {b['decode_slots']} decode slots"
     peaks = " / ".join(
         _fmt(x["peak"]) if x else "-" for x in (st["update"], sampler, st.get("logprobs"))
     )

@@ -88,6 +88,7 @@ def test_sampler_and_logprob_pass_compile_with_sharded_parameters(fsdp_result):
         "mini_batch": 16,
         "micro_batch": 16,
         "generate_batch": 64,
+        "decode_slots": 0,
         "prompt_tokens": 16,
         "new_tokens": 16,
     }
@@ -284,3 +285,29 @@ def test_gpu_table_row_by_hand():
         "| 1.00B params | grpo / rollout_gdro | h100-2 (2 x H100 SXM) | mesh 1 x 2 x 1, 1 sampler call of 4 | "
         "2.0 / 3.0 / 2.0 | fits, peak 3.0 | cudnn (3 / 2 / 1) |"
     ) in table
+
+
+def test_continuous_batching_sampler_compiles_with_its_slots():
+    c = tiny_dapo()
+    c.rollout.decode_slots = 16  # 64 rows per sampler call through 16 decode rows
+    r = aot.compile_steps(c, update=False, logprobs=False)
+    s = r["steps"]["sampler"]
+    assert "continuous batching" in s["what"] and "16 decode slots" in s["what"]
+    R, Lp = 64, 16
+    # parameter shards + prompt shards (int32 tokens, bool mask) + max_lengths (int32) + rng
+    assert s["argument"] == pytest.approx(
+        r["params_bytes"] + R * Lp * 5 / 8 + R * 4 / 8 + 8, rel=0.02
+    )
+
+
+def test_roofline_of_continuous_batching_reads_the_weights_once_per_slot_batch():
+    """4 rows per sampler call through 2 decode slots: in the longest case 2 x new_tokens
+    decode steps, each reading the bf16 weights and 2 slots' KV cache (by hand)."""
+    r = _synthetic_tpu_record()
+    r["kv_bytes_per_row"] = 10**8
+    static = aot.roofline(r, aot.CHIPS["v6e"])["steps"]["sampler"]["seconds_per_call"]
+    r["batch"]["decode_slots"] = 2
+    cont = aot.roofline(r, aot.CHIPS["v6e"])["steps"]["sampler"]["seconds_per_call"]
+    bw, new, dev = 1640e9, 2, 2
+    np.testing.assert_allclose(static, new * (2e9 + 4 * 1e8 / dev) / bw, rtol=1e-9)
+    np.testing.assert_allclose(cont, new * 2 * (2e9 + 2 * 1e8 / dev) / bw, rtol=1e-9)
