@@ -2,7 +2,8 @@
 
 Install: `pip install -e .` (core), `pip install -e ".[test]"` (tests),
 `pip install -e ".[test,parity]"` (plus the PyTorch/transformers parity tests),
-`pip install -e ".[tpu_aot]"` (libtpu: compile for TPU slices on a CPU machine).
+`pip install -e ".[tpu_aot]"` (libtpu: compile for TPU slices on a CPU machine),
+`pip install -e ".[gpu_aot]"` (the CUDA plugin: compile for GPU nodes on a CPU machine).
 BUILD.md says why each dependency is here.
 """
 
@@ -53,6 +54,9 @@ EXTRAS_REQUIRE = {
     # the real TPU compiler on a machine without a TPU (experiments/aot.py --topology=v5p-128):
     # jax[tpu] pins the libtpu that matches this jax (0.10.2 -> libtpu 0.0.42.*); BUILD.md
     "tpu_aot": ["jax[tpu]==0.10.2"],
+    # XLA:GPU on a machine without a GPU (experiments/aot.py --topology=h100-8): the CUDA 12
+    # plugin and its libraries (cuDNN, ...), about 3 GB; BUILD.md
+    "gpu_aot": ["jax[cuda12]==0.10.2"],
 }
 
 setuptools.setup(

@@ -2,6 +2,8 @@
 
   python benchmarks/bench_step.py                       # embedded default (arithmetic, tiny model)
   python benchmarks/bench_step.py --config=configs/gsm8k_smollm2.py:smoke --steps=3
+  python benchmarks/bench_step.py --set model.preset=smollm2-135m --set model.dtype=bfloat16 \
+      --json_out=step.json                           # another model shape, results as JSON
 
 Warm-up steps (compilation) are excluded. The float32 matmul peak is measured in the same
 process (a jitted 2048x2048 matmul, best of several), so the ratio is hardware-independent.
@@ -89,11 +91,44 @@ def load_config(spec: str):
     return mod.get_config(arg) if arg else mod.get_config()
 
 
+def apply_overrides(config, assignments) -> None:
+    """``["model.preset=smollm2-135m", "rollout.max_new_tokens=32", "model.overrides={}"]`` set
+    on the ConfigDict in place; values are Python literals where they parse as one, else
+    strings.
+
+    Raises:
+      SystemExit: an assignment without "=" or a key the config does not have.
+    """
+    import ast
+
+    for a in assignments:
+        key, sep, raw = a.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {a!r}: expected KEY=VALUE, e.g. model.dtype=bfloat16")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        *path, last = key.split(".")
+        node = config
+        for part in path:
+            if part not in node:
+                raise SystemExit(f"--set {a!r}: the config has no {key!r}")
+            node = node[part]
+        if last not in node and path[-1:] != ["overrides"]:
+            raise SystemExit(f"--set {a!r}: the config has no {key!r}")
+        node[last] = value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/arithmetic.py:grpo")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (compilation)")
+    parser.add_argument(
+        "--set", action="append", default=[], help="KEY=VALUE config override (repeatable)"
+    )
+    parser.add_argument("--json_out", default="", help="also write the figures here as JSON")
     args = parser.parse_args()
 
     import jax
@@ -102,6 +137,7 @@ def main():
     from grpo_jax.experiment import build_experiment
 
     config = load_config(args.config)
+    apply_overrides(config, args.set)
     config.logging.progress_bar = False
     exp = build_experiment(config)
     run, _ = steps.init_run(exp, warm_start=False)  # RL from the initialisation (no SFT)
@@ -142,6 +178,36 @@ def main():
     print(f"update achieved model FLOP/s            {achieved / 1e9:.2f} GFLOP/s")
     print(f"float32 matmul peak (2048^3, same run)  {peak / 1e9:.2f} GFLOP/s")
     print(f"update / peak                           {100 * achieved / peak:.1f}%")
+    stats = jax.devices()[0].memory_stats() or {}  # None on a CPU
+    if stats:
+        print(
+            f"peak device memory (process)            {stats['peak_bytes_in_use'] / 2**30:.2f} GiB"
+        )
+    if args.json_out:
+        import json
+
+        with open(args.json_out, "w") as f:
+            json.dump(
+                {
+                    "config": args.config,
+                    "set": args.set,
+                    "device_kind": jax.devices()[0].device_kind,
+                    "params": int(n_params),
+                    "R": R,
+                    "positions": T,
+                    "median_s": med,
+                    "generate_tokens_per_s": gen_tokens / med["time/generate"],
+                    "update_tokens_per_s": R
+                    * T
+                    * config.algorithm.num_iterations
+                    / med["time/update"],
+                    "update_flops_per_s": achieved,
+                    "matmul_peak_flops_per_s": peak,
+                    "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                },
+                f,
+                indent=2,
+            )
     exp.close()
 
 

@@ -2,15 +2,18 @@
 
     python -m experiments.aot --config=configs/dapo_qwen3.py:8b,rollout_gdro --topology=v5p-128
 
-lowers and compiles, on an abstract mesh of virtual CPU devices standing in for the target
-(``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before JAX starts), with
+    python -m experiments.aot --config=configs/dapo_qwen3.py:8b,rollout_gdro --topology=h100-8
+
+lowers and compiles, on a mesh of the target's devices as its compiler sees them (below: a
+TPU slice or GPU nodes described without the hardware, or virtual CPU devices), with
 ``jax.ShapeDtypeStruct`` inputs carrying the real shardings (``grpo_jax.sharding`` rules):
 
   update     ``steps.make_steps(exp).update``: one mini-batch AdamW update (the jitted, donated
              program the step's ``train`` loop runs once per mini-batch), at
              ``config.algorithm.mini_batch_size`` rollouts;
   sampler    ``grpo_jax.sampling.generate`` (prefill + the KV-cache decode loop) for the step's
-             R = prompts_per_step x rollouts_per_prompt rows; ``--sampler=decode`` compiles one
+             R = prompts_per_step x rollouts_per_prompt rows (continuous batching when
+             ``rollout.decode_slots`` > 0); ``--sampler=decode`` compiles one
              prefill call and one decode call on the full-size cache instead;
   logprobs   ``steps.make_steps(exp).logprobs``: the reference / old log-prob pass over the whole
              R-row batch, as ``rl_step`` calls it (one mini-batch of rows at a time, inside the
@@ -22,7 +25,7 @@ optimizer state while sampling, the frozen reference parameters while updating),
 the peak with the chip's memory (``CHIPS``). Exit status 1, with a message saying what to
 change, when the config does not fit; 0 when it does.
 
-Two compilers:
+Three compilers (``choose_compiler``):
 
   TPU slices (v5e-8, v5p-128, v6e-256, ... ``TPU_TOPOLOGIES``; ``--num_slices=2`` for two
   slices over DCN), when libtpu is installed (``pip install -e ".[tpu_aot]"``): the mesh is made
@@ -30,12 +33,17 @@ Two compilers:
   the real TPU compiler (as MaxText's ``train_compile.py`` does; no TPU needed, JAX's default
   backend stays the CPU). Its memory_analysis and cost_analysis per device are reported, with a
   roofline time per chip (``roofline``: peak bf16 FLOP/s and HBM bandwidth of ``CHIPS``), an
-  estimated RL step time and MFU: all "compiled for TPU, not run" (``_run_tpu``).
-  GPUs (and TPUs with ``--compiler=cpu`` or without libtpu): XLA's CPU compiler on virtual CPU
-  devices, since there is no deviceless GPU compiler. The partitioning (what each device holds)
-  is the real one; the temporaries are the CPU compiler's buffer assignment, which fuses and
-  schedules differently from the TPU/GPU compilers; read them as an estimate of the order of
-  magnitude, not as the last GiB.
+  estimated RL step time and MFU: all "compiled for TPU, not run" (``_run_compiled``).
+  GPU nodes (h100-8, h200-8, h100-16, h100-64, h200-64, b200-8: ``gpu_devices``), when the CUDA
+  plugin is installed (``pip install -e ".[gpu_aot]"``): the same with XLA:GPU, deviceless,
+  from XLA's own description of the chip (``experiments/gpu_specs.py``); ``model.attention_impl``
+  resolves to cuDNN's fused attention for the GPUs and the number of cuDNN attention calls in
+  each optimised program is reported. XLA:GPU gives no cost analysis without a GPU (the
+  roofline counts FLOPs analytically) and autotunes nothing: "compiled for GPU, not run".
+  ``--compiler=cpu`` (and TPU slices without libtpu): XLA's CPU compiler on virtual CPU
+  devices. The partitioning (what each device holds) is the real one; the temporaries are the
+  CPU compiler's buffer assignment, which fuses and schedules differently (and uses the einsum
+  attention); kept for machines without libtpu and to reproduce the older tables.
 
 ``--sweep=reports/aot.md`` runs the three Qwen3 sizes x grpo / prompt_gdro / rollout_gdro,
 each in its own subprocess, and appends the markdown table (and the JSON rows to
@@ -70,6 +78,7 @@ class Chip:
     bandwidth_Bps: float = 0.0  # published HBM bandwidth per chip, bytes/s (same source page)
     device_kinds: tuple[str, ...] = ()  # jax.Device.device_kind strings of this chip
     peak_bf16_flops: float = 0.0  # published peak dense bf16 FLOP/s per chip (same source page)
+    interconnect: str = ""  # the chip-to-chip link inside a node / slice, as published
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
@@ -115,20 +124,36 @@ CHIPS = {
     "h100": Chip(
         "NVIDIA H100 SXM",
         80 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h100/ (80 GB HBM3, 3.35 TB/s, 989 dense bf16 TFLOPS)",
+        "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 80 GB HBM3, 3.35 TB/s, "
+        "1,979 bf16 TFLOPS with sparsity = 989 dense, NVLink 900 GB/s)",
         1,
         3.35e12,
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
         989e12,
+        "NVLink 4, 900 GB/s per GPU (bidirectional), 8 per node over NVSwitch",
     ),
     "h200": Chip(
         "NVIDIA H200 SXM",
         141 * 10**9,
-        "https://www.nvidia.com/en-us/data-center/h200/ (141 GB HBM3e, 4.8 TB/s, 989 dense bf16 TFLOPS)",
+        "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 141 GB HBM3e, 4.8 TB/s, "
+        "1,979 bf16 TFLOPS with sparsity = 989 dense, NVLink 900 GB/s)",
         1,
         4.8e12,
-        ("NVIDIA H200",),
+        ("NVIDIA H200", "NVIDIA H200 141GB HBM3e"),
         989e12,
+        "NVLink 4, 900 GB/s per GPU (bidirectional), 8 per node over NVSwitch",
+    ),
+    "b200": Chip(
+        "NVIDIA B200",
+        180 * 10**9,
+        "https://www.nvidia.com/en-us/data-center/dgx-b200/ and .../data-center/hgx/ (8 x B200: "
+        "1,440 GB HBM3e = 180 GB per GPU, 64 TB/s = 8 TB/s per GPU; HGX B200 36 PFLOPS bf16 "
+        "with sparsity = 2,250 dense TFLOPS per GPU; NVLink 1.8 TB/s per GPU)",
+        1,
+        8.0e12,
+        ("NVIDIA B200",),
+        2250e12,
+        "NVLink 5, 1.8 TB/s per GPU (bidirectional), 8 per node over NVSwitch",
     ),
     "a100-40": Chip(
         "NVIDIA A100 40GB",
@@ -180,6 +205,9 @@ def parse_topology(topology: str) -> tuple[Chip, int]:
                 f"--topology={topology}: {m.group(1)} counts TensorCores ({chip.cores_per_chip} per chip)"
             )
         return chip, n // chip.cores_per_chip
+    m = re.fullmatch(r"(h100|h200|b200)-(\d+)", t)
+    if m:  # GPU nodes for the XLA:GPU compiler (GPU_TOPOLOGIES)
+        return CHIPS[m.group(1)], int(m.group(2))
     m = re.fullmatch(r"(\d+)x([a-z0-9-]+)", t) or re.fullmatch(r"([a-z0-9-]+?)x(\d+)", t)
     if m:
         count, name = (m.group(1), m.group(2)) if m.group(1).isdigit() else (m.group(2), m.group(1))
@@ -187,7 +215,7 @@ def parse_topology(topology: str) -> tuple[Chip, int]:
             return CHIPS[name], int(count)
     raise ValueError(
         f"--topology={topology!r}: expected e.g. v5p-8 (4 chips), v4-32, v5e-16, v6e-8, "
-        f"8xh100, 8xh200, 8xa100-80; chips: {sorted(CHIPS)}"
+        f"h100-8, h200-64, b200-8, 8xa100-80; chips: {sorted(CHIPS)}"
     )
 
 
@@ -256,6 +284,81 @@ def tpu_devices(topology: str, num_slices: int = 1) -> list:
     return list(desc.devices)
 
 
+# ----------------------------------------------------------------------------- GPU compiler
+
+GPUS_PER_NODE = 8  # HGX / DGX H100, H200, B200 nodes
+
+
+def cuda_plugin_missing() -> str:
+    """Why the XLA:GPU compiler cannot run here ("" when it can): the CUDA 12 plugin is the
+    optional extra ``pip install -e ".[gpu_aot]"`` (about 3 GB); no GPU is needed."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        found = False
+    if not found:
+        return 'the CUDA plugin is not installed (pip install -e ".[gpu_aot]"; no GPU needed)'
+    return ""
+
+
+def is_gpu_topology(topology: str) -> bool:
+    """Whether ``topology`` names GPUs (``h100-8``, ``8xh100``, ...) rather than a TPU slice."""
+    try:
+        return parse_topology(topology)[0].name.startswith("NVIDIA")
+    except ValueError:
+        return False
+
+
+def gpu_topology_name(count: int) -> str:
+    """``jax.experimental.topologies``' CUDA topology of ``count`` GPUs, "partitions x hosts x
+    devices per host": up to one node of ``GPUS_PER_NODE`` -> ``1x1xcount``, more -> whole
+    nodes (64 -> ``1x8x8``).
+
+    Raises:
+      ValueError: a count above one node that is not a multiple of ``GPUS_PER_NODE``.
+    """
+    if count <= GPUS_PER_NODE:
+        return f"1x1x{count}"
+    if count % GPUS_PER_NODE:
+        raise ValueError(f"{count} GPUs: more than one node must be whole nodes of {GPUS_PER_NODE}")
+    return f"1x{count // GPUS_PER_NODE}x{GPUS_PER_NODE}"
+
+
+def gpu_devices(topology: str) -> list:
+    """The devices of ``topology`` (``h100-8``, ``h200-64``, ``b200-8``, ``h100-2``) as XLA:GPU
+    sees them, from a deviceless CUDA topology description (``experiments.gpu_specs``: XLA's
+    own device description of the chip, the installed CUDA runtime and cuDNN versions). No GPU
+    is needed and JAX's default backend must stay the CPU (``JAX_PLATFORMS=cpu``; without it the
+    plugin looks for a driver and fails); programs whose mesh is made of these devices are
+    compiled by XLA:GPU.
+
+    Raises:
+      ValueError: a topology that is not a GPU with a device description.
+      RuntimeError: the CUDA plugin is not installed.
+    """
+    from jax.experimental import topologies
+
+    from experiments import gpu_specs
+
+    chip, count = parse_topology(topology)
+    key = next(k for k, c in CHIPS.items() if c is chip)
+    if key not in gpu_specs.DEVICES:
+        raise ValueError(
+            f"--topology={topology}: no XLA:GPU device description for {chip.name}; "
+            f"known: {sorted(gpu_specs.DEVICES)}"
+        )
+    if cuda_plugin_missing():
+        raise RuntimeError(cuda_plugin_missing())
+    desc = topologies.get_topology_desc(
+        platform="cuda",
+        target_config=gpu_specs.target_config(key),
+        topology=gpu_topology_name(count),
+    )
+    return list(desc.devices)
+
+
 def _calls_per_step(result: dict, name: str) -> int:
     b = result["batch"]
     return {
@@ -315,16 +418,21 @@ def roofline(result: dict, chip: Chip) -> dict:
         model = _model_flops(result, name, s["rows"])
         flops = max(s.get("flops", 0.0), model / dev)
         nbytes = s.get("bytes", 0.0)
-        if name == "sampler":
-            b = result["batch"]
-            decode_reads = b["new_tokens"] * (
-                2 * result["params"] + s["rows"] * result["kv_bytes_per_row"] / dev
+        if name == "sampler":  # rows decoded `slots` at a time (continuous batching), longest
+            b = result["batch"]  # case: every row runs to max_new_tokens
+            slots = b.get("decode_slots") or s["rows"]
+            decode_reads = (
+                b["new_tokens"]
+                * (s["rows"] / slots)
+                * (2 * result["params"] + slots * result["kv_bytes_per_row"] / dev)
             )
             nbytes = max(nbytes, decode_reads)
         t = max(flops / chip.peak_bf16_flops, nbytes / chip.bandwidth_Bps)
         calls = _calls_per_step(result, name)
         out[name] = {
             "calls": calls,
+            "flops": flops,
+            "bytes": nbytes,
             "model_flops": model,
             "seconds_per_call": t,
             "bound": "compute"
@@ -354,22 +462,24 @@ def roofline(result: dict, chip: Chip) -> dict:
 
 
 def format_roofline(result: dict, chip: Chip) -> str:
+    """``roofline``'s table as printed: per step the FLOPs and bytes per device it used (the
+    larger of the compiler's and the analytic count), seconds per call and per RL step."""
     r = roofline(result, chip)
+    done = f"compiled for {result.get('platform', 'tpu').upper()}, not run"
     lines = [
         f"roofline per chip ({chip.name}: {chip.peak_bf16_flops / 1e12:.0f} bf16 TFLOP/s, "
-        f"{chip.bandwidth_Bps / 1e9:.0f} GB/s HBM; compiled for TPU, not run):",
+        f"{chip.bandwidth_Bps / 1e9:.0f} GB/s HBM; {done}):",
         f"{'step':<10}{'TFLOP/dev':>11}{'GB/dev':>9}{'s/call':>9}{'calls':>7}{'s/step':>9}  bound",
     ]
     for name, x in r["steps"].items():
-        s = result["steps"][name]
         lines.append(
-            f"{name:<10}{s.get('flops', 0) / 1e12:>11.2f}{s.get('bytes', 0) / 1e9:>9.1f}"
+            f"{name:<10}{x['flops'] / 1e12:>11.2f}{x['bytes'] / 1e9:>9.1f}"
             f"{x['seconds_per_call']:>9.3f}{x['calls']:>7}{x['calls'] * x['seconds_per_call']:>9.2f}"
             f"  {x['bound']}"
         )
     lines.append(
         f"estimated RL step {r['step_seconds']:.1f} s, MFU {r['mfu']:.0%} (roofline: "
-        "no communication, no overlap losses; compiled for TPU, not run)"
+        f"no communication, no overlap losses; {done})"
     )
     if "maxtext_step_seconds" in r:
         ref_mfu, what, _ = MAXTEXT_MFU[chip.name]
@@ -452,6 +562,12 @@ def _cost(compiled) -> dict:
     return {"flops": float(c.get("flops", 0.0)), "bytes": float(c.get("bytes accessed", 0.0))}
 
 
+def cudnn_attention_calls(hlo_text: str) -> int:
+    """The number of cuDNN fused-attention custom calls (``__cudnn$fmha...``: forward and
+    backward) in an optimised HLO module's text."""
+    return len(re.findall(r'custom_call_target="__cudnn\$fmha', hlo_text))
+
+
 def _compile_for(fn, *args, mesh=None, platform="cpu", **kwargs):
     """Lowers (with ``mesh`` as the abstract-mesh context, as ``sharding.under_mesh`` sets it in
     training) and compiles ``fn`` for ``platform`` (the mesh's devices: virtual CPUs, or a TPU
@@ -526,7 +642,10 @@ def compile_steps(
             if platform == "cpu" or "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             return _exhausted(str(e), _bytes_per_device(args))
-        return {**_memory(compiled), **times, **_cost(compiled)}
+        info = {**_memory(compiled), **times, **_cost(compiled)}
+        if platform == "gpu":  # which attention XLA:GPU emitted (the cuDNN fused kernel or not)
+            info["cudnn_fmha_calls"] = cudnn_attention_calls(compiled.as_text())
+        return info
 
     P, n_bar = config.rollout.prompts_per_step, config.rollout.rollouts_per_prompt
     R, mb = P * n_bar, exp.batching.mini_batch_size
@@ -577,7 +696,28 @@ def compile_steps(
     G = exp.batching.generate_batch_size
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)
     not_args = state_bytes - params_bytes + ref_bytes  # optimizer state, reference: resident
-    if sampler == "full":
+    slots = exp.train_sampling.decode_slots
+    if sampler == "full" and slots:  # continuous batching: `slots` decode rows refilled
+        info = _compile(
+            sampling._generate_continuous,
+            exp.graphdef,
+            state.params,
+            batched((G, Lp), "int32"),
+            batched((G, Lp), "bool"),
+            rng,
+            batched((G,), "int32"),
+            exp.train_sampling,
+            slots,
+            mesh=mesh,
+        )
+        steps["sampler"] = {
+            **info,
+            "resident_extra": not_args,
+            "rows": G,
+            "what": f"generate, continuous batching: {G} rows per call ({R // G} calls) through "
+            f"{slots} decode slots, {Lp}+{Lc}-slot KV cache",
+        }
+    elif sampler == "full":
         info = _compile(
             sampling._generate,
             exp.graphdef,
@@ -653,11 +793,13 @@ def compile_steps(
         "devices": mesh.size,
         "platform": platform,
         "device_kind": mesh.devices.flat[0].device_kind,
+        "attention_impl": exp.model_config.attention_impl,
         "batch": {
             "R": R,
             "mini_batch": mb,
             "micro_batch": exp.batching.micro_batch_size,
             "generate_batch": exp.batching.generate_batch_size,
+            "decode_slots": slots,
             "prompt_tokens": Lp,
             "new_tokens": Lc,
         },
@@ -745,7 +887,8 @@ SWEEP_ALGORITHMS = ("grpo", "prompt_gdro", "rollout_gdro")
 
 
 def _early_device_count(argv) -> int | None:
-    """The virtual device count from --topology / --devices, read before JAX starts."""
+    """The virtual device count from --topology / --devices, read before JAX starts (None: the
+    devices come from a TPU or GPU topology description, not from virtual CPUs)."""
 
     def value(name):
         for i, a in enumerate(argv):
@@ -755,27 +898,49 @@ def _early_device_count(argv) -> int | None:
                 return argv[i + 1]
         return None
 
-    if value("sweep") or value("tpu_table"):
+    if value("sweep") or value("tpu_table") or value("gpu_table"):
         return None  # each config runs in its own subprocess; a table compiles nothing
-    if _use_tpu_compiler(value("topology") or _DEFAULT_TOPOLOGY, value("compiler") or "auto"):
-        return None  # the TPU topology's devices come from libtpu, not from virtual CPUs
+    topology = value("topology") or _DEFAULT_TOPOLOGY
+    if choose_compiler(topology, value("compiler") or "auto") != "cpu":
+        return None
     if value("devices"):
         return int(value("devices"))
-    return parse_topology(value("topology") or _DEFAULT_TOPOLOGY)[1]
+    return parse_topology(topology)[1]
 
 
-def _use_tpu_compiler(topology: str, compiler: str) -> bool:
-    """``--compiler=auto``: the TPU compiler for a TPU slice when libtpu is installed; the
-    virtual-CPU stand-in otherwise (always for GPUs: there is no deviceless GPU compiler)."""
-    is_tpu = topology.strip().lower().startswith(("v4", "v5", "v6"))
-    if compiler == "cpu" or not is_tpu:
-        if compiler == "tpu":
+def choose_compiler(topology: str, compiler: str) -> str:
+    """ "tpu" | "gpu" | "cpu" for ``--compiler`` (auto: the real compiler of the topology's chip,
+    libtpu for TPU slices and XLA:GPU for GPUs, when its plugin is installed).
+
+    The XLA:CPU stand-in on virtual devices ("cpu") is kept for two reasons only: a TPU slice
+    on a machine without libtpu (its partitioning is the real one), and an explicit
+    ``--compiler=cpu`` to reproduce the older CPU tables of ``reports/aot.md``. For GPUs it is
+    no longer chosen by itself: without the CUDA plugin the script exits saying how to install
+    it, because XLA:CPU's fusion, layout and memory plan (and its einsum attention) are nothing
+    like XLA:GPU's.
+
+    Raises:
+      cli.UsageError: a compiler that does not match the topology, or a missing plugin.
+    """
+    gpu = is_gpu_topology(topology)
+    if compiler == "cpu":
+        return "cpu"
+    if compiler == "tpu" or (compiler == "auto" and not gpu):
+        if gpu:
             raise cli.UsageError(f"--compiler=tpu: --topology={topology} is not a TPU slice")
-        return False
-    missing = libtpu_missing()
-    if compiler == "tpu" and missing:
-        raise cli.UsageError(f"--compiler=tpu: {missing}")
-    return not missing
+        missing = libtpu_missing()
+        if compiler == "tpu" and missing:
+            raise cli.UsageError(f"--compiler=tpu: {missing}")
+        return "cpu" if missing else "tpu"
+    if not gpu:
+        raise cli.UsageError(f"--compiler=gpu: --topology={topology} is not a GPU topology")
+    missing = cuda_plugin_missing()
+    if missing:
+        raise cli.UsageError(
+            f"--topology={topology}: XLA:GPU compiles it without a GPU, but {missing}; "
+            "--compiler=cpu gives the older XLA:CPU stand-in"
+        )
+    return "gpu"
 
 
 def _set_virtual_devices(n: int) -> None:
@@ -801,16 +966,17 @@ def main(argv=None):
     flags.DEFINE_string(
         "topology",
         _DEFAULT_TOPOLOGY,
-        "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, 8xh100, ...",
+        "Target: v5p-8 (4 chips), v5p-64, v4-32, v5e-16, v6e-8, h100-8, h200-64, b200-8, ...",
     )
     flags.DEFINE_integer("devices", 0, "Virtual devices (default: the topology's chips).")
     flags.DEFINE_enum(
         "compiler",
         "auto",
-        ["auto", "tpu", "cpu"],
-        "tpu: the real TPU compiler (libtpu, no TPU needed) on the slice's devices; cpu: "
-        "XLA:CPU on virtual devices (the only way for GPUs); auto: tpu for TPU slices when "
-        "libtpu is installed.",
+        ["auto", "tpu", "gpu", "cpu"],
+        "tpu: the real TPU compiler (libtpu, no TPU needed) on the slice's devices; gpu: "
+        "XLA:GPU (the CUDA plugin, no GPU needed) on the node(s)' devices; cpu: the XLA:CPU "
+        "stand-in on virtual devices; auto: the real compiler of the chip when its plugin is "
+        "installed (choose_compiler).",
     )
     flags.DEFINE_integer("num_slices", 1, "TPU slices (multi-slice over DCN; TPU compiler only).")
     flags.DEFINE_string(
@@ -842,20 +1008,28 @@ def main(argv=None):
         "Print the markdown table of these TPU-compiled results (comma-separated --json_out "
         "files and --sweep .jsonl files) and exit; compiles nothing.",
     )
+    flags.DEFINE_string(
+        "gpu_table", "", "The same for XLA:GPU-compiled results (peaks per GPU, cuDNN attention)."
+    )
     cli.run_absl(lambda _: _run(flags.FLAGS), argv=argv)
 
 
+def _read_records(paths: str) -> list[dict]:
+    records = []
+    for path in paths.split(","):
+        with open(path) as f:
+            records += (
+                [json.loads(line) for line in f if line.strip()]
+                if path.endswith(".jsonl")
+                else [json.load(f)]
+            )
+    return records
+
+
 def _run(FLAGS):
-    if FLAGS.tpu_table:
-        records = []
-        for path in FLAGS.tpu_table.split(","):
-            with open(path) as f:
-                records += (
-                    [json.loads(line) for line in f if line.strip()]
-                    if path.endswith(".jsonl")
-                    else [json.load(f)]
-                )
-        print(tpu_table(records), end="")
+    if FLAGS.tpu_table or FLAGS.gpu_table:
+        table = tpu_table if FLAGS.tpu_table else gpu_table
+        print(table(_read_records(FLAGS.tpu_table or FLAGS.gpu_table)), end="")
         return None
     chip, count = parse_topology(FLAGS.topology)
     if FLAGS.sweep:
@@ -876,8 +1050,9 @@ def _run(FLAGS):
 
     from grpo_jax import config_utils
 
-    if _use_tpu_compiler(FLAGS.topology, FLAGS.compiler):
-        return _run_tpu(FLAGS, config, chip)
+    compiler = choose_compiler(FLAGS.topology, FLAGS.compiler)
+    if compiler != "cpu":
+        return _run_compiled(FLAGS, config, chip, compiler)
     if len(jax.devices()) != (FLAGS.devices or count):
         raise cli.UsageError(
             f"JAX sees {len(jax.devices())} devices, the topology needs {FLAGS.devices or count}: "
@@ -906,26 +1081,39 @@ def _run(FLAGS):
         sys.exit(1)
 
 
-def _run_tpu(FLAGS, config, chip):
-    """``_run`` with the TPU compiler: the mesh is made of the slice's devices (libtpu's
-    topology description), every program is compiled by libtpu for them, and the roofline
-    estimate is added. Nothing runs: every figure is "compiled for TPU, not run"."""
+_COMPILER_LABELS = {
+    "tpu": ("TPU compiler (libtpu)", "tpu (libtpu; compiled for TPU, not run)"),
+    "gpu": ("XLA:GPU (CUDA plugin, deviceless)", "gpu (XLA:GPU; compiled for GPU, not run)"),
+}
+
+
+def _run_compiled(FLAGS, config, chip, compiler: str):
+    """``_run`` with a real compiler: the mesh is made of the topology's devices (libtpu's
+    slice description, or XLA:GPU's deviceless CUDA topology), every program is compiled for
+    them, and the roofline estimate is added. Nothing runs: every figure is "compiled for
+    TPU/GPU, not run"."""
     from grpo_jax import config_utils
 
+    if FLAGS.num_slices > 1 and compiler != "tpu":
+        raise cli.UsageError("--num_slices: TPU slices only (GPU nodes: --topology=h100-64)")
     if FLAGS.num_slices > 1 and config.mesh.data % FLAGS.num_slices:
         raise cli.UsageError(
             f"--num_slices={FLAGS.num_slices}: the mesh's data axis ({config.mesh.data}) must be "
             "a multiple of the slice count, so that only data parallelism crosses the slower "
             f"links between slices (e.g. --mesh={FLAGS.num_slices},-1,1: FSDP within a slice)"
         )
-    devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
+    if compiler == "tpu":
+        devices = tpu_devices(FLAGS.topology, FLAGS.num_slices)
+    else:
+        devices = gpu_devices(FLAGS.topology)
     label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
+    banner, tag = _COMPILER_LABELS[compiler]
     config_utils.validate(config)  # a ConfigError: one `error:` line, exit 2 (cli.run_absl)
     result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
     est = roofline(result, chip)
     result.update(
         topology=label,
-        compiler="tpu (libtpu; compiled for TPU, not run)",
+        compiler=tag,
         chip=chip.name,
         chip_bytes=chip.memory_bytes,
         headroom=FLAGS.headroom,
@@ -933,7 +1121,9 @@ def _run_tpu(FLAGS, config, chip):
         sampler_mode=FLAGS.sampler,
         roofline=est,
     )
-    print(f"TPU compiler (libtpu), {len(devices)} x {result['device_kind']}: compiled, not run")
+    print(f"{banner}, {len(devices)} x {result['device_kind']}: compiled, not run")
+    if compiler == "gpu":
+        print(_gpu_attention_line(result))
     print(format_result(result, chip, FLAGS.headroom, label=label), flush=True)
     print(format_roofline(result, chip), flush=True)
     if FLAGS.json_out:
@@ -941,7 +1131,7 @@ def _run_tpu(FLAGS, config, chip):
             json.dump(result, f, indent=2)
     if result["verdict"] != "fits":
         print(
-            f"error: does not fit on {label} ({chip.name}, TPU compiler): peak "
+            f"error: does not fit on {label} ({chip.name}, {banner}): peak "
             f"{_fmt(result['peak'])} GiB per device > {_fmt(chip.memory_bytes * FLAGS.headroom)} "
             f"GiB usable. {advice(result)}",
             file=sys.stderr,
@@ -1013,6 +1203,32 @@ def _size_label(params: int) -> str:
     )
 
 
+def _table_cells(r: dict) -> dict:
+    """The cells shared by ``tpu_table`` and ``gpu_table`` for one compiled result."""
+    b, st = r["batch"], r["steps"]
+    algo = r.get("algorithm") or ("prompt_gdro" if b["R"] > 1024 else "rollout_gdro")
+    algo = "grpo / rollout_gdro" if algo in ("grpo", "rollout_gdro") else algo
+    sampler = st.get("sampler") or st.get("decode")
+    settings = []
+    if b.get("micro_batch") and b["micro_batch"] < b["mini_batch"]:
+        settings.append(f"micro {b['micro_batch']}")
+    calls = b["R"] // b["generate_batch"]
+    settings.append(f"{calls} sampler call{'s' if calls > 1 else ''} of {b['generate_batch']}")
+    if b.get("decode_slots"):
+        settings[-1] += f" through {b['decode_slots']} decode slots"
+    peaks = " / ".join(
+        _fmt(x["peak"]) if x else "-" for x in (st["update"], sampler, st.get("logprobs"))
+    )
+    return {
+        "key": (r["params"], algo, r["devices"], r["topology"]),
+        "size": _size_label(r["params"]),
+        "algo": algo,
+        "settings": ", ".join(settings),
+        "peaks": peaks,
+        "verdict": f"{r['verdict']}, peak {_fmt(r['peak'])}",
+    }
+
+
 def tpu_table(records: list[dict]) -> str:
     """A markdown table of TPU-compiled results (``--json_out`` files or ``--sweep``'s .jsonl
     lines): model x algorithm x slice -> peaks per device, verdict, the roofline step time and
@@ -1027,35 +1243,75 @@ def tpu_table(records: list[dict]) -> str:
     ]
     keyed = []
     for r in records:
-        chip = by_name[r["chip"]]
-        b, st = r["batch"], r["steps"]
-        algo = r.get("algorithm") or ("prompt_gdro" if b["R"] > 1024 else "rollout_gdro")
-        algo = "grpo / rollout_gdro" if algo in ("grpo", "rollout_gdro") else algo
-        sampler = st.get("sampler") or st.get("decode")
-        settings = []
-        if b.get("micro_batch") and b["micro_batch"] < b["mini_batch"]:
-            settings.append(f"micro {b['micro_batch']}")
-        calls = b["R"] // b["generate_batch"]
-        settings.append(f"{calls} sampler call{'s' if calls > 1 else ''} of {b['generate_batch']}")
-        est = roofline(r, chip)
+        c, est = _table_cells(r), roofline(r, by_name[r["chip"]])
         cal = (
             f"{est['maxtext_step_seconds']:.1f} ({est['maxtext_mfu']:.0%})"
             if "maxtext_step_seconds" in est
             else "-"
         )
-        peaks = " / ".join(
-            _fmt(x["peak"]) if x else "-" for x in (st["update"], sampler, st.get("logprobs"))
-        )
-        size = _size_label(r["params"])
         keyed.append(
             (
-                (r["params"], algo, r["devices"], r["topology"]),
-                f"| {size} | {algo} | {r['topology']} ({r['devices']}) | {', '.join(settings)} | {peaks} | "
-                f"{r['verdict']}, peak {_fmt(r['peak'])} | {est['step_seconds']:.1f} "
+                c["key"],
+                f"| {c['size']} | {c['algo']} | {r['topology']} ({r['devices']}) | "
+                f"{c['settings']} | {c['peaks']} | {c['verdict']} | {est['step_seconds']:.1f} "
                 f"({est['mfu']:.0%}) | {cal} |",
             )
         )
     return "\n".join(out + [row for _, row in sorted(keyed)]) + "\n"
+
+
+def gpu_table(records: list[dict]) -> str:
+    """A markdown table of XLA:GPU-compiled results: model x algorithm x GPUs -> peaks per GPU,
+    verdict, the attention XLA:GPU emitted (cuDNN fused-attention calls per program) and the
+    roofline step (compiled for GPU, not run; no communication)."""
+    by_name = {c.name: c for c in CHIPS.values()}
+    out = [
+        "| model | algorithm | GPUs | settings (mesh data x fsdp x tensor) | update / sampler / "
+        "log-prob peak (GiB per GPU) "
+        "| verdict | attention (cuDNN calls: update / sampler / log-prob) | roofline s per RL "
+        "step (MFU) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keyed = []
+    for r in records:
+        chip = by_name[r["chip"]]
+        c, est = _table_cells(r), roofline(r, chip)
+        gpus = f"{r['topology']} ({r['devices']} x {chip.name.replace('NVIDIA ', '')})"
+        m = r.get("mesh", {})
+        mesh = f"mesh {m['data']} x {m['fsdp']} x {m['tensor']}, " if m else ""
+        keyed.append(
+            (
+                (*c["key"], mesh),
+                f"| {c['size']} | {c['algo']} | {gpus} | {mesh}{c['settings']} | {c['peaks']} | "
+                f"{c['verdict']} | {_attention_cell(r)} | {est['step_seconds']:.1f} "
+                f"({est['mfu']:.0%}) |",
+            )
+        )
+    return "\n".join(out + [row for _, row in sorted(keyed)]) + "\n"
+
+
+def _attention_cell(r: dict) -> str:
+    st = r["steps"]
+    counts = " / ".join(
+        str(st[k].get("cudnn_fmha_calls", "-")) if k in st else "-"
+        for k in ("update", "sampler", "logprobs")
+    )
+    return f"{r.get('attention_impl', '?')} ({counts})"
+
+
+def _gpu_attention_line(result: dict) -> str:
+    """What attention the GPU programs hold: ``model.attention_impl`` as resolved for the
+    mesh's GPUs and the cuDNN fused-attention custom calls XLA:GPU emitted per program."""
+    impl = result["attention_impl"]
+    calls = {k: s.get("cudnn_fmha_calls", 0) for k, s in result["steps"].items()}
+    line = (
+        f"attention: model.attention_impl resolved to {impl!r} for these GPUs; cuDNN "
+        f"fused-attention calls in the optimised HLO: "
+        + ", ".join(f"{k} {n}" for k, n in calls.items())
+    )
+    if impl == "cudnn" and not any(calls.values()):
+        line += " (none: the programs fell back to XLA attention)"
+    return line
 
 
 def _markdown(rows, chip, FLAGS) -> str:

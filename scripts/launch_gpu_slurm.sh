@@ -2,10 +2,21 @@
 # Run grpo_jax across GPU nodes with Slurm: one process per node, each driving its node's GPUs,
 # joined by jax.distributed (coordinator = the first node of the allocation).
 #
-#   scripts/launch_gpu_slurm.sh --nodes=2 --gpus-per-node=8 --partition=gpu --time=24:00:00 \
+#   scripts/launch_gpu_slurm.sh --nodes=1 --gpus-per-node=8 --partition=gpu --time=24:00:00 \
 #       --venv=/shared/venvs/grpo --workdir=/shared/runs/8b_rollout_gdro \
-#       -- --config=configs/dapo_qwen3.py:8b,rollout_gdro,gpu8 --config.mesh.data=2 \
+#       -- --config=configs/dapo_qwen3.py:8b,rollout_gdro \
+#          --config.algorithm.micro_batch_size=8 --config.rollout.generate_batch_size=256 \
 #          --config.model.hf_checkpoint=/shared/models/Qwen3-8B-Base
+#
+# These are the settings XLA:GPU compiled for one node (reports/aot.md, "The real GPU
+# compiler"; compiled for GPU, not run): the paper's Qwen3-8B step on 8 x H100 with FSDP over
+# the 8 GPUs, micro-batches of 8 rollouts and sampler calls of 256 rows peaks at 43.2 GiB per
+# GPU (the sampler's); on 8 x H200 sampler calls of 512 rows halve the calls. Two nodes:
+# --nodes=2 and --config.mesh.data=2 --config.algorithm.micro_batch_size=16
+# --config.rollout.generate_batch_size=512 (data parallel across the nodes, FSDP within each:
+# the same 43.2 GiB per GPU, weight gathers on NVLink). Check another layout or node count
+# first: python -m experiments.aot --topology=h100-16 --mesh=2,8,1 ... (pip install -e
+# ".[gpu_aot]"; no GPU needed).
 #
 # Everything after `--` goes to `python -m experiments.run` on every node (with --workdir and
 # the coordinator flags added). Outside an allocation the script submits itself with sbatch
@@ -30,7 +41,7 @@ DRY_RUN=0
 RUN_ARGS=()
 
 usage() {
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 Options:
   --nodes=N              nodes (one process each)                    [1]

@@ -88,6 +88,7 @@ def test_sampler_and_logprob_pass_compile_with_sharded_parameters(fsdp_result):
         "mini_batch": 16,
         "micro_batch": 16,
         "generate_batch": 64,
+        "decode_slots": 0,
         "prompt_tokens": 16,
         "new_tokens": 16,
     }
@@ -121,6 +122,9 @@ def test_tensor_parallel_mesh_and_decode_only_sampler():
         ("8xh100", "h100", 8),
         ("h200x8", "h200", 8),
         ("4xa100-40", "a100-40", 4),
+        ("h100-8", "h100", 8),
+        ("h200-64", "h200", 64),
+        ("b200-8", "b200", 8),
     ],
 )
 def test_topologies(topology, chip, count):
@@ -229,3 +233,81 @@ def test_roofline_and_maxtext_calibration_by_hand():
     table = aot.tpu_table([r])
     assert "| 1.00B params | grpo / rollout_gdro | v6e-2 (2) | 1 sampler call of 4 |" in table
     assert "| 2.0 / 3.0 / 2.0 | fits, peak 3.0 |" in table
+
+
+def test_gpu_topologies_are_whole_nodes_of_eight():
+    assert aot.gpu_topology_name(2) == "1x1x2"
+    assert aot.gpu_topology_name(8) == "1x1x8"
+    assert aot.gpu_topology_name(16) == "1x2x8"
+    assert aot.gpu_topology_name(64) == "1x8x8"
+    with pytest.raises(ValueError, match="whole nodes"):
+        aot.gpu_topology_name(12)
+    assert aot.is_gpu_topology("h100-8") and aot.is_gpu_topology("8xh200")
+    assert not aot.is_gpu_topology("v5p-8") and not aot.is_gpu_topology("nonsense")
+
+
+def test_compiler_choice_names_the_missing_plugin(monkeypatch):
+    monkeypatch.setattr(aot, "cuda_plugin_missing", lambda: "the CUDA plugin is not installed")
+    with pytest.raises(SystemExit, match="CUDA plugin is not installed.*--compiler=cpu"):
+        aot.choose_compiler("h100-8", "auto")
+    assert aot.choose_compiler("h100-8", "cpu") == "cpu"  # the stand-in, asked for by name
+    with pytest.raises(SystemExit, match="not a TPU slice"):
+        aot.choose_compiler("h100-8", "tpu")
+    with pytest.raises(SystemExit, match="not a GPU topology"):
+        aot.choose_compiler("v5p-8", "gpu")
+    monkeypatch.setattr(aot, "cuda_plugin_missing", lambda: "")
+    assert aot.choose_compiler("b200-8", "auto") == "gpu"
+
+
+def test_cudnn_attention_calls_counts_forward_and_backward_custom_calls():
+    hlo = (
+        '%a = custom-call(%p), custom_call_target="__cudnn$fmhaSoftmax", x\n'
+        '%b = custom-call(%p), custom_call_target="__cudnn$fmhaSoftmaxBackward", y\n'
+        '%c = custom-call(%p), custom_call_target="__cublas$gemm"\n'
+    )
+    assert aot.cudnn_attention_calls(hlo) == 2
+    assert aot.cudnn_attention_calls("fusion(...) __cudnn$fmha in a comment") == 0
+
+
+def test_gpu_table_row_by_hand():
+    r = _synthetic_tpu_record()
+    r.update(chip="NVIDIA H100 SXM", topology="h100-2", attention_impl="cudnn")
+    r["mesh"] = {"data": 1, "fsdp": 2, "tensor": 1}
+    r["steps"]["update"]["cudnn_fmha_calls"] = 3
+    r["steps"]["sampler"]["cudnn_fmha_calls"] = 2
+    r["steps"]["logprobs"]["cudnn_fmha_calls"] = 1
+    est = aot.roofline(r, aot.CHIPS["h100"])
+    peak, bw = 989e12, 3.35e12
+    by_hand = 2 * (6e9 * 2 * 4 / 2) / peak + (2e9 * 4 * 4 / 2) / peak + 2 * 2e9 / bw
+    np.testing.assert_allclose(est["step_seconds"], by_hand, rtol=1e-9)
+    table = aot.gpu_table([r])
+    assert (
+        "| 1.00B params | grpo / rollout_gdro | h100-2 (2 x H100 SXM) | mesh 1 x 2 x 1, 1 sampler call of 4 | "
+        "2.0 / 3.0 / 2.0 | fits, peak 3.0 | cudnn (3 / 2 / 1) |"
+    ) in table
+
+
+def test_continuous_batching_sampler_compiles_with_its_slots():
+    c = tiny_dapo()
+    c.rollout.decode_slots = 16  # 64 rows per sampler call through 16 decode rows
+    r = aot.compile_steps(c, update=False, logprobs=False)
+    s = r["steps"]["sampler"]
+    assert "continuous batching" in s["what"] and "16 decode slots" in s["what"]
+    R, Lp = 64, 16
+    # parameter shards + prompt shards (int32 tokens, bool mask) + max_lengths (int32) + rng
+    assert s["argument"] == pytest.approx(
+        r["params_bytes"] + R * Lp * 5 / 8 + R * 4 / 8 + 8, rel=0.02
+    )
+
+
+def test_roofline_of_continuous_batching_reads_the_weights_once_per_slot_batch():
+    """4 rows per sampler call through 2 decode slots: in the longest case 2 x new_tokens
+    decode steps, each reading the bf16 weights and 2 slots' KV cache (by hand)."""
+    r = _synthetic_tpu_record()
+    r["kv_bytes_per_row"] = 10**8
+    static = aot.roofline(r, aot.CHIPS["v6e"])["steps"]["sampler"]["seconds_per_call"]
+    r["batch"]["decode_slots"] = 2
+    cont = aot.roofline(r, aot.CHIPS["v6e"])["steps"]["sampler"]["seconds_per_call"]
+    bw, new, dev = 1640e9, 2, 2
+    np.testing.assert_allclose(static, new * (2e9 + 4 * 1e8 / dev) / bw, rtol=1e-9)
+    np.testing.assert_allclose(cont, new * 2 * (2e9 + 2 * 1e8 / dev) / bw, rtol=1e-9)

@@ -267,6 +267,38 @@ def test_model_kv_cache_prefill_and_decode_blockwise_equal_einsum():
         np.testing.assert_allclose(a2, b2, atol=F32_TOL)
 
 
+def test_prefill_into_a_fresh_cache_gives_the_fused_kernels_a_static_mask(monkeypatch):
+    """The samplers' prefill (T prompt tokens, ``attend_len=T``: written at slot 0) hands the
+    attention a static causal mask, so splash / cuDNN run it (they take no traced offset); a
+    write at a traced index into a longer cache keeps the blockwise kernel. Logits equal
+    the einsum model's either way."""
+    B, Lp = 2, 9
+    toks = jax.random.randint(jax.random.key(1), (B, Lp), 1, 100)
+    pm = _left_padded(B, Lp, [0, 3])
+    pos = transformer.positions_from_mask(pm)
+    seen = []
+    attend = A.attend
+    monkeypatch.setattr(
+        A,
+        "attend",
+        lambda q, k, v, mask, *a, **kw: seen.append(mask.static) or attend(q, k, v, mask, *a, **kw),
+    )
+    from flax import nnx
+
+    logits = {}
+    for impl in ("einsum", "blockwise"):
+        model = nnx.merge(*_model_case(impl, 1))
+        for attend_len in (Lp, None):
+            cache = transformer.init_decode_cache(model.config, B, Lp + 4)
+            out, _ = model(toks, pos, pm, cache=cache, attend_len=attend_len)
+            logits[impl, attend_len] = out
+    layers = get_preset("tiny").num_layers
+    assert seen == [True] * layers + [False] * layers  # blockwise: static at Lp, traced at Lp + 4
+    for attend_len in (Lp, None):
+        a, b = logits["einsum", attend_len], logits["blockwise", attend_len]
+        np.testing.assert_allclose(a * pm[..., None], b * pm[..., None], atol=F32_TOL)
+
+
 # ----------------------------------------------------------------------------- splash (TPU)
 
 

@@ -584,13 +584,26 @@ def cudnn_attention(q, keys, values, mask: Mask, kv_layout: str = "bskd"):
     """GPU flash attention: ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN's
     fused kernel; bfloat16/float16 inputs). The mask goes in as a [B, 1, T, S] boolean array
     (cuDNN turns it into an additive bias: 1 / (2H) of the float32 scores' bytes, not per
-    head). Args/Returns: as `blockwise_attention` (no lse)."""
+    head). Args/Returns: as `blockwise_attention` (no lse).
+
+    cuDNN's flash attention with a mask (bias) in training takes even query and key lengths
+    only (``jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention``); the model's
+    sequences are ``prompt + completion - 1`` tokens long (odd at 1024 + 4096), so an odd
+    length is padded by one query (its output dropped) and one masked key (never attended)."""
     if kv_layout == "bksd":
         keys, values = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
-    dense = mask.dense(q.shape[1])[:, None]
-    return jax.nn.dot_product_attention(
+    T, S = q.shape[1], keys.shape[1]
+    pad_t, pad_s = T % 2, S % 2
+    if pad_s:
+        keys, values = (jnp.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0))) for x in (keys, values))
+        mask = mask.replace(key_mask=jnp.pad(mask.key_mask, ((0, 0), (0, 1))))
+    if pad_t:
+        q = jnp.pad(q, ((0, 0), (0, 1), (0, 0), (0, 0)))
+    dense = mask.dense(T + pad_t)[:, None]
+    out = jax.nn.dot_product_attention(
         q, keys.astype(q.dtype), values.astype(q.dtype), mask=dense, implementation="cudnn"
     )
+    return out[:, :T]
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -57,6 +57,14 @@ from grpo_jax.models.config import ModelConfig
 _NEG_INF = attention._NEG_INF  # finite "minus infinity": fully masked rows give no NaN
 
 
+def _q_start(cache, T: int, A: int):
+    """The causal offset of T new queries written at ``cache.index`` and attending the first A
+    slots: None (a static 0) when A == T, since the caller guarantees index + T <= A (the
+    samplers' prefill into a fresh cache), so that the fused kernels (splash, cuDNN), which
+    take a static mask only, run the prefill; else the traced index (blockwise kernel)."""
+    return None if A == T else cache.index
+
+
 def attention_impl(config: ModelConfig) -> str:
     """The concrete attention core of ``config`` ("auto" resolved by ``jax.default_backend()``;
     `grpo_jax.experiment` resolves it by the mesh's devices before building the model)."""
@@ -762,8 +770,8 @@ class Decoder(nnx.Module):
         A = S if attend_len is None else min(int(attend_len), S)  # slots attended
         if attention_impl(c) == "einsum":
             mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
-        else:  # key padding + causal, never [B, T, S]
-            mask = Mask(key_mask[:, :A], q_start=None if cache is None else cache.index)
+        else:  # key padding + causal, never [B, T, S]; static when the write index must be 0
+            mask = Mask(key_mask[:, :A], q_start=None if cache is None else _q_start(cache, T, A))
 
         def body(carry, xs):
             h, ck, cv = carry
@@ -852,7 +860,7 @@ class Decoder(nnx.Module):
                 cache.key_mask, attention_mask, (0, cache.index)
             )
         if T > 1 and attention_impl(c) != "einsum":  # a prefill: key padding + causal
-            mask = Mask(key_mask[:, :A], q_start=cache.index)
+            mask = Mask(key_mask[:, :A], q_start=_q_start(cache, T, A))
         else:
             mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
         if T == 1:  # the decode step's form (`Attention._attend`): an additive bias
