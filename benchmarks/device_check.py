@@ -135,7 +135,7 @@ def plan(out: str) -> dict[str, dict]:
         },
         "memory": {
             # the chip's topology is filled in from the identity phase (skipped for a GPU
-            # without a device description in experiments/gpu_specs.py)
+            # without a device description in experiments/_gpu_specs.py)
             "cmd": [
                 PY,
                 "-m",
@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     for name in chosen:
         spec = phases[name]
         if name == "memory":  # the deviceless compile for this GPU's own XLA description
-            from experiments.gpu_specs import DEVICES
+            from experiments._gpu_specs import DEVICES
 
             chip = report["phases"].get("identity", {}).get("result", {}).get("chip")
             if chip not in DEVICES:

@@ -36,7 +36,7 @@ Three compilers (``choose_compiler``):
   estimated RL step time and MFU: all "compiled for TPU, not run" (``_run_compiled``).
   GPU nodes (h100-8, h200-8, h100-16, h100-64, h200-64, b200-8: ``gpu_devices``), when the CUDA
   plugin is installed (``pip install -e ".[gpu_aot]"``): the same with XLA:GPU, deviceless,
-  from XLA's own description of the chip (``experiments/gpu_specs.py``); ``model.attention_impl``
+  from XLA's own description of the chip (``experiments/_gpu_specs.py``); ``model.attention_impl``
   resolves to cuDNN's fused attention for the GPUs and the number of cuDNN attention calls in
   each optimised program is reported. XLA:GPU gives no cost analysis without a GPU (the
   roofline counts FLOPs analytically) and autotunes nothing: "compiled for GPU, not run".
@@ -328,7 +328,7 @@ def gpu_topology_name(count: int) -> str:
 
 def gpu_devices(topology: str) -> list:
     """The devices of ``topology`` (``h100-8``, ``h200-64``, ``b200-8``, ``h100-2``) as XLA:GPU
-    sees them, from a deviceless CUDA topology description (``experiments.gpu_specs``: XLA's
+    sees them, from a deviceless CUDA topology description (``experiments._gpu_specs``: XLA's
     own device description of the chip, the installed CUDA runtime and cuDNN versions). No GPU
     is needed and JAX's default backend must stay the CPU (``JAX_PLATFORMS=cpu``; without it the
     plugin looks for a driver and fails); programs whose mesh is made of these devices are
@@ -340,7 +340,7 @@ def gpu_devices(topology: str) -> list:
     """
     from jax.experimental import topologies
 
-    from experiments import gpu_specs
+    from experiments import _gpu_specs as gpu_specs
 
     chip, count = parse_topology(topology)
     key = next(k for k, c in CHIPS.items() if c is chip)

@@ -16,6 +16,7 @@ import pytest
 
 from configs import dapo_qwen3
 from experiments import aot
+from grpo_jax import cli
 from grpo_jax.experiment import build_experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,12 +249,12 @@ def test_gpu_topologies_are_whole_nodes_of_eight():
 
 def test_compiler_choice_names_the_missing_plugin(monkeypatch):
     monkeypatch.setattr(aot, "cuda_plugin_missing", lambda: "the CUDA plugin is not installed")
-    with pytest.raises(SystemExit, match="CUDA plugin is not installed.*--compiler=cpu"):
+    with pytest.raises(cli.UsageError, match="CUDA plugin is not installed.*--compiler=cpu"):
         aot.choose_compiler("h100-8", "auto")
     assert aot.choose_compiler("h100-8", "cpu") == "cpu"  # the stand-in, asked for by name
-    with pytest.raises(SystemExit, match="not a TPU slice"):
+    with pytest.raises(cli.UsageError, match="not a TPU slice"):
         aot.choose_compiler("h100-8", "tpu")
-    with pytest.raises(SystemExit, match="not a GPU topology"):
+    with pytest.raises(cli.UsageError, match="not a GPU topology"):
         aot.choose_compiler("v5p-8", "gpu")
     monkeypatch.setattr(aot, "cuda_plugin_missing", lambda: "")
     assert aot.choose_compiler("b200-8", "auto") == "gpu"

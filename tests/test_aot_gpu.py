@@ -71,7 +71,7 @@ def test_cudnn_call_count_tells_the_fused_kernel_from_xla_attention():
 
 
 def test_target_config_carries_the_installed_library_versions():
-    from experiments import gpu_specs
+    from experiments import _gpu_specs as gpu_specs
 
     text = gpu_specs.target_config("b200")
     v = gpu_specs.library_versions()

@@ -1,4 +1,5 @@
-"""XLA:GPU target descriptions of the GPUs ``experiments.aot`` compiles for without a GPU.
+"""XLA:GPU target descriptions of the GPUs ``experiments.aot`` compiles for without a GPU (a
+module of ``experiments.aot``, not a command: hence the underscore).
 
 A deviceless GPU compile needs a ``stream_executor.GpuTargetConfigProto`` in text form: what a
 real device would report (SM count, memory size and bandwidth, compute capability, ...) plus
