@@ -901,8 +901,11 @@ def _early_device_count(argv) -> int | None:
     if value("sweep") or value("tpu_table") or value("gpu_table"):
         return None  # each config runs in its own subprocess; a table compiles nothing
     topology = value("topology") or _DEFAULT_TOPOLOGY
-    if choose_compiler(topology, value("compiler") or "auto") != "cpu":
-        return None
+    try:
+        if choose_compiler(topology, value("compiler") or "auto") != "cpu":
+            return None
+    except cli.UsageError:
+        return None  # said once the flags are parsed (an unknown flag is named first)
     if value("devices"):
         return int(value("devices"))
     return parse_topology(topology)[1]

@@ -511,7 +511,11 @@ def test_toy_comparison_sweep_selection_final_report(tmp_path):
         command="TOY",
     )
     res = compare.run_comparison(
-        str(tmp_path), workers=1, jax_cache=str(tmp_path / "jax_cache"), **kw
+        # jax_cache "": the session's (conftest.py); a path would repoint this process's cache
+        str(tmp_path),
+        workers=1,
+        jax_cache="",
+        **kw,
     )
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
@@ -908,7 +912,7 @@ def test_resume_skips_finished_jobs_and_matches_an_uninterrupted_run(tmp_path, c
         n_boot=100,
         command="TOY",
         workers=1,
-        jax_cache=str(tmp_path / "jax_cache"),
+        jax_cache="",  # the session's (conftest.py); a path would repoint this process's cache
     )
     full = dict(seeds=2, sweep_seeds=1, lrs=(1e-4, 1e-3))
     ref = compare.run_comparison(str(tmp_path / "ref"), **full, **kw)

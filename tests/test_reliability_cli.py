@@ -124,7 +124,7 @@ CASES = {
     "experiments.aot": [
         (["--topology=v9z-3"], "v9z-3"),
         (["--tpu_table={missing}/a.json"], "{missing}"),
-        (["--mesh=1,2", "--topology=8xh100"], "--mesh=1,2"),
+        (["--mesh=1,2", "--topology=8xh100", "--compiler=cpu"], "--mesh=1,2"),
         (["--nope=1", "--topology=8xh100"], "nope"),
     ],
     "experiments.prepare_data": [

@@ -149,7 +149,9 @@ def test_a_reward_that_always_fails_is_reported_and_stops_the_resumed_run(
     out = capsys.readouterr().out
     first = [w for w in _warnings(out) if "failed (ZeroDivisionError)" in w]
     assert len(first) == 1 and "division by zero in my reward" in first[0]  # once per run
-    last = out.rstrip().splitlines()[-2:]  # the run's last lines say what went wrong
+    # the run's last lines say what went wrong, before the line naming its outputs
+    *last, outputs = out.rstrip().splitlines()[-3:]
+    assert outputs.startswith("outputs in ")
     assert last[0].startswith(
         "WARNING: the reward function 'faulty_rewards:raises' failed on 8 of 8 rollouts"
     )
