@@ -7,8 +7,11 @@ first compile of each program is written to a directory that the pytest-xdist wo
 subprocesses share through the environment (set here in the controlling process, before the
 workers and any subprocess start; they inherit it). Thresholds 0: every program is cached.
 A cached program is the same executable: results are bit-identical (the resume tests compare
-cache-hit runs with the run that compiled, bit for bit). Set ``JAX_COMPILATION_CACHE_DIR``
-yourself to keep a cache across sessions; otherwise a fresh temporary one is removed at exit.
+cache-hit runs with the run that compiled, bit for bit). Reads and writes hold JAX's file lock
+(a size cap of 16 GiB turns it on). Set ``JAX_COMPILATION_CACHE_DIR`` yourself to keep a cache
+across sessions; otherwise a fresh temporary one is removed at exit. On CPUs whose LLVM tuning
+flags XLA:CPU's loader refuses (jax#38445: some AVX-512 Xeons) every read misses and the programs
+compile as without a cache; tests/test_compilation_cache.py says so and skips.
 """
 
 import atexit
@@ -24,6 +27,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (or a plain 
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# A size cap turns on JAX's file lock around every cache read and write (jax/_src/lru_cache.py:
+# without a cap, entries are written in place, unlocked, while the other worker may read them).
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
 
 import jax
 

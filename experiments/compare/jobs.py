@@ -506,7 +506,8 @@ def load_job(
 def enable_compilation_cache(cache_dir: str) -> None:
     """JAX's persistent compilation cache in ``cache_dir`` ("" = leave JAX's setting): every job
     rebuilds the same jitted functions, and the cache turns ~20 s of XLA compiles per job into
-    about one."""
+    about one. The workers share it, so it gets a size cap (16 GiB unless one is set), which turns
+    on JAX's file lock around each read and write (uncapped, entries are written in place)."""
     if not cache_dir:
         return
     import jax
@@ -515,6 +516,8 @@ def enable_compilation_cache(cache_dir: str) -> None:
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if jax.config.jax_compilation_cache_max_size < 0:
+        jax.config.update("jax_compilation_cache_max_size", 16 * 2**30)
 
 
 def _worker_init(cache_dir: str = ""):
