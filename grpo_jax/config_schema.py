@@ -22,6 +22,7 @@ def base_config() -> ml_collections.ConfigDict:
     _model_fields(c)
     _data_fields(c)
     _rollout_fields(c)
+    _env_fields(c)
     _algorithm_fields(c)
     _gdro_fields(c)
     _training_fields(c)
@@ -121,6 +122,16 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # for its rows: the groups of algorithm.shared_prompt_forward, else one row each; same
     # samples up to float rounding; decode_slots = 0 only). Training and evaluation
     c.rollout.decode_cache = "dense"
+
+
+def _env_fields(c: ml_collections.ConfigDict) -> None:
+    """Multi-turn episodes with tools (grpo_jax/envs; docs/byo.md)."""
+    c.env = ml_collections.ConfigDict()
+    # a registered environment (calculator | python) or module:Class; "" = one completion per
+    # rollout. An episode's tokens (policy turns and observations) fit rollout.max_new_tokens
+    c.env.name = ""
+    c.env.max_turns = 2  # policy turns per episode
+    c.env.turn_tokens = 0  # the most tokens of one policy turn (0 = rollout.max_new_tokens)
 
 
 def _algorithm_fields(c: ml_collections.ConfigDict) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from grpo_jax import advantages, algorithms, losses
+from grpo_jax import advantages, algorithms, config_schema, losses
 from grpo_jax.models import config as model_config_lib
 
 
@@ -360,8 +360,10 @@ def _normalised(d: dict) -> dict:
 
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """The fields that differ between two config dicts and are not in `SAFE_TO_CHANGE`:
-    ``[(dotted path, old value, new value)]`` in path order."""
-    a, b = _leaves(_normalised(old)), _leaves(_normalised(new))
+    ``[(dotted path, old value, new value)]`` in path order. Both are read on today's schema
+    (`config_schema.upgrade`), so a field added since an older run's config was written counts
+    as its default, not as a change."""
+    a, b = (_leaves(_normalised(config_schema.upgrade(d).to_dict())) for d in (old, new))
     cosine = "cosine" in (a.get("optimizer.schedule"), b.get("optimizer.schedule"))
     out = []
     for path in sorted(set(a) | set(b)):

@@ -29,6 +29,7 @@ from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import from_config as data_lib
 from grpo_jax.data import pipeline as pipeline_lib
 from grpo_jax.data import templates
+from grpo_jax.envs import from_config as envs_from_config
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import from_config as model_lib
 from grpo_jax.models import lora as lora_lib
@@ -120,6 +121,8 @@ class Experiment:
       pool: the training prompts and held-out sets (`grpo_jax.data.from_config.PromptPool`).
       batching: how a step's rollouts are cut up (`Batching`).
       train_sampling, eval_sampling: `sampling.SamplingConfig` of rollouts and evaluation.
+      environment, turn_sampling: the multi-turn environment of ``config.env.name`` and the
+        `sampling.SamplingConfig` of one policy turn (its stops added to the end ids), or None.
       reward_fn: the training reward; eval_reward_fns: held-out set name -> its reward.
       algorithm, curriculum, learner: the registered algorithm and its built strategies.
       state_shardings, abstract_state: the train state's shardings and shapes (every jitted
@@ -145,6 +148,8 @@ class Experiment:
     learner: algorithms.Learner
     state_shardings: Any = None
     abstract_state: Any = None
+    environment: Any = None  # a `grpo_jax.envs.Environment` (config.env.name), else None
+    turn_sampling: sampling.SamplingConfig | None = None  # one turn of its episodes
 
     @property
     def num_bins(self) -> int:
@@ -358,6 +363,7 @@ def build_experiment(
     reward_fn, eval_reward_fns = (
         reward_lib.make_reward_fns(config, pool.eval_sets, mesh) if with_data else (None, {})
     )
+    environment, turn_sampling = envs_from_config.environment(config, tokenizer, train_sampling)
     exp = Experiment(
         config=config,
         mesh=mesh,
@@ -376,6 +382,8 @@ def build_experiment(
         algorithm=algo,
         curriculum=curriculum,
         learner=learner,
+        environment=environment,
+        turn_sampling=turn_sampling,
     )
     with exp.mesh_context():
         shapes = jax.eval_shape(exp.state_init_fn)

@@ -127,7 +127,9 @@ class Rollouts:
     sampled token (before top-k/top-p truncation), 0 where masked. lengths [R] int32: number of
     completion tokens (incl. EOS). truncated [R] bool: no EOS within max_new_tokens (or the
     row's budget). decode_utilisation [] float32: `SlotStats.utilisation` of continuous
-    batching (None from the static sampler).
+    batching (None from the static sampler). loss_mask [R, Lc] float32: the tokens trained on
+    when they are not all of ``completion_mask`` (multi-turn episodes: the policy's own tokens,
+    not the tools' output, `grpo_jax.envs.episodes`); None = ``completion_mask``.
     """
 
     tokens: jax.Array
@@ -137,6 +139,7 @@ class Rollouts:
     lengths: jax.Array
     truncated: jax.Array
     decode_utilisation: jax.Array | None = None  # [] float32, continuous batching only
+    loss_mask: jax.Array | None = None  # [R, Lc] float32, multi-turn episodes only
 
 
 _BLOCK = 256  # vocabulary block of the two-level inverse-CDF draw

@@ -400,9 +400,13 @@ class Steps:
         on device, donated state (metrics as `_train_fn`).
       shape_rewards: ``(rewards [R] float32, lengths [R] int32) -> [R] float32``: DAPO's soft
         overlong punishment added when ``algorithm.overlong_penalty_factor`` (else unchanged).
-      masks: ``(prompt_mask [R, Lp] bool, completion_mask [R, Lc], truncated [R] bool) ->
-        (attention_mask [R, Lp + Lc] bool, loss mask [R, Lc])`` (DAPO overlong filtering zeroes
-        truncated rows when ``algorithm.overlong_filtering``).
+      masks: ``(prompt_mask [R, Lp] bool, completion_mask [R, Lc], truncated [R] bool,
+        loss_mask [R, Lc] | None) -> (attention_mask [R, Lp + Lc] bool, loss mask [R, Lc])``
+        (the loss mask is ``loss_mask`` when given (multi-turn episodes), else the completion
+        mask; DAPO overlong filtering zeroes truncated rows when ``algorithm.overlong_filtering``).
+      generate_turn: ``(params, tokens [r, W] int32, mask [r, W] bool, key, max_lengths [r]
+        int32) -> sampling.Rollouts``: one policy turn of multi-turn episodes
+        (``exp.turn_sampling``; None without ``config.env.name``).
       take: ``(tree, idx [n] int32) -> tree`` rows laid out over the batch sharding.
       concat: ``([tree, ...]) -> tree`` joined along the rows, over the batch sharding.
     """
@@ -417,6 +421,7 @@ class Steps:
     masks: Callable
     take: Callable
     concat: Callable
+    generate_turn: Callable | None = None
 
 
 def make_steps(exp: Experiment) -> Steps:
@@ -440,11 +445,17 @@ def make_steps(exp: Experiment) -> Steps:
         )
         return rewards + penalty
 
-    def masks(prompt_mask, completion_mask, truncated):
+    def masks(prompt_mask, completion_mask, truncated, loss_mask=None):
         attention_mask = jnp.concatenate([prompt_mask, completion_mask > 0], axis=1)
+        loss_mask = completion_mask if loss_mask is None else loss_mask
         if algo.overlong_filtering:  # DAPO: truncated completions carry no loss
-            return attention_mask, losses.overlong_filter(completion_mask, truncated)
-        return attention_mask, completion_mask
+            return attention_mask, losses.overlong_filter(loss_mask, truncated)
+        return attention_mask, loss_mask
+
+    def generate_turn(params, tokens, mask, key, max_lengths):
+        return sampling.generate(
+            exp.graphdef, params, tokens, mask, key, exp.turn_sampling, max_lengths
+        )
 
     def concat(parts):
         return jax.tree.map(
@@ -498,6 +509,7 @@ def make_steps(exp: Experiment) -> Steps:
         masks=jax.jit(masks),
         take=jax.jit(functools.partial(_take, mesh)),
         concat=jax.jit(concat),
+        generate_turn=sharding.under_mesh(mesh, generate_turn) if exp.environment else None,
     )
 
 

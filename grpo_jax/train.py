@@ -44,11 +44,13 @@ from grpo_jax import (
     divergence,
     evaluation,
     gdro,
+    sampling,
     sharding,
     steps,
     writers,
 )
 from grpo_jax import transfer as xfer
+from grpo_jax.envs import episodes
 from grpo_jax.experiment import Experiment, build_experiment
 from grpo_jax.rewards import failures as rewards_failures
 from grpo_jax.rewards import from_config as reward_from_config
@@ -83,6 +85,7 @@ class Round:
     texts: tuple = ()
     decode_utilisation: float | None = None  # continuous batching's SlotStats.utilisation
     reward_errors: dict = dataclasses.field(default_factory=dict)
+    env_stats: dict = dataclasses.field(default_factory=dict)  # episodes' turns, tool calls
 
     @property
     def visit(self) -> algorithms.Visit:
@@ -116,26 +119,12 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     times["prepare"] = t()
 
     t = _timer()
-    R, gbs = len(rows), exp.batching.generate_batch_size
-    keys = [key] if gbs >= R else _split_keys(key, R // gbs)
-    parts = [
-        fns.generate(
-            run.train.params,
-            xfer.to_device(exp.mesh, exp.pool.tokens[rows[s : s + gbs]]),
-            xfer.to_device(exp.mesh, exp.pool.mask[rows[s : s + gbs]]),
-            k,
-        )
-        for k, s in zip(keys, range(0, R, gbs))
-    ]
-    util = [p.decode_utilisation for p in parts if p.decode_utilisation is not None]
-    parts = [p.replace(decode_utilisation=None) for p in parts]
-    rollouts = parts[0] if len(parts) == 1 else fns.concat(parts)
-    completions, lengths, util = xfer.to_host((rollouts.completion_tokens, rollouts.lengths, util))
+    make = _generate if exp.environment is None else _episodes
+    rollouts, lengths, texts, scored, util, env_stats = make(exp, fns, run, rows, key)
     times["generate"] = t()
 
     t = _timer()
-    texts = xfer.decode_completions(exp.tokenizer, completions, lengths)
-    rewards, correct, reward_stats = exp.score(texts, rows)
+    rewards, correct, reward_stats = exp.score(scored, rows)
     reward_stats = dict(reward_stats)
     reward_errors = reward_stats.pop("errors", {})
     rewards, correct = np.asarray(rewards, np.float32), np.asarray(correct, bool)
@@ -166,7 +155,64 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         texts=tuple(texts),
         decode_utilisation=float(np.mean(util)) if util else None,
         reward_errors=reward_errors,
+        env_stats=env_stats,
     )
+
+
+def _generate(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
+    """One completion per rollout: (rollouts, lengths [R] on the host, texts [R], the texts
+    scored (the same), decode utilisations, {})."""
+    R, gbs = len(rows), exp.batching.generate_batch_size
+    keys = [key] if gbs >= R else _split_keys(key, R // gbs)
+    parts = [
+        fns.generate(
+            run.train.params,
+            xfer.to_device(exp.mesh, exp.pool.tokens[rows[s : s + gbs]]),
+            xfer.to_device(exp.mesh, exp.pool.mask[rows[s : s + gbs]]),
+            k,
+        )
+        for k, s in zip(keys, range(0, R, gbs))
+    ]
+    util = [p.decode_utilisation for p in parts if p.decode_utilisation is not None]
+    parts = [p.replace(decode_utilisation=None) for p in parts]
+    rollouts = parts[0] if len(parts) == 1 else fns.concat(parts)
+    completions, lengths, util = xfer.to_host((rollouts.completion_tokens, rollouts.lengths, util))
+    texts = xfer.decode_completions(exp.tokenizer, completions, lengths)
+    return rollouts, lengths, texts, texts, util, {}
+
+
+def _episodes(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
+    """Multi-turn episodes of ``exp.environment`` (`grpo_jax.envs.episodes`), every rollout in
+    one sampler call per turn: (rollouts with the policy's tokens as ``loss_mask``, lengths [R],
+    each episode's text, the texts scored (`Environment.final_text`), [], turn and tool-call
+    sums)."""
+    dev = lambda x: xfer.to_device(exp.mesh, x)
+    prompts = exp.pool.tokens[rows]
+    ep = episodes.run_episodes(
+        lambda tokens, mask, k, caps: fns.generate_turn(
+            run.train.params, dev(tokens), dev(mask), k, dev(caps)
+        ),
+        exp.tokenizer,
+        exp.environment,
+        prompts,
+        exp.pool.mask[rows],
+        [exp.pool.examples[r] for r in rows],
+        key,
+        budget=exp.max_new_tokens,
+        turn_tokens=exp.turn_sampling.max_new_tokens,
+    )
+    rollouts = sampling.Rollouts(
+        tokens=dev(np.concatenate([prompts, ep.completion_tokens], axis=1)),
+        completion_tokens=dev(ep.completion_tokens),
+        completion_mask=dev(ep.present_mask),
+        logprobs=dev(ep.logprobs),
+        lengths=dev(ep.lengths),
+        truncated=dev(ep.truncated),
+        loss_mask=dev(ep.policy_mask),
+    )
+    texts = xfer.decode_completions(exp.tokenizer, ep.completion_tokens, ep.lengths)
+    stats = {"turns": int(ep.turns.sum()), "tool_calls": int(ep.tool_calls.sum())}
+    return rollouts, ep.lengths, texts, list(ep.texts), [], stats
 
 
 def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Round]) -> Round:
@@ -256,7 +302,9 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     rewards, seg = (xfer.to_device(exp.mesh, x) for x in (rd.rewards, rd.placement.segment_ids))
     rewards = fns.shape_rewards(rewards, ro.lengths)
     adv, adv_stats = fns.advantages(rewards, seg)
-    attention_mask, loss_mask = fns.masks(rd.prompt_mask, ro.completion_mask, ro.truncated)
+    attention_mask, loss_mask = fns.masks(
+        rd.prompt_mask, ro.completion_mask, ro.truncated, ro.loss_mask
+    )
     # the sampling policy's log-probs: off-policy the update's ratio needs them; on-policy the
     # update uses its own (detached) log-probs and only a learner that reads them gets them (PPO's
     # KL reward penalty); a field nobody reads is None, never a placeholder
@@ -402,6 +450,10 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
     util = [x.decode_utilisation for x in rounds if x.decode_utilisation is not None]
     if util:
         row["decode_utilisation"] = float(np.mean(util))
+    if rounds[0].env_stats:  # multi-turn episodes: per episode, over every round
+        n = sum(len(x.rows) for x in rounds)
+        for k in rounds[0].env_stats:
+            row[f"env/{k}_mean"] = sum(x.env_stats[k] for x in rounds) / n
     # prompts per bin; the last entry counts never-seen prompts (their own state)
     row["bin_counts"] = np.bincount(rd.placement.bins, minlength=exp.num_bins + 1).tolist()
     if filters_groups(exp):

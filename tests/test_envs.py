@@ -192,3 +192,54 @@ def test_real_sampler_turns_equal_direct_calls_on_the_hand_built_contexts():
             ep.completion_tokens[i, n1 + len(o) : n1 + len(o) + n2].tolist()
             == np.asarray(second.completion_tokens[0, :n2]).tolist()
         )
+
+
+def test_a_training_step_trains_on_the_policys_tokens_and_attends_to_the_observations():
+    """config.env.name: the step's rollouts are episodes; the batch's loss mask is the policy's
+    tokens (observations excluded), its attention mask the prompt and every episode token;
+    the metrics row counts turns and tool calls."""
+    from configs import arithmetic
+    from grpo_jax import steps, train
+    from grpo_jax.experiment import build_experiment
+
+    c = arithmetic.get_config("grpo,smoke")
+    c.mesh.num_devices = 1
+    c.logging.tensorboard = False
+    c.sft.steps = 0
+    c.rollout.max_new_tokens, c.env.name, c.env.turn_tokens = 12, "calculator", 6
+    exp = build_experiment(c)
+    try:
+        assert exp.turn_sampling.max_new_tokens == 6
+        assert exp.turn_sampling.eos_ids == (TOK.eos_id, TOK.encode(")")[0])
+        run, _ = steps.init_run(exp, warm_start=False)
+        params = jax.tree.map(lambda x: x * 8.0, run.train.params)  # peaky: some turns stop at ")"
+        run = run.replace(train=run.train.replace(params=params))
+        fns = steps.make_steps(exp)
+        rd = train.sample_round(exp, fns, run, exp.make_source(), jax.random.key(5))
+        ro = rd.rollouts
+        present, policy = np.asarray(ro.completion_mask), np.asarray(ro.loss_mask)
+        assert rd.env_stats["tool_calls"] > 0 and (policy <= present).all()
+        assert (policy < present).any()  # some observation tokens are attended, not trained
+        attention, loss = fns.masks(rd.prompt_mask, ro.completion_mask, ro.truncated, ro.loss_mask)
+        np.testing.assert_array_equal(np.asarray(loss), policy)
+        np.testing.assert_array_equal(
+            np.asarray(attention), np.concatenate([np.asarray(rd.prompt_mask), present > 0], 1)
+        )
+        batch = train._batch(exp, fns, run, rd)[0]
+        np.testing.assert_array_equal(np.asarray(batch.completion_mask), policy)
+        row = train._metrics_row(
+            exp, [rd], rd, {"skipped_updates": 0}, _summary(), {}, {"generate": 1.0}
+        )
+        assert row["env/tool_calls_mean"] == rd.env_stats["tool_calls"] / len(rd.rows)
+    finally:
+        exp.close()
+
+
+def _summary():
+    return {
+        "truncated_fraction": 0.0,
+        "advantage_abs_mean": 0.0,
+        "sample_weight_max": 1.0,
+        "consecutive_skips": 0,
+        "advantages": {},
+    }

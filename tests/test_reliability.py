@@ -1166,3 +1166,16 @@ def test_reliability_table_names_existing_tests():
     defined = set(re.findall(r"^def (test_\w+)", sources, re.M))
     assert named and named <= defined, named - defined
     assert defined - {"test_reliability_table_names_existing_tests"} <= named, defined - named
+
+
+def test_a_field_added_since_an_older_run_is_its_default_on_resume(tmp_path):
+    """An older workdir's config.json lacks the sections added since (here env.*): they count
+    as their defaults, so the run resumes; a non-default value of such a field is a change."""
+    old = smoke_config("grpo").to_dict()
+    del old["env"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert config_utils.check_workdir(smoke_config("grpo"), str(tmp_path)) == []
+    with pytest.raises(config_utils.ConfigError, match=r"env.name: '' -> 'calculator'"):
+        config_utils.check_workdir(
+            smoke_config("grpo", **{"env.name": "calculator"}), str(tmp_path)
+        )
