@@ -6,7 +6,8 @@ Arguments: grpo (default) | prompt_gdro | rollout_gdro | ppo, optionally followe
 `,heavy_tailed` (the heterogeneous mix used by experiments.compare), `,frontier` (the
 moving-frontier testbed, below), `,long` (the frontier testbed with 20 visits per prompt and two
 mini-batches per step: the GDRO mechanism test, `frontier_long`), `,pool` (`,long` over a
-heavy-tailed ladder mix shaped like the paper's pool: `paper_shaped_pool`) or `,smoke` (tiny).
+heavy-tailed ladder mix shaped like the paper's pool: `paper_shaped_pool`) or `,smoke` (tiny);
+`,calculator` makes every rollout an episode with a calculator tool (docs/byo.md).
 `heavy_tailed`, `frontier` / `long` and `pool` each set the testbed: two of them are refused
 (`frontier,long` is `long`).
 
@@ -27,7 +28,16 @@ from configs import common
 def get_config(arg: str = "grpo"):
     algorithm, parts = common.parse_arg(
         arg,
-        flags=("heavy_tailed", "frontier", "long", "pool", "smoke", "paper_gdro", "lora"),
+        flags=(
+            "heavy_tailed",
+            "frontier",
+            "long",
+            "pool",
+            "smoke",
+            "paper_gdro",
+            "lora",
+            "calculator",
+        ),
         exclusive=(("heavy_tailed", "frontier", "pool"), ("heavy_tailed", "long", "pool")),
     )
     c = common.base_config()
@@ -78,6 +88,11 @@ def get_config(arg: str = "grpo"):
         c.model.lora.rank = 2
         c.model.lora.alpha = 4.0  # scale alpha / rank = 2
         c.optimizer.learning_rate = 1e-3  # adapters take larger steps than full weights
+    if "calculator" in parts:  # tool use: episodes with a calculator (grpo_jax/envs/tools.py)
+        c.env.name = "calculator"  # "(54+34-30)" -> "=58", then the answer "58"
+        c.env.max_turns = 2  # the call, then the answer
+        c.env.turn_tokens = 12  # the longest default call, "(54+34-30)", is 10 tokens
+        c.rollout.max_new_tokens = 20  # call + observation + answer + EOS
     if "heavy_tailed" in parts:
         c.data.arithmetic.levels = (1, 2, 3, 4, 5)
         c.data.arithmetic.heavy_tailed = True  # most problems easy, a long tail of hard levels

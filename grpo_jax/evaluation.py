@@ -19,6 +19,8 @@ from grpo_jax import sampling, sharding
 from grpo_jax import transfer as xfer
 from grpo_jax.data import datasets
 from grpo_jax.data.templates import encode_prompts, prompt_of
+from grpo_jax.envs import episodes
+from grpo_jax.envs import from_config as envs_from_config
 
 
 def _summarise(correct: np.ndarray, answers: list[list[str]] | None, k: int) -> dict:
@@ -81,6 +83,8 @@ def evaluate_policy(
     progress: bool = False,
     mesh=None,
     desc: str = "eval",
+    environment=None,
+    turn_tokens: int = 0,
 ) -> EvalResult:
     """Samples ``k`` completions per problem and scores them.
 
@@ -94,6 +98,9 @@ def evaluate_policy(
         do not vote).
       mesh: the device mesh the sampler's activations are pinned to (None: left to XLA).
       desc: the progress bar's label.
+      environment: a multi-turn `grpo_jax.envs.Environment`: each sample is an episode
+        (`envs.episodes.run_episodes`, ``sampling_config.max_new_tokens`` tokens in all, turns of
+        at most ``turn_tokens`` (0 = all of them)), scored on `Environment.final_text`.
 
     Returns:
       the `EvalResult`: the summary and the per-problem correctness it was computed from.
@@ -121,15 +128,35 @@ def evaluate_policy(
     else:
         generate = sharding.under_mesh(mesh, sampling.generate)
         put = lambda x: xfer.to_device(mesh, x)
+    turn_config = envs_from_config.turn_sampling(
+        sampling_config, tokenizer, environment, turn_tokens
+    )
     for start in iterator:
         idx = np.arange(start, start + per_call)
         idx = np.where(idx < num, idx, 0)  # pad the last call with problem 0 (discarded)
         rows = np.repeat(idx, k)
         rng, key = jax.random.split(rng)
-        out = generate(graphdef, params, put(tokens[rows]), put(mask[rows]), key, sampling_config)
-        completions = xfer.decode_completions(
-            tokenizer, *xfer.to_host((out.completion_tokens, out.lengths))
-        )
+        if environment is None:
+            out = generate(
+                graphdef, params, put(tokens[rows]), put(mask[rows]), key, sampling_config
+            )
+            completions = xfer.decode_completions(
+                tokenizer, *xfer.to_host((out.completion_tokens, out.lengths))
+            )
+        else:
+            completions = _episode_texts(
+                lambda t, m, key, caps: generate(
+                    graphdef, params, put(t), put(m), key, turn_config, put(caps)
+                ),
+                tokenizer,
+                environment,
+                tokens[rows],
+                mask[rows],
+                [examples[r] for r in rows],
+                key,
+                sampling_config.max_new_tokens,
+                turn_config.max_new_tokens,
+            )
         golds = [examples[r].get("answers", examples[r]["answer"]) for r in rows]
         if getattr(reward_fn, "takes_examples", False):  # your reward reads row fields
             _, ok, _ = reward_fn(completions, golds, examples=[examples[r] for r in rows])
@@ -151,6 +178,13 @@ def evaluate_policy(
             str(lvl): _summarise(correct[ix], None, k) for lvl, ix in sorted(by_level.items())
         }
     return EvalResult(summary=result, correct=correct, levels=levels)
+
+
+def _episode_texts(generate, tokenizer, env, tokens, mask, examples, key, budget, turn):
+    ep = episodes.run_episodes(
+        generate, tokenizer, env, tokens, mask, examples, key, budget=budget, turn_tokens=turn
+    )
+    return list(ep.texts)
 
 
 def evaluate_sets(exp, params, rng: jax.Array) -> dict[str, EvalResult]:
@@ -177,6 +211,8 @@ def evaluate_sets(exp, params, rng: jax.Array) -> dict[str, EvalResult]:
             mesh=exp.mesh,
             progress=exp.config.logging.progress_bar and jax.process_index() == 0,
             desc=name,
+            environment=exp.environment,
+            turn_tokens=exp.config.env.turn_tokens,
         )
     return out
 

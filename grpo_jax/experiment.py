@@ -236,30 +236,45 @@ class Experiment:
 
     def sft_data(self):
         """(tokens [N, Lp + La] int32, attention mask bool, target mask float32) for the
-        supervised warm start: each prompt followed by its gold answer and EOS. The prompts are
-        the dataset's own warm-start pool when it has one (disjoint from the RL prompts: the
-        arithmetic task with ``num_sft > 0``), else the training pool."""
-        pool = self.pool
+        supervised warm start: each prompt followed by its gold answer and EOS (with a
+        multi-turn environment that demonstrates, its `Environment.demonstration`: the tool's
+        output attended to, not a target). The prompts are the dataset's own warm-start pool
+        when it has one (disjoint from the RL prompts: the arithmetic task with
+        ``num_sft > 0``), else the training pool."""
+        pool, tok = self.pool, self.tokenizer
         if pool.sft_examples:
-            texts = [self.render(templates.prompt_of(ex)) for ex in pool.sft_examples]
+            examples = pool.sft_examples
+            texts = [self.render(templates.prompt_of(ex)) for ex in examples]
             prompts, prompt_mask, _ = templates.encode_prompts(
-                self.tokenizer, texts, self.prompt_len, "truncate"
+                tok, texts, self.prompt_len, "truncate"
             )
-            golds = [ex["answer"] for ex in pool.sft_examples]
+            golds = [ex["answer"] for ex in examples]
         else:
-            prompts, prompt_mask, golds = pool.tokens, pool.mask, pool.golds
-        answers = [self.tokenizer.encode(str(g)) + [self.tokenizer.eos_ids[0]] for g in golds]
+            examples, prompts, prompt_mask, golds = (
+                pool.examples,
+                pool.tokens,
+                pool.mask,
+                pool.golds,
+            )
+        demo = getattr(self.environment, "demonstration", lambda ex: None)
+        answers = []
+        for ex, gold in zip(examples, golds):
+            parts = demo(ex) or [(str(gold), True)]
+            ids = [(i, trained) for text, trained in parts for i in tok.encode(text)]
+            answers.append(ids + [(tok.eos_ids[0], True)])
         la = min(max(len(a) for a in answers), self.max_new_tokens)
         n = len(answers)
-        ans = np.full((n, la), self.tokenizer.pad_id, np.int32)
+        ans = np.full((n, la), tok.pad_id, np.int32)
         amask = np.zeros((n, la), bool)
+        atarget = np.zeros((n, la), bool)
         for i, a in enumerate(answers):
             a = a[:la]
-            ans[i, : len(a)] = a
+            ans[i, : len(a)] = [t for t, _ in a]
             amask[i, : len(a)] = True
+            atarget[i, : len(a)] = [trained for _, trained in a]
         tokens = np.concatenate([prompts, ans], axis=1)
         mask = np.concatenate([prompt_mask, amask], axis=1)
-        target = np.concatenate([np.zeros_like(prompt_mask), amask], axis=1)
+        target = np.concatenate([np.zeros_like(prompt_mask), atarget], axis=1)
         return tokens, mask, target.astype(np.float32)
 
     def close(self) -> None:

@@ -35,6 +35,12 @@ class Environment:
         """The answer to a policy turn that ended with one of ``stop_strings``."""
         raise NotImplementedError
 
+    def demonstration(self, example: dict) -> list[tuple[str, bool]] | None:
+        """A worked episode for the supervised warm start: ``[(text, trained), ...]`` after the
+        prompt (policy turns ``trained``, observations not; EOS is appended), or None for the
+        plain gold answer (the default)."""
+        return None
+
     def final_text(self, state: Any, turns: list[str]) -> str:
         """The text the reward function scores (default: the last policy turn)."""
         return turns[-1] if turns else ""

@@ -51,6 +51,15 @@ class Calculator(Environment):
         call = turn_text.rsplit("(", 1)[-1].rstrip(")")
         return EnvStep(observation="=" + calculate(call), done=False)
 
+    def demonstration(self, example: dict) -> list[tuple[str, bool]]:
+        """``(problem)`` trained, ``=value`` not, then the answer trained."""
+        problem = str(example["problem"])
+        return [
+            (f"({problem})", True),
+            ("=" + calculate(problem), False),
+            (str(example["answer"]), True),
+        ]
+
 
 @register_environment("python")
 class Python(Environment):
