@@ -243,3 +243,26 @@ def _summary():
         "consecutive_skips": 0,
         "advantages": {},
     }
+
+
+def test_the_warm_start_learns_the_calculators_demonstration_but_not_its_output():
+    from configs import arithmetic
+    from grpo_jax.experiment import build_experiment
+
+    c = arithmetic.get_config("grpo,calculator,smoke")
+    c.mesh.num_devices = 1
+    exp = build_experiment(c)
+    try:
+        tokens, mask, target = exp.sft_data()
+        Lp = exp.prompt_len
+        ex = exp.pool.examples[0]
+        value = calculate(ex["problem"])
+        text = f"({ex['problem']})={value}{ex['answer']}"
+        n = len(text) + 1
+        assert tokens[0, Lp : Lp + n].tolist() == _ids(text + EOS)
+        call = len(ex["problem"]) + 2
+        want = [1.0] * call + [0.0] * (1 + len(value)) + [1.0] * (len(str(ex["answer"])) + 1)
+        assert target[0, Lp : Lp + n].tolist() == want
+        assert mask[0, Lp : Lp + n].all() and not target[0, :Lp].any()
+    finally:
+        exp.close()
