@@ -1,0 +1,257 @@
+"""A versioned weight channel between two process groups of one `jax.distributed` job.
+
+The training group publishes its parameters once per step (`WeightPublisher.publish(params,
+version)`); the generation group fetches the newest version when it wants one
+(`WeightSubscriber.latest()`). The bytes travel over JAX's own cross-process transfer engine
+(`jax.experimental.transfer`: a `TransferServer` per process, pulls over sockets/DCN); the small
+control messages (server address, newest version, pull requests and offers) go through the
+coordination service's key-value store that `jax.distributed.initialize` already runs. No Ray,
+no home-made RPC. The design around it (rollout queue, staleness, controllers, checkpoints) is
+in docs/disaggregated.md.
+
+Protocol (keys under ``grpo_jax/weights/<name>/``): the publisher sets ``address`` once and
+``version`` + ``signature`` on each publish; a subscriber takes a fresh request id from the
+atomic counter ``next``, writes ``request/<id>``, and blocks on ``offer/<id>``; the publisher's
+serving thread answers each request by scheduling one pull of its newest copy under that id
+(`TransferServer.await_pull`) and writing the copy's version to ``offer/<id>``; the subscriber
+then pulls the arrays. A version nobody asks for is never offered, so skipped versions hold no
+memory on the publisher.
+
+Both sides lay the arrays out in the same *wire layout* (`wire_layout`): each leaf split along
+its first axis over the first ``wire_devices`` local devices where that axis divides, else whole
+on the first one. The transfer engine moves shard to matching shard and cannot reshard on
+receive, so the publisher copies into the wire layout (from any training layout) and the
+subscriber `jax.device_put`s into its generation layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import transfer
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+_ROOT = "grpo_jax/weights"
+
+
+def coordination_client():
+    """The key-value client of this process's `jax.distributed` coordination service.
+
+    JAX keeps it in a private module (Orbax reads it from the same place); this is the one line
+    in grpo_jax that reaches for it.
+
+    Raises:
+      RuntimeError: `jax.distributed.initialize` has not run in this process.
+    """
+    from jax._src import distributed  # noqa: PLC0415 -- JAX exposes the client nowhere public
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("weight channel: jax.distributed.initialize has not run in this process")
+    return client
+
+
+def wire_layout(tree, devices) -> object:
+    """The agreed transfer layout: a pytree of `jax.ShapeDtypeStruct` with shardings.
+
+    Args:
+      tree: a pytree of arrays or `jax.ShapeDtypeStruct` (only shapes and dtypes are read).
+      devices: this process's wire devices (the same count on both sides of a channel).
+
+    A leaf whose first axis divides by ``len(devices)`` is split along it
+    (``PartitionSpec("wire")``); any other leaf (scalars included) sits whole on ``devices[0]``.
+    """
+    devices = list(devices)
+    mesh = jax.sharding.Mesh(np.array(devices), ("wire",))
+
+    def one(x):
+        shape, dtype = tuple(x.shape), x.dtype
+        if len(devices) > 1 and shape and shape[0] % len(devices) == 0:
+            sharding = NamedSharding(mesh, PartitionSpec("wire"))
+        else:
+            sharding = SingleDeviceSharding(devices[0])
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    return jax.tree.map(one, tree)
+
+
+def signature(tree) -> str:
+    """A short digest of a pytree's structure, leaf shapes and dtypes (both sides compare it)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    text = repr(treedef) + "".join(f"|{tuple(x.shape)}:{np.dtype(x.dtype).name}" for x in leaves)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_copy = jax.jit(jnp.copy)  # a copy primitive inside jit is never forwarded to its input
+
+
+def _local_host() -> str:
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _server(host: str, n_devices: int):
+    client = jax.local_devices()[0].client
+    return transfer.start_transfer_server(client, f"{host}:0", [f"{host}:0"] * n_devices)
+
+
+class WeightPublisher:
+    """The training group's end: holds the newest published copy and serves pulls of it.
+
+    Args:
+      name: the channel's name (both ends use the same).
+      wire_devices: how many of this process's local devices carry the wire layout (default 1).
+      host: the address other hosts reach this process at (default: this host name's address;
+        on a real cluster pass the interface the generation hosts can route to).
+      poll_s: seconds between the serving thread's looks at the request keys.
+
+    Raises:
+      RuntimeError: outside a `jax.distributed` job.
+    """
+
+    def __init__(self, name: str, *, wire_devices: int = 1, host: str | None = None, poll_s=0.005):
+        self._kv = coordination_client()
+        self._ns = f"{_ROOT}/{name}"
+        self._devices = jax.local_devices()[:wire_devices]
+        self._server = _server(host or _local_host(), len(self._devices))
+        self._kv.key_value_set(f"{self._ns}/address", self._server.address(), allow_overwrite=True)
+        self._lock = threading.Lock()
+        self._latest: tuple[int, list] | None = None  # (version, flat wire arrays)
+        self._signature: str | None = None
+        self.served = 0  # pulls scheduled so far
+        self._stop = threading.Event()
+        self._poll_s = poll_s
+        self._thread = threading.Thread(target=self._serve, name=f"weights-{name}", daemon=True)
+        self._thread.start()
+
+    def publish(self, params, version: int) -> None:
+        """Makes ``params`` (any layout, any local devices) the copy served from now on.
+
+        The arrays are copied into the wire layout, so the caller may donate or delete its
+        ``params`` afterwards. Returns once the copy is made (not when anyone has pulled it).
+
+        Raises:
+          ValueError: ``version`` not larger than the last one, or a different tree structure.
+        """
+        version = int(version)
+        sig = signature(params)
+        if self._latest is not None and version <= self._latest[0]:
+            raise ValueError(
+                f"weight channel: version {version} is not newer than {self._latest[0]}"
+            )
+        if self._signature is not None and sig != self._signature:
+            raise ValueError("weight channel: the published tree's structure/shapes/dtypes changed")
+        layout = wire_layout(params, self._devices)
+        # `device_put` may alias a shard it does not move (even with may_alias=False when it
+        # narrows a replicated array to one device), and a donated or deleted training array
+        # would then take the served copy with it; the jitted copy owns fresh buffers.
+        moved = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, layout)
+        flat = jax.block_until_ready([_copy(x) for x in jax.tree.leaves(moved)])
+        with self._lock:
+            self._latest = (version, flat)
+            self._signature = sig
+        self._kv.key_value_set(f"{self._ns}/signature", sig, allow_overwrite=True)
+        self._kv.key_value_set(f"{self._ns}/version", str(version), allow_overwrite=True)
+
+    def _serve(self) -> None:
+        prefix = f"{self._ns}/request/"
+        while not self._stop.wait(self._poll_s):
+            with self._lock:
+                latest = self._latest
+            if latest is None:
+                continue
+            for key, _ in self._kv.key_value_dir_get(prefix):
+                uuid = int(key.rsplit("/", 1)[1])
+                self._server.await_pull(uuid, latest[1])
+                self._kv.key_value_delete(key)
+                self._kv.key_value_set(f"{self._ns}/offer/{uuid}", str(latest[0]))
+                self.served += 1
+
+    def close(self) -> None:
+        """Stops serving new requests (pulls already scheduled keep their arrays alive)."""
+        self._stop.set()
+        self._thread.join()
+
+
+class WeightSubscriber:
+    """The generation group's end: asks for the newest version and receives it.
+
+    Args:
+      name: the channel's name (as the publisher's).
+      like: a pytree of arrays or `jax.ShapeDtypeStruct` with the published tree's structure,
+        shapes and dtypes (e.g. `jax.eval_shape` of the model's init).
+      wire_devices: as the publisher's (the same count).
+      host: this process's reachable address (as for `WeightPublisher`).
+      timeout_s: seconds `latest` waits for the publisher before raising.
+    """
+
+    def __init__(self, name: str, like, *, wire_devices: int = 1, host=None, timeout_s=60.0):
+        self._kv = coordination_client()
+        self._ns = f"{_ROOT}/{name}"
+        self._like = like
+        self._signature = signature(like)
+        self._layout = wire_layout(like, jax.local_devices()[:wire_devices])
+        self._server = _server(host or _local_host(), wire_devices)
+        self._timeout_ms = int(timeout_s * 1000)
+        self._connection = None
+
+    def latest_version(self) -> int | None:
+        """The newest published version (None before the first publish); a cheap key lookup."""
+        try:
+            return int(self._kv.key_value_try_get(f"{self._ns}/version"))
+        except Exception:  # JAX raises a bare XlaRuntimeError(NOT_FOUND) for a missing key
+            return None
+
+    def wait_for_version(self, version: int, timeout_s: float | None = None) -> int:
+        """Blocks until a version >= ``version`` is published; returns the newest version.
+
+        Raises:
+          TimeoutError: none within ``timeout_s`` (default: the subscriber's timeout).
+        """
+        deadline = time.monotonic() + (self._timeout_ms / 1000 if timeout_s is None else timeout_s)
+        while (newest := self.latest_version()) is None or newest < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weight channel {self._ns}: no version >= {version} published")
+            time.sleep(0.005)
+        return newest
+
+    def latest(self, shardings=None) -> tuple[int, object]:
+        """Pulls the newest published copy: ``(version, params)``.
+
+        Args:
+          shardings: optional pytree of target shardings (the generation layout); the received
+            wire-layout arrays are `jax.device_put` there. None returns the wire layout.
+
+        Raises:
+          TimeoutError: the publisher did not answer within the subscriber's timeout.
+          ValueError: the publisher's tree differs from ``like`` (structure, shapes or dtypes).
+        """
+        kv = self._kv
+        try:
+            published = kv.blocking_key_value_get(f"{self._ns}/signature", self._timeout_ms)
+        except Exception as e:
+            raise TimeoutError(f"weight channel {self._ns}: nothing published") from e
+        if published != self._signature:
+            raise ValueError(
+                f"weight channel {self._ns}: the published tree differs from the expected one "
+                f"(signature {published} != {self._signature})"
+            )
+        if self._connection is None:
+            address = kv.blocking_key_value_get(f"{self._ns}/address", self._timeout_ms)
+            self._connection = self._server.connect(address)
+        uuid = kv.key_value_increment(f"{self._ns}/next", 1)
+        kv.key_value_set(f"{self._ns}/request/{uuid}", str(jax.process_index()))
+        try:
+            version = int(kv.blocking_key_value_get(f"{self._ns}/offer/{uuid}", self._timeout_ms))
+        except Exception as e:
+            raise TimeoutError(f"weight channel {self._ns}: request {uuid} not answered") from e
+        kv.key_value_delete(f"{self._ns}/offer/{uuid}")
+        params = jax.block_until_ready(self._connection.pull(uuid, self._layout))
+        if shardings is not None:
+            params = jax.device_put(params, shardings)
+        return version, params

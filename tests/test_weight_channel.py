@@ -1,0 +1,113 @@
+"""The weight channel between two process groups (grpo_jax/weight_channel.py).
+
+Two processes x 2 CPU devices under one `jax.distributed` job (tests/weight_channel_worker.py):
+process 0 (training group) publishes versions 3 and 7 of a params tree over JAX's transfer
+engine; process 1 (generation group) receives each into its own layout. The bytes received must
+equal the bytes sent, leaf for leaf, with the version carried.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import weight_channel
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "weight_channel_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _run_pair(out, timeout=120):
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, str(port), str(pid), str(out)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            text, _ = p.communicate(timeout=timeout)
+            outs.append((p.returncode, text))
+    finally:
+        for p in procs:  # one side failing leaves the other blocked on a key
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return outs
+
+
+def _load(path):
+    with np.load(path) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def test_two_process_groups_receive_the_published_bytes_and_versions(tmp_path):
+    (rc0, out0), (rc1, out1) = _run_pair(tmp_path)
+    assert rc0 == rc1 == 0, f"{out0[-3000:]}\n---\n{out1[-3000:]}"
+    # only the published versions arrive, each once (no version 4, 5, 6 was ever published)
+    assert sorted(os.listdir(tmp_path)) == [
+        "received_3.npz",
+        "received_7.npz",
+        "sent_3.npz",
+        "sent_7.npz",
+    ]
+    for version in (3, 7):
+        sent, received = (
+            _load(tmp_path / f"sent_{version}.npz"),
+            _load(tmp_path / f"received_{version}.npz"),
+        )
+        assert len(sent) == len(received) == 6
+        for i, (a, b) in enumerate(zip(sent, received)):
+            assert a.nbytes > 0 and a.tobytes() == b.tobytes(), f"version {version} leaf {i}"
+    # the update changed every leaf, so a stale copy could not pass as version 7
+    for a, b in zip(_load(tmp_path / "sent_3.npz"), _load(tmp_path / "sent_7.npz")):
+        assert a.tobytes() != b.tobytes()
+    assert "repeat version refused: weight channel: version 3 is not newer than 3" in out0
+    assert "served 2" in out0  # one pull per request, none for versions nobody asked for
+    assert "wrong tree refused" in out1 and "differs from the expected one" in out1
+
+
+def test_wire_layout_splits_the_first_axis_where_it_divides():
+    devices = jax.local_devices()[:1]
+    tree = {"a": jnp.zeros((4, 3), jnp.bfloat16), "s": jnp.float32(1.0)}
+    layout = weight_channel.wire_layout(tree, devices)
+    assert layout["a"].shape == (4, 3) and layout["a"].dtype == jnp.bfloat16
+    assert layout["s"].sharding.device_set == {devices[0]}
+    if jax.local_device_count() >= 2:  # the test session's 8 virtual CPU devices
+        two = jax.local_devices()[:2]
+        layout = weight_channel.wire_layout({"a": tree["a"], "odd": jnp.zeros((3, 2))}, two)
+        assert layout["a"].sharding.spec == jax.sharding.PartitionSpec("wire")
+        assert layout["odd"].sharding.device_set == {two[0]}
+
+
+def test_signature_names_structure_shapes_and_dtypes():
+    base = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32)}
+    sig = weight_channel.signature(base)
+    assert sig == weight_channel.signature({"w": jnp.zeros((2, 3), jnp.float32)})
+    assert sig != weight_channel.signature({"w": jax.ShapeDtypeStruct((3, 2), jnp.float32)})
+    assert sig != weight_channel.signature({"w": jax.ShapeDtypeStruct((2, 3), jnp.bfloat16)})
+    assert sig != weight_channel.signature({"v": jax.ShapeDtypeStruct((2, 3), jnp.float32)})
+
+
+def test_outside_a_distributed_job_the_channel_says_so():
+    with pytest.raises(RuntimeError, match="jax.distributed.initialize has not run"):
+        weight_channel.WeightPublisher("x")
