@@ -1,27 +1,28 @@
-"""A versioned weight channel between two process groups of one `jax.distributed` job.
+"""Channels between the training and generation process groups of one `jax.distributed` job.
 
-The training group publishes its parameters once per step (`WeightPublisher.publish(params,
-version)`); the generation group fetches the newest version when it wants one
-(`WeightSubscriber.latest()`). The bytes travel over JAX's own cross-process transfer engine
-(`jax.experimental.transfer`: a `TransferServer` per process, pulls over sockets/DCN); the small
-control messages (server address, newest version, pull requests and offers) go through the
-coordination service's key-value store that `jax.distributed.initialize` already runs. No Ray,
-no home-made RPC. The design around it (rollout queue, staleness, controllers, checkpoints) is
-in docs/disaggregated.md.
+Two channels, both over JAX's own cross-process transfer engine (`jax.experimental.transfer`:
+a `TransferServer` per process, pulls over sockets/DCN) for the bytes and over the key-value
+store of the coordination service that `jax.distributed.initialize` already runs for the small
+control messages. No Ray, no home-made RPC. The design around them (staleness, controllers,
+checkpoints) is in docs/disaggregated.md.
 
-Protocol (keys under ``grpo_jax/weights/<name>/``): the publisher sets ``address`` once and
-``version`` + ``signature`` on each publish; a subscriber takes a fresh request id from the
-atomic counter ``next``, writes ``request/<id>``, and blocks on ``offer/<id>``; the publisher's
-serving thread answers each request by scheduling one pull of its newest copy under that id
-(`TransferServer.await_pull`) and writing the copy's version to ``offer/<id>``; the subscriber
-then pulls the arrays. A version nobody asks for is never offered, so skipped versions hold no
-memory on the publisher.
+- Weights, training -> generation: `WeightPublisher.publish(params, version)` once per step;
+  `WeightSubscriber.latest()` fetches the newest version when the generator wants one. Keys
+  under ``grpo_jax/channels/<name>/``: the publisher sets ``address`` once and ``version`` +
+  ``signature`` on each publish; a subscriber takes a request id from the atomic counter
+  ``next``, writes ``request/<id>`` and blocks on ``offer/<id>``; the publisher's serving thread
+  answers each request by scheduling one pull of its newest copy under that id
+  (`TransferServer.await_pull`) and writing the copy's version to ``offer/<id>``. A version
+  nobody asks for is never offered, so skipped versions hold no memory on the publisher.
+- Rollout batches, generation -> training: `BatchSender.put(batch, version)` /
+  `BatchReceiver.get()`, in order, each batch received exactly once, at most ``capacity``
+  unreceived.
 
-Both sides lay the arrays out in the same *wire layout* (`wire_layout`): each leaf split along
-its first axis over the first ``wire_devices`` local devices where that axis divides, else whole
-on the first one. The transfer engine moves shard to matching shard and cannot reshard on
-receive, so the publisher copies into the wire layout (from any training layout) and the
-subscriber `jax.device_put`s into its generation layout.
+Both ends of a channel lay the arrays out in the same *wire layout* (`wire_layout`): each leaf
+split along its first axis over the first ``wire_devices`` local devices where that axis
+divides, else whole on the first one. The transfer engine moves shard to matching shard and
+cannot reshard on receive, so the sender copies into the wire layout (from any layout) and the
+receiver `jax.device_put`s into its own.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 from jax.experimental import transfer
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-_ROOT = "grpo_jax/weights"
+_ROOT = "grpo_jax/channels"
 
 
 def coordination_client():
@@ -91,6 +92,16 @@ def signature(tree) -> str:
 _copy = jax.jit(jnp.copy)  # a copy primitive inside jit is never forwarded to its input
 
 
+def _wire_copy(tree, devices) -> list:
+    """The leaves of ``tree`` copied into the wire layout over ``devices`` (fresh buffers)."""
+    layout = wire_layout(tree, devices)
+    # `device_put` may alias a shard it does not move (even with may_alias=False when it
+    # narrows a replicated array to one device), and a donated or deleted training array
+    # would then take the served copy with it; the jitted copy owns fresh buffers.
+    moved = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), tree, layout)
+    return jax.block_until_ready([_copy(x) for x in jax.tree.leaves(moved)])
+
+
 def _local_host() -> str:
     return socket.gethostbyname(socket.gethostname())
 
@@ -124,6 +135,7 @@ class WeightPublisher:
         self._latest: tuple[int, list] | None = None  # (version, flat wire arrays)
         self._signature: str | None = None
         self.served = 0  # pulls scheduled so far
+        self._error: Exception | None = None
         self._stop = threading.Event()
         self._poll_s = poll_s
         self._thread = threading.Thread(target=self._serve, name=f"weights-{name}", daemon=True)
@@ -146,12 +158,9 @@ class WeightPublisher:
             )
         if self._signature is not None and sig != self._signature:
             raise ValueError("weight channel: the published tree's structure/shapes/dtypes changed")
-        layout = wire_layout(params, self._devices)
-        # `device_put` may alias a shard it does not move (even with may_alias=False when it
-        # narrows a replicated array to one device), and a donated or deleted training array
-        # would then take the served copy with it; the jitted copy owns fresh buffers.
-        moved = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), params, layout)
-        flat = jax.block_until_ready([_copy(x) for x in jax.tree.leaves(moved)])
+        if self._error is not None:
+            raise RuntimeError("weight channel: the serving thread failed") from self._error
+        flat = _wire_copy(params, self._devices)
         with self._lock:
             self._latest = (version, flat)
             self._signature = sig
@@ -165,12 +174,16 @@ class WeightPublisher:
                 latest = self._latest
             if latest is None:
                 continue
-            for key, _ in self._kv.key_value_dir_get(prefix):
-                uuid = int(key.rsplit("/", 1)[1])
-                self._server.await_pull(uuid, latest[1])
-                self._kv.key_value_delete(key)
-                self._kv.key_value_set(f"{self._ns}/offer/{uuid}", str(latest[0]))
-                self.served += 1
+            try:
+                for key, _ in self._kv.key_value_dir_get(prefix):
+                    uuid = int(key.rsplit("/", 1)[1])
+                    self._server.await_pull(uuid, latest[1])
+                    self._kv.key_value_delete(key)
+                    self._kv.key_value_set(f"{self._ns}/offer/{uuid}", str(latest[0]))
+                    self.served += 1
+            except Exception as e:  # e.g. the coordination service went away: `publish` says so
+                self._error = e
+                return
 
     def close(self) -> None:
         """Stops serving new requests (pulls already scheduled keep their arrays alive)."""
@@ -255,3 +268,103 @@ class WeightSubscriber:
         if shardings is not None:
             params = jax.device_put(params, shardings)
         return version, params
+
+
+class BatchSender:
+    """The generation group's end of a rollout stream: every batch is received exactly once.
+
+    Batch n (from 1) is offered under transfer id n as soon as it is put, with its policy
+    version in the key ``item/<n>``; `put` blocks while ``capacity`` batches are unreceived.
+    Keys under ``grpo_jax/channels/<name>/`` (a name distinct from every other channel's).
+
+    Args:
+      name: the stream's name (both ends use the same).
+      capacity: the most batches put and not yet received (the queue bound).
+      wire_devices, host: as for `WeightPublisher`.
+      timeout_s: seconds `put` waits for room before raising `TimeoutError`.
+    """
+
+    def __init__(self, name: str, *, capacity=2, wire_devices=1, host=None, timeout_s=60.0):
+        if capacity < 1:
+            raise ValueError(f"batch stream: capacity must be >= 1, got {capacity}")
+        self._kv = coordination_client()
+        self._ns = f"{_ROOT}/{name}"
+        self._devices = jax.local_devices()[:wire_devices]
+        self._server = _server(host or _local_host(), len(self._devices))
+        self._kv.key_value_set(f"{self._ns}/address", self._server.address(), allow_overwrite=True)
+        self._capacity, self._timeout_s = capacity, timeout_s
+        self._next = 1
+
+    def _received(self) -> int:
+        try:
+            return int(self._kv.key_value_try_get(f"{self._ns}/received"))
+        except Exception:  # NOT_FOUND before the first `get`
+            return 0
+
+    def put(self, batch, version: int) -> int:
+        """Offers ``batch`` (a pytree of arrays, any local layout) tagged with the policy
+        ``version`` that generated it; returns its sequence number.
+
+        Raises:
+          TimeoutError: the receiver left ``capacity`` batches unreceived for ``timeout_s``.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while self._next - self._received() > self._capacity:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"batch stream {self._ns}: the receiver took none for a while")
+            time.sleep(0.005)
+        n = self._next
+        self._server.await_pull(n, _wire_copy(batch, self._devices))
+        self._kv.key_value_set(f"{self._ns}/item/{n}", f"{int(version)} {signature(batch)}")
+        self._next += 1
+        return n
+
+
+class BatchReceiver:
+    """The training group's end of a rollout stream: `get` returns the batches in order.
+
+    Args:
+      name: the stream's name (as the sender's).
+      like: a pytree of arrays or `jax.ShapeDtypeStruct`, the batches' structure/shapes/dtypes.
+      wire_devices, host: as the sender's.
+      timeout_s: seconds `get` waits for the next batch before raising `TimeoutError`.
+    """
+
+    def __init__(self, name: str, like, *, wire_devices=1, host=None, timeout_s=60.0):
+        self._kv = coordination_client()
+        self._ns = f"{_ROOT}/{name}"
+        self._signature = signature(like)
+        self._layout = wire_layout(like, jax.local_devices()[:wire_devices])
+        self._server = _server(host or _local_host(), wire_devices)
+        self._timeout_ms = int(timeout_s * 1000)
+        self._connection = None
+        self._next = 1
+
+    def get(self, shardings=None) -> tuple[int, object]:
+        """The next batch in order: ``(version, batch)``, in ``shardings`` if given.
+
+        Raises:
+          TimeoutError: no batch within the receiver's timeout.
+          ValueError: the batch's structure/shapes/dtypes differ from ``like``.
+        """
+        n, kv = self._next, self._kv
+        try:
+            meta = kv.blocking_key_value_get(f"{self._ns}/item/{n}", self._timeout_ms)
+        except Exception as e:
+            raise TimeoutError(f"batch stream {self._ns}: batch {n} did not come") from e
+        version, sig = meta.split()
+        if sig != self._signature:
+            raise ValueError(
+                f"batch stream {self._ns}: batch {n} differs from the expected tree "
+                f"(signature {sig} != {self._signature})"
+            )
+        if self._connection is None:
+            address = kv.blocking_key_value_get(f"{self._ns}/address", self._timeout_ms)
+            self._connection = self._server.connect(address)
+        batch = jax.block_until_ready(self._connection.pull(n, self._layout))
+        kv.key_value_delete(f"{self._ns}/item/{n}")
+        kv.key_value_set(f"{self._ns}/received", str(n), allow_overwrite=True)
+        self._next += 1
+        if shardings is not None:
+            batch = jax.device_put(batch, shardings)
+        return int(version), batch

@@ -60,11 +60,22 @@ def _load(path):
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def test_two_process_groups_receive_the_published_bytes_and_versions(tmp_path):
-    (rc0, out0), (rc1, out1) = _run_pair(tmp_path)
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """One run of the two processes; their output directory."""
+    out = tmp_path_factory.mktemp("channel")
+    (rc0, out0), (rc1, out1) = _run_pair(out)
     assert rc0 == rc1 == 0, f"{out0[-3000:]}\n---\n{out1[-3000:]}"
+    (out / "log0.txt").write_text(out0)
+    (out / "log1.txt").write_text(out1)
+    return out
+
+
+def test_two_process_groups_receive_the_published_bytes_and_versions(pair):
+    tmp_path = pair
+    out0, out1 = (pair / "log0.txt").read_text(), (pair / "log1.txt").read_text()
     # only the published versions arrive, each once (no version 4, 5, 6 was ever published)
-    assert sorted(os.listdir(tmp_path)) == [
+    assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".npz") and "batch_" not in f) == [
         "received_3.npz",
         "received_7.npz",
         "sent_3.npz",
@@ -84,6 +95,18 @@ def test_two_process_groups_receive_the_published_bytes_and_versions(tmp_path):
     assert "repeat version refused: weight channel: version 3 is not newer than 3" in out0
     assert "served 2" in out0  # one pull per request, none for versions nobody asked for
     assert "wrong tree refused" in out1 and "differs from the expected one" in out1
+
+
+def test_rollout_batches_arrive_in_order_once_with_their_versions(pair):
+    names = ("batch_received_1_v3.npz", "batch_received_2_v7.npz", "batch_received_3_v7.npz")
+    assert sorted(f for f in os.listdir(pair) if f.startswith("batch_received_")) == list(names)
+    for name in names:
+        sent = _load(pair / name.replace("received", "sent"))
+        received = _load(pair / name)
+        assert len(sent) == len(received) == 3
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(sent, received)), name
+    first, second = _load(pair / names[0]), _load(pair / names[1])
+    assert first[0].tobytes() != second[0].tobytes()  # distinct batches, so order is checked
 
 
 def test_wire_layout_splits_the_first_axis_where_it_divides():
