@@ -119,20 +119,26 @@ class WeightPublisher:
       wire_devices: how many of this process's local devices carry the wire layout (default 1).
       host: the address other hosts reach this process at (default: this host name's address;
         on a real cluster pass the interface the generation hosts can route to).
+      keep: how many of the newest versions stay fetchable by number (`WeightSubscriber.fetch`;
+        1 = the newest only). Each one held is a copy of the parameters on the wire devices.
       poll_s: seconds between the serving thread's looks at the request keys.
 
     Raises:
       RuntimeError: outside a `jax.distributed` job.
+      ValueError: ``keep`` < 1.
     """
 
-    def __init__(self, name: str, *, wire_devices: int = 1, host: str | None = None, poll_s=0.005):
+    def __init__(self, name: str, *, wire_devices=1, host=None, keep: int = 1, poll_s=0.005):
+        if keep < 1:
+            raise ValueError(f"weight channel: keep must be >= 1, got {keep}")
         self._kv = coordination_client()
         self._ns = f"{_ROOT}/{name}"
         self._devices = jax.local_devices()[:wire_devices]
         self._server = _server(host or _local_host(), len(self._devices))
         self._kv.key_value_set(f"{self._ns}/address", self._server.address(), allow_overwrite=True)
         self._lock = threading.Lock()
-        self._latest: tuple[int, list] | None = None  # (version, flat wire arrays)
+        self._held: dict[int, list] = {}  # version -> flat wire arrays, the `keep` newest
+        self._keep = keep
         self._signature: str | None = None
         self.served = 0  # pulls scheduled so far
         self._error: Exception | None = None
@@ -152,9 +158,9 @@ class WeightPublisher:
         """
         version = int(version)
         sig = signature(params)
-        if self._latest is not None and version <= self._latest[0]:
+        if self._held and version <= max(self._held):
             raise ValueError(
-                f"weight channel: version {version} is not newer than {self._latest[0]}"
+                f"weight channel: version {version} is not newer than {max(self._held)}"
             )
         if self._signature is not None and sig != self._signature:
             raise ValueError("weight channel: the published tree's structure/shapes/dtypes changed")
@@ -162,7 +168,9 @@ class WeightPublisher:
             raise RuntimeError("weight channel: the serving thread failed") from self._error
         flat = _wire_copy(params, self._devices)
         with self._lock:
-            self._latest = (version, flat)
+            self._held[version] = flat
+            for old in sorted(self._held)[: -self._keep]:
+                del self._held[old]  # pulls already scheduled keep their own references
             self._signature = sig
         self._kv.key_value_set(f"{self._ns}/signature", sig, allow_overwrite=True)
         self._kv.key_value_set(f"{self._ns}/version", str(version), allow_overwrite=True)
@@ -171,19 +179,26 @@ class WeightPublisher:
         prefix = f"{self._ns}/request/"
         while not self._stop.wait(self._poll_s):
             with self._lock:
-                latest = self._latest
-            if latest is None:
+                held = dict(self._held)
+            if not held:
                 continue
             try:
-                for key, _ in self._kv.key_value_dir_get(prefix):
-                    uuid = int(key.rsplit("/", 1)[1])
-                    self._server.await_pull(uuid, latest[1])
-                    self._kv.key_value_delete(key)
-                    self._kv.key_value_set(f"{self._ns}/offer/{uuid}", str(latest[0]))
-                    self.served += 1
+                for key, want in self._kv.key_value_dir_get(prefix):
+                    self._answer(int(key.rsplit("/", 1)[1]), want, held, key)
             except Exception as e:  # e.g. the coordination service went away: `publish` says so
                 self._error = e
                 return
+
+    def _answer(self, uuid: int, want: str, held: dict, key: str) -> None:
+        """Serves request ``uuid`` for version ``want`` ("newest" or a number) if it can."""
+        version = max(held) if want == "newest" else int(want)
+        if version > max(held):
+            return  # not published yet: the request waits
+        if version in held:
+            self._server.await_pull(uuid, held[version])
+            self.served += 1
+        self._kv.key_value_delete(key)
+        self._kv.key_value_set(f"{self._ns}/offer/{uuid}", str(version if version in held else -1))
 
     def close(self) -> None:
         """Stops serving new requests (pulls already scheduled keep their arrays alive)."""
@@ -244,6 +259,24 @@ class WeightSubscriber:
           TimeoutError: the publisher did not answer within the subscriber's timeout.
           ValueError: the publisher's tree differs from ``like`` (structure, shapes or dtypes).
         """
+        return self._request("newest", shardings)
+
+    def fetch(self, version: int, shardings=None) -> object:
+        """Pulls exactly ``version`` (waiting for it to be published): its params.
+
+        The exact-staleness schedule: the batch for step t + k generated from version t, as the
+        single-host ``rollout.max_staleness = k`` step does (docs/disaggregated.md).
+
+        Raises:
+          KeyError: ``version`` is older than the publisher's ``keep`` newest (or was skipped).
+          TimeoutError, ValueError: as for `latest`.
+        """
+        got, params = self._request(str(int(version)), shardings)
+        if got < 0:
+            raise KeyError(f"weight channel {self._ns}: version {version} is no longer held")
+        return params
+
+    def _request(self, want: str, shardings) -> tuple[int, object]:
         kv = self._kv
         try:
             published = kv.blocking_key_value_get(f"{self._ns}/signature", self._timeout_ms)
@@ -258,12 +291,14 @@ class WeightSubscriber:
             address = kv.blocking_key_value_get(f"{self._ns}/address", self._timeout_ms)
             self._connection = self._server.connect(address)
         uuid = kv.key_value_increment(f"{self._ns}/next", 1)
-        kv.key_value_set(f"{self._ns}/request/{uuid}", str(jax.process_index()))
+        kv.key_value_set(f"{self._ns}/request/{uuid}", want)
         try:
             version = int(kv.blocking_key_value_get(f"{self._ns}/offer/{uuid}", self._timeout_ms))
         except Exception as e:
             raise TimeoutError(f"weight channel {self._ns}: request {uuid} not answered") from e
         kv.key_value_delete(f"{self._ns}/offer/{uuid}")
+        if version < 0:
+            return version, None
         params = jax.block_until_ready(self._connection.pull(uuid, self._layout))
         if shardings is not None:
             params = jax.device_put(params, shardings)

@@ -1,9 +1,10 @@
-"""The weight channel between two process groups (grpo_jax/weight_channel.py).
+"""The channels between two process groups (grpo_jax/weight_channel.py).
 
-Two processes x 2 CPU devices under one `jax.distributed` job (tests/weight_channel_worker.py):
-process 0 (training group) publishes versions 3 and 7 of a params tree over JAX's transfer
-engine; process 1 (generation group) receives each into its own layout. The bytes received must
-equal the bytes sent, leaf for leaf, with the version carried.
+Two processes x 2 CPU devices under one `jax.distributed` job (tests/weight_channel_worker.py,
+run once per module): process 0 (training group) publishes versions 3 and 7 of a params tree
+over JAX's transfer engine; process 1 (generation group) receives each into its own layout,
+fetches version 3 again by number, and streams three rollout batches back. The bytes received
+must equal the bytes sent, leaf for leaf, with the version carried.
 """
 
 import os
@@ -72,28 +73,30 @@ def pair(tmp_path_factory):
 
 
 def test_two_process_groups_receive_the_published_bytes_and_versions(pair):
-    tmp_path = pair
     out0, out1 = (pair / "log0.txt").read_text(), (pair / "log1.txt").read_text()
-    # only the published versions arrive, each once (no version 4, 5, 6 was ever published)
-    assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".npz") and "batch_" not in f) == [
+    # only the published versions arrive (no version 4, 5, 6 was ever published)
+    assert sorted(f for f in os.listdir(pair) if f.endswith(".npz") and "batch_" not in f) == [
         "received_3.npz",
         "received_7.npz",
+        "refetched_3.npz",
         "sent_3.npz",
         "sent_7.npz",
     ]
-    for version in (3, 7):
-        sent, received = (
-            _load(tmp_path / f"sent_{version}.npz"),
-            _load(tmp_path / f"received_{version}.npz"),
-        )
+    for sent_name, received_name in [
+        ("sent_3", "received_3"),
+        ("sent_7", "received_7"),
+        ("sent_3", "refetched_3"),  # the older version fetched by number after 7 was published
+    ]:
+        sent, received = _load(pair / f"{sent_name}.npz"), _load(pair / f"{received_name}.npz")
         assert len(sent) == len(received) == 6
         for i, (a, b) in enumerate(zip(sent, received)):
-            assert a.nbytes > 0 and a.tobytes() == b.tobytes(), f"version {version} leaf {i}"
+            assert a.nbytes > 0 and a.tobytes() == b.tobytes(), f"{received_name} leaf {i}"
     # the update changed every leaf, so a stale copy could not pass as version 7
-    for a, b in zip(_load(tmp_path / "sent_3.npz"), _load(tmp_path / "sent_7.npz")):
+    for a, b in zip(_load(pair / "sent_3.npz"), _load(pair / "sent_7.npz")):
         assert a.tobytes() != b.tobytes()
     assert "repeat version refused: weight channel: version 3 is not newer than 3" in out0
-    assert "served 2" in out0  # one pull per request, none for versions nobody asked for
+    assert "served 3" in out0  # one pull per answered request, none for versions not asked for
+    assert "old version refused: 'weight channel grpo_jax/channels/policy: version 2" in out1
     assert "wrong tree refused" in out1 and "differs from the expected one" in out1
 
 

@@ -64,7 +64,7 @@ def train_side(out):
             return NamedSharding(mesh, PartitionSpec(None, "fsdp"))
         return NamedSharding(mesh, PartitionSpec("fsdp") if x.ndim == 1 else PartitionSpec())
 
-    pub = weight_channel.WeightPublisher(NAME, wire_devices=2, host="127.0.0.1")
+    pub = weight_channel.WeightPublisher(NAME, wire_devices=2, host="127.0.0.1", keep=2)
     params = jax.tree.map(lambda x: jax.device_put(x, layout(np.asarray(x))), make_params(0))
     pub.publish(params, version=3)
     save(os.path.join(out, "sent_3.npz"), params)
@@ -104,6 +104,11 @@ def generate_side(out):
     sub.wait_for_version(7)
     version, params = sub.latest(shardings)
     save(os.path.join(out, f"received_{version}.npz"), params)
+    save(os.path.join(out, "refetched_3.npz"), sub.fetch(3, shardings))  # kept: keep=2
+    try:
+        sub.fetch(2)  # never published, older than the newest: not held
+    except KeyError as e:
+        print("old version refused:", e, flush=True)
     for seed in (2, 3):  # the third put waits until the trainer has taken the first batch
         n = sender.put(rollout_batch(seed), version)
         save(os.path.join(out, f"batch_sent_{n}_v{version}.npz"), rollout_batch(seed))
