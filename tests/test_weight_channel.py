@@ -75,7 +75,9 @@ def pair(tmp_path_factory):
 def test_two_process_groups_receive_the_published_bytes_and_versions(pair):
     out0, out1 = (pair / "log0.txt").read_text(), (pair / "log1.txt").read_text()
     # only the published versions arrive (no version 4, 5, 6 was ever published)
-    assert sorted(f for f in os.listdir(pair) if f.endswith(".npz") and "batch_" not in f) == [
+    assert sorted(
+        f for f in os.listdir(pair) if f.endswith(".npz") and not f.startswith(("batch_", "model_"))
+    ) == [
         "received_3.npz",
         "received_7.npz",
         "refetched_3.npz",
@@ -98,6 +100,14 @@ def test_two_process_groups_receive_the_published_bytes_and_versions(pair):
     assert "served 3" in out0  # one pull per answered request, none for versions not asked for
     assert "old version refused: 'weight channel grpo_jax/channels/policy: version 2" in out1
     assert "wrong tree refused" in out1 and "differs from the expected one" in out1
+
+
+def test_the_arithmetic_models_parameters_arrive_byte_for_byte(pair):
+    """The tiny decoder's nnx.State (13 leaves), received against its abstract init's tree."""
+    sent, received = _load(pair / "model_sent_1.npz"), _load(pair / "model_received_1.npz")
+    assert len(sent) == len(received) == 13
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(sent, received))
+    assert sum(a.nbytes for a in sent) == 4 * 312_064  # every float32 parameter of the model
 
 
 def test_rollout_batches_arrive_in_order_once_with_their_versions(pair):
