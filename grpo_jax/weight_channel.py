@@ -35,6 +35,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import distributed as _jax_distributed  # the key-value client; nowhere public
 from jax.experimental import transfer
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -50,9 +51,7 @@ def coordination_client():
     Raises:
       RuntimeError: `jax.distributed.initialize` has not run in this process.
     """
-    from jax._src import distributed  # noqa: PLC0415 -- JAX exposes the client nowhere public
-
-    client = distributed.global_state.client
+    client = _jax_distributed.global_state.client
     if client is None:
         raise RuntimeError("weight channel: jax.distributed.initialize has not run in this process")
     return client

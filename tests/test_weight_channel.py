@@ -29,19 +29,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_pair(out, timeout=120):
+def _run_pair(out, timeout=120, *, processes=2, mode=()):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
     procs = [
         subprocess.Popen(
-            [sys.executable, WORKER, str(port), str(pid), str(out)],
+            [sys.executable, WORKER, str(port), str(pid), str(out), *mode],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for pid in range(2)
+        for pid in range(processes)
     ]
     outs = []
     try:
@@ -120,6 +120,18 @@ def test_rollout_batches_arrive_in_order_once_with_their_versions(pair):
         assert all(a.tobytes() == b.tobytes() for a, b in zip(sent, received)), name
     first, second = _load(pair / names[0]), _load(pair / names[1])
     assert first[0].tobytes() != second[0].tobytes()  # distinct batches, so order is checked
+
+
+def test_a_two_process_training_group_publishes_its_rows_to_a_third_process(tmp_path):
+    """Training group = processes 0 and 1 (an update with a collective across both), generation
+    group = process 2 (its own program); each trainer publishes the rows it holds."""
+    outs = _run_pair(tmp_path, processes=3, mode=("groups",))
+    assert all(rc == 0 for rc, _ in outs), "\n---\n".join(out[-3000:] for _, out in outs)
+    full = np.arange(32, dtype=np.float32).reshape(8, 4)
+    expected = full * 2 / np.float32(full.sum())  # the global sum: 496
+    assembled = np.load(tmp_path / "assembled.npy")
+    np.testing.assert_allclose(assembled, expected, rtol=1e-6)
+    assert "from process 0: version 1" in outs[2][1] and "from process 1: version 1" in outs[2][1]
 
 
 def test_wire_layout_splits_the_first_axis_where_it_divides():
