@@ -3,7 +3,7 @@ functions in, the run's summary out::
 
     from grpo_jax import api
 
-    config = api.default_config({"steps": 20, "data.template": "plain"})
+    config = api.default_config({"steps": 20, "model.hf_checkpoint": "Qwen/Qwen3-0.6B-Base"})
     summary = api.train(
         config,
         dataset=[{"problem": "What is 2+3?", "answer": "5"}, ...],  # or a datasets.Dataset, a path
@@ -128,7 +128,14 @@ def _table(data, workdir: str, split: str) -> str:
             f"the {split} dataset must be a list of dicts, a datasets.Dataset or a path, "
             f"got {type(data).__name__}"
         )
-    lines = [json.dumps(writers.to_jsonable(dict(row)), sort_keys=True) + "\n" for row in data]
+    lines = []
+    for i, row in enumerate(data):
+        try:
+            lines.append(json.dumps(writers.to_jsonable(dict(row)), sort_keys=True) + "\n")
+        except (TypeError, ValueError) as e:
+            raise config_utils.ConfigError(
+                f"the {split} dataset's row {i} is not a dict of JSON values ({e})"
+            ) from None
     digest = hashlib.sha256("".join(lines).encode()).hexdigest()[:12]
     path = os.path.join(os.path.abspath(workdir), "data", f"{split}-{digest}.jsonl")
     if not os.path.exists(path):

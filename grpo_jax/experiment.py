@@ -355,11 +355,8 @@ def build_experiment(
     curriculum, learner = build_strategies(
         config, algo, pool.num_ids, model_cfg, steps_updates, pool.prompt_len
     )
-    reward_fn, eval_reward_fns = None, {}
-    if with_data:
-        reward_fn, eval_reward_fns = reward_lib.make_reward_fns(
-            config, pool.eval_sets, mesh, rewards
-        )
+    make_rewards = reward_lib.make_reward_fns if with_data else (lambda *_: (None, {}))
+    reward_fn, eval_reward_fns = make_rewards(config, pool.eval_sets, mesh, rewards)
     exp = Experiment(
         config=config,
         mesh=mesh,
