@@ -468,8 +468,9 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
     settings; nothing that changes the checkpoint's shapes).
 
     ``need_reward=False`` builds the experiment with the built-in verifier in place of
-    ``config.reward.fn`` / ``fns`` and without the reward model (exporting needs no reward, nor your
-    reward module or reward-model files). The caller closes the experiment (``exp.close()``).
+    ``config.reward.fn`` / ``fns`` and without the reward model (exporting needs no reward, nor
+    your reward module or reward-model files). The caller closes the experiment
+    (``exp.close()``).
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):

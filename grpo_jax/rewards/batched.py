@@ -252,7 +252,8 @@ class BatchedRewards:
                 if status == TIMEOUT:
                     text = (
                         f"no result within {self.call_limit(n):g} s for {n} completions "
-                        "(reward.batch_timeout_s, 0 = reward.timeout_s x completions; worker killed)"
+                        "(reward.batch_timeout_s; 0 = reward.timeout_s x completions); "
+                        "worker killed"
                     )
                 errors.setdefault(kind, f"{name}: {text}")
             failed |= bad
