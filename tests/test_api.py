@@ -51,14 +51,15 @@ def pool_module(tmp_path, monkeypatch):
     return pool_rewards
 
 
-@pytest.mark.slow  # ~60 s on 2 busy cores: compiles a tiny model, evaluates twice
+@pytest.mark.slow  # ~60 s on 2 busy cores: a tiny model, 3 steps, 3 evaluations
 def test_python_api_trains_two_steps_with_weighted_callables_one_batched_call_per_step(
     tmp_path, pool_module
 ):
     """The must-show: two Python reward callables (one a closure, run in this process; one a
     module function, run in the worker pool) with weights, 2 steps through `api.train`; each
     function's mean is logged and the reward is their weighted sum; the pool function gets the
-    whole batch (R completions, the group ids, the columns) in one call per step."""
+    whole batch (R completions, the group ids, the columns) in one call per step. The same
+    call with one more step resumes (same data file, one more batched call)."""
     files = {"tokenizer": write_char_tokenizer(tmp_path / "tok"), "train": "", "test": ""}
     cfg = byo_config(files, **{"reward.fn": "", "rollout.rollouts_per_prompt": 3})
     closure_calls = []
@@ -94,9 +95,7 @@ def test_python_api_trains_two_steps_with_weighted_callables_one_batched_call_pe
     saved = json.load(open(os.path.join(workdir, "config.json")))["reward"]
     assert saved["fns"] == ["callable:length", "callable:match"] and saved["weights"] == [0.1, 1.0]
     R = 2 * 3
-    calls = [
-        json.loads(x) for x in open(os.path.dirname(pool_module.__file__) + "/batched_calls.jsonl")
-    ]
+    calls = [json.loads(x) for x in open(pool_module.LOG)]
     train_calls = [c for c in calls if c["n"] == R]
     assert len(train_calls) == 2  # one call per step with the whole batch (eval calls hold 8)
     assert closure_calls.count(R) == 2
@@ -106,6 +105,19 @@ def test_python_api_trains_two_steps_with_weighted_callables_one_batched_call_pe
         assert len(set(ids)) == 2 and all(ids[i] == ids[i - i % 3] for i in range(R))  # groups
         assert {"hint", "level", "question_text"} <= set(c["keys"])
         assert all(p.startswith("What is") for p in c["prompts"])
+    cfg.steps = 3  # the same call again, one step further: resumes from checkpoint 2
+    again = api.train(
+        cfg,
+        dataset=_rows(24, 0),
+        eval_dataset=_rows(6, 1),
+        reward_fns=[pool_module.length, make_match(0.5)],
+        reward_weights=[0.1, 1.0],
+        workdir=workdir,
+    )
+    assert again["steps"] == 3 and again["eval_before"] == summary["eval_before"]
+    assert len(os.listdir(os.path.join(workdir, "data"))) == 2  # train and eval rows, once each
+    calls = [json.loads(x) for x in open(pool_module.LOG)]
+    assert [c["n"] for c in calls].count(R) == 3  # one more step, one more call
 
 
 def test_weighted_sum_none_and_nan_rows_and_correctness_in_process():
