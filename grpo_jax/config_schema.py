@@ -338,6 +338,12 @@ def _reward_fields(c: ml_collections.ConfigDict) -> None:
     # your reward: "module:function", called as fn(completions, answers, **row_fields) -> list of
     # floats (or (rewards, correct)), in the killable worker pool; "" = the built-in verifier
     c.reward.fn = ""
+    # batched rewards (TRL's reward_funcs): "module:function"s, each called once per batch as
+    # fn(completions=, prompts=, answers=, prompt_ids=, **columns) -> floats (None = failed);
+    # reward = sum of weights[k] * fns[k] (weights: one per fn, () = all 1); docs/byo.md
+    c.reward.fns = ()
+    c.reward.weights = ()
+    c.reward.batch_timeout_s = 0.0  # reward.fns: one call's limit (0 = timeout_s x completions)
     c.reward.task = ""  # built-in verifier: math | gsm8k | arithmetic ("" = by dataset)
     c.reward.correct_above = 0.0  # reward.fn without correctness: correct = reward > this
     c.reward.format_pattern = (

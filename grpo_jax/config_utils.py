@@ -334,6 +334,7 @@ SAFE_TO_CHANGE = (
     "model.attention_impl",  # the same attention up to float rounding (tests/test_attention_impl.py)
     "reward.num_workers",
     "reward.timeout_s",
+    "reward.batch_timeout_s",
     "reward.max_failed_steps",  # when a failing reward stops the run, not what it computes
     "reward.warn_failure_rate",
     "optimizer.divergence_warn",  # when a diverging run warns or stops, not what it computes

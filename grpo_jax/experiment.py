@@ -319,7 +319,7 @@ def _sampling_configs(config, tokenizer, group: int):
 
 
 def build_experiment(
-    config: ml_collections.ConfigDict, *, with_data: bool = True, devices=None
+    config: ml_collections.ConfigDict, *, with_data: bool = True, devices=None, rewards=None
 ) -> Experiment:
     """Builds the mesh, model, tokenizer, data, reward function and optimizer of a run.
 
@@ -328,7 +328,8 @@ def build_experiment(
 
     ``with_data=False`` builds the compile-only pieces: no data, no reward workers and (except
     for the built-in arithmetic tokenizer) no tokenizer: the vocabulary is the preset's (or
-    ``config.model.overrides.vocab_size``), eos_ids=(0,), pad 0.
+    ``config.model.overrides.vocab_size``), eos_ids=(0,), pad 0. ``rewards``: the Python API's
+    reward callables, ``{"callable:<name>": fn}`` (`reward_lib.make_reward_fn`).
 
     Raises: ConfigError naming the config field of a bad value, path or data row.
     """
@@ -365,8 +366,7 @@ def build_experiment(
     shardings = sharding.param_shardings(
         nnx.split(model_lib.abstract_model(model_cfg), nnx.Param)[1], mesh
     )
-    R, mb = batching.rollouts_per_step, batching.mini_batch_size
-    steps_updates = config.steps * config.algorithm.num_iterations * (R // mb)
+    steps_updates = state_lib.total_updates(config, batching)
     # bfloat16 parameters train through a float32 master copy (state.master_weights)
     tx = state_lib.make_optimizer(
         config.optimizer, steps_updates, master=(config.model.param_dtype or "float32") != "float32"
@@ -375,9 +375,8 @@ def build_experiment(
     curriculum, learner = build_strategies(
         config, algo, pool.num_ids, model_cfg, steps_updates, pool.prompt_len
     )
-    reward_fn, eval_reward_fns = (
-        reward_lib.make_reward_fns(config, pool.eval_sets, mesh) if with_data else (None, {})
-    )
+    make_rewards = reward_lib.make_reward_fns if with_data else (lambda *_: (None, {}))
+    reward_fn, eval_reward_fns = make_rewards(config, pool.eval_sets, mesh, rewards)
     environment, turn_sampling = envs_from_config.environment(config, tokenizer, train_sampling)
     exp = Experiment(
         config=config,

@@ -85,6 +85,41 @@ class RunState:
     ref_params: Any = None
 
 
+def total_updates(config, batching) -> int:
+    """Optimizer updates of a run (the cosine schedule's length): ``config.steps`` x
+    ``algorithm.num_iterations`` x mini-batches per step (``batching``: `experiment.Batching`)."""
+    per_pass = batching.rollouts_per_step // batching.mini_batch_size
+    return config.steps * config.algorithm.num_iterations * per_pass
+
+
+def make_schedule(opt_cfg, total_updates: int, learning_rate: float | None = None):
+    """The learning-rate schedule of `make_optimizer` (optax: update count -> learning rate):
+    linear warm-up from 0 over ``warmup_steps`` updates, then constant or cosine decay to 0 at
+    ``total_updates``."""
+    lr = opt_cfg.learning_rate if learning_rate is None else learning_rate
+    warmup = int(opt_cfg.warmup_steps)
+    if opt_cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            0.0, lr, max(warmup, 1), max(total_updates, warmup + 1)
+        )
+    if warmup > 0:
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)], [warmup]
+        )
+    return optax.constant_schedule(lr)
+
+
+def last_learning_rate(schedule, opt_state) -> jax.Array | None:
+    """The learning rate of the latest update applied to ``opt_state`` (``schedule(count - 1)``
+    with the count of its optax ``ScaleByScheduleState``; skipped updates do not count), float32
+    []; None when the state has no schedule. Traceable (call it inside jit)."""
+    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
+    if not found:
+        return None
+    return jnp.asarray(schedule(jnp.maximum(found[0].count - 1, 0)), jnp.float32)
+
+
 def make_optimizer(
     opt_cfg, total_updates: int, learning_rate: float | None = None, master: bool = False
 ):
@@ -99,18 +134,7 @@ def make_optimizer(
     Returns:
       an ``optax.GradientTransformation``.
     """
-    lr = opt_cfg.learning_rate if learning_rate is None else learning_rate
-    warmup = int(opt_cfg.warmup_steps)
-    if opt_cfg.schedule == "cosine":
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0, lr, max(warmup, 1), max(total_updates, warmup + 1)
-        )
-    elif warmup > 0:
-        schedule = optax.join_schedules(
-            [optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)], [warmup]
-        )
-    else:
-        schedule = optax.constant_schedule(lr)
+    schedule = make_schedule(opt_cfg, total_updates, learning_rate)
     parts = []
     if opt_cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(opt_cfg.grad_clip))

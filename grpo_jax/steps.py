@@ -27,7 +27,16 @@ from grpo_jax import checkpointing, losses, sampling, sharding
 from grpo_jax.experiment import Experiment
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models.transformer import positions_from_mask
-from grpo_jax.state import Batch, RunState, TrainState, apply_optimizer, master_weights
+from grpo_jax.state import (
+    Batch,
+    RunState,
+    TrainState,
+    apply_optimizer,
+    last_learning_rate,
+    make_schedule,
+    master_weights,
+    total_updates,
+)
 
 # ----------------------------------------------------------------------------- log-probs
 
@@ -333,7 +342,8 @@ def _train_fn(exp: Experiment, update):
 
     Each pass shuffles the rows with its own key from ``key`` (whole groups when each group's
     prompt runs once); with one mini-batch the batch is used as it is. Metrics: the mean over
-    all updates of each update metric, ``skipped_updates`` (int32 count), and
+    all updates of each update metric, ``skipped_updates`` (int32 count), ``learning_rate``
+    (the policy's, at the step's last applied update: `state.last_learning_rate`), and
     ``per_rollout_loss`` [R] float32 of the first pass, in row order (the controllers' signal).
     """
     R = exp.batching.rollouts_per_step
@@ -343,6 +353,7 @@ def _train_fn(exp: Experiment, update):
         exp.config.algorithm.num_iterations,
     )
     n_mb = R // mb
+    schedule = make_schedule(exp.config.optimizer, total_updates(exp.config, exp.batching))
 
     def train(state, batch, key):
         def one_pass(state, key):
@@ -375,6 +386,9 @@ def _train_fn(exp: Experiment, update):
             .at[idx.reshape(-1)]
             .set(first["per_rollout_loss"].reshape(-1))
         )
+        lr = last_learning_rate(schedule, state.opt_state)
+        if lr is not None:
+            out["learning_rate"] = lr
         return state, out
 
     return train

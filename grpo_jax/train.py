@@ -49,6 +49,7 @@ from grpo_jax import (
     steps,
     writers,
 )
+from grpo_jax import rewards as rewards_lib
 from grpo_jax import transfer as xfer
 from grpo_jax.envs import episodes
 from grpo_jax.experiment import Experiment, build_experiment
@@ -364,6 +365,9 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
         "advantage_abs_mean": jnp.mean(jnp.abs(adv)),
         "sample_weight_max": jnp.max(weights),
         "truncated_fraction": jnp.mean(truncated),
+        # token-mean -log pi(a_t) of the sampled tokens under the sampler (log_softmax(logits /
+        # temperature)): the Monte-Carlo estimate of the sampling policy's per-token entropy
+        "entropy": -jnp.sum(rd.rollouts.logprobs) / jnp.sum(rd.rollouts.completion_mask),
         "consecutive_skips": state.skips,
     }
     upd, adv_stats, summary = xfer.to_host((upd, adv_stats, summary))  # one read
@@ -417,6 +421,17 @@ def _reward_failures(rounds) -> dict:
     }
 
 
+def _reward_spread(rewards: np.ndarray, segment_ids: np.ndarray, num_groups: int) -> dict:
+    """``reward_std``: the population std of the batch's rewards [R]; ``reward_group_std``: the
+    mean over the ``num_groups`` groups (``segment_ids`` [R]) of each group's population std
+    (0 when a group's rewards are equal: no GRPO signal; TRL's ``reward_std`` is this with
+    the unbiased std)."""
+    counts = np.maximum(np.bincount(segment_ids, minlength=num_groups), 1)
+    mean = np.bincount(segment_ids, rewards, num_groups) / counts
+    var = np.bincount(segment_ids, (rewards - mean[segment_ids]) ** 2, num_groups) / counts
+    return {"reward_std": float(rewards.std()), "reward_group_std": float(np.sqrt(var).mean())}
+
+
 def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, times) -> dict:
     """Step 9: the step's metrics row from its rounds, trained batch ``rd``, the update's host
     metrics ``upd`` (its ``skipped_updates`` popped) and the curriculum's ``diagnostics``."""
@@ -426,10 +441,12 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
     np.logical_or.at(any_correct, rd.placement.segment_ids, rd.correct)
     row = {
         "reward_mean": float(rd.rewards.mean()),
+        **_reward_spread(rd.rewards, rd.placement.segment_ids, P),
         "pass_rate": float(rd.correct.mean()),
         "any_correct_rate": float(any_correct.mean()),
         "completion_length": float(rd.lengths.mean()),
         "truncated_fraction": float(summary["truncated_fraction"]),
+        "entropy": float(summary["entropy"]),
         "advantage_abs_mean": float(summary["advantage_abs_mean"]),
         "sample_weight_max": float(summary["sample_weight_max"]),
         "skipped_updates": int(upd.pop("skipped_updates")),
@@ -438,11 +455,7 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         "generated_rollouts": int(sum(len(x.rows) for x in rounds)),  # every round's rollouts
         **{k: float(v) for k, v in upd.items()},
     }
-    reward_stats = {k: sum(x.reward_stats[k] for x in rounds) for k in rounds[0].reward_stats}
-    score_sum = reward_stats.pop("model_score_sum", None)  # a reward model's (float) scores
-    row.update({f"reward/{k}": int(v) for k, v in reward_stats.items()})
-    if score_sum is not None:
-        row["reward/model_score_mean"] = score_sum / max(reward_stats["num_model_scored"], 1)
+    row.update(rewards_lib.metrics_fields([x.reward_stats for x in rounds]))
     row.update({f"advantages/{k}": int(v) for k, v in summary["advantages"].items()})
     levels = np.asarray([exp.pool.levels[r] for r in rd.rows])
     for lvl in np.unique(levels):
@@ -507,8 +520,9 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
     settings; nothing that changes the checkpoint's shapes).
 
     ``need_reward=False`` builds the experiment with the built-in verifier in place of
-    ``config.reward.fn`` and without the reward model (exporting needs no reward, nor your
-    reward module or reward-model files). The caller closes the experiment (``exp.close()``).
+    ``config.reward.fn`` / ``fns`` and without the reward model (exporting needs no reward, nor
+    your reward module or reward-model files). The caller closes the experiment
+    (``exp.close()``).
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
@@ -516,7 +530,7 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
     with open(path) as f:
         config = config_schema.upgrade(json.load(f))
     if not need_reward:
-        config.reward.fn, config.reward.model = "", ""
+        config.reward.fn, config.reward.fns, config.reward.model = "", (), ""
     if configure is not None:
         configure(config)
     exp = build_experiment(config)
@@ -667,7 +681,7 @@ def _say(message: str) -> None:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, *, allow_changes=()
+    config: ml_collections.ConfigDict, workdir: str, *, allow_changes=(), reward_callables=None
 ) -> dict:
     """Runs (or resumes) the experiment described by ``config`` in ``workdir``.
 
@@ -677,6 +691,8 @@ def train_and_evaluate(
     Args:
       allow_changes: dotted config fields (or sections) a resume may change although they
         change the trajectory (`config_utils.SAFE_TO_CHANGE` never need naming).
+      reward_callables: ``{"callable:<name>": callable}`` for the entries of
+        ``config.reward.fns`` that name Python callables (`grpo_jax.api.train`).
 
     Returns:
       the summary; ``{"preempted": True, "step": int | None, "signal": name}`` after SIGTERM or
@@ -696,7 +712,7 @@ def train_and_evaluate(
     """
     created = not os.path.exists(workdir)
     try:
-        return _train_in(config, workdir, tuple(allow_changes))
+        return _train_in(config, workdir, tuple(allow_changes), dict(reward_callables or {}))
     except config_utils.ConfigError:
         if created and jax.process_index() == 0:
             _remove_unused(workdir)  # a refused new run leaves no workdir behind
@@ -712,20 +728,20 @@ def _remove_unused(workdir: str) -> None:
         os.rmdir(workdir)
 
 
-def _train_in(config, workdir: str, allow_changes: tuple) -> dict:
+def _train_in(config, workdir: str, allow_changes: tuple, callables: dict) -> dict:
     # the signal handler first: a signal during the checks or the lock only sets the flag (the
     # set-up then stops before any work), and the lock is released under it too
     with contextlib.ExitStack() as stack:
         sig = stack.enter_context(_Preempted())
         config_utils.validate(config)
-        reward_from_config.check_functions(config)
+        reward_from_config.check_functions(config, callables)
         checkpointing.probe_writable(workdir)
         if os.path.isdir(os.path.join(workdir, "checkpoints")):  # e.g. a read-only mount
             checkpointing.probe_writable(
                 os.path.join(workdir, "checkpoints"), "checkpoint directory"
             )
         stack.enter_context(checkpointing.WorkdirLock(workdir))
-        return _train(config, workdir, allow_changes, sig, stack)
+        return _train(config, workdir, allow_changes, sig, stack, callables)
 
 
 @dataclasses.dataclass
@@ -763,17 +779,20 @@ class _Job:
         return evaluation.evaluate(self.exp, run.train.params, self.eval_rng)
 
 
-def _start(config, workdir, allow_changes, sig, stack, progress: dict, new_workdir: bool):
+def _start(
+    config, workdir, allow_changes, sig, stack, progress: dict, new_workdir: bool, callables
+):
     """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
     and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
     Returns (job, run state, restored?); raises `_Interrupted` on a signal (nothing saved;
     ``progress["step"]``: the newest checkpoint's step while restoring, then the restored
     one's). ``new_workdir``:
-    no config.json before this command, so a failed set-up removes the one it wrote."""
+    no config.json before this command, so a failed set-up removes the one it wrote.
+    ``callables``: the Python API's reward callables (`train_and_evaluate`)."""
     config_path = os.path.join(workdir, "config.json")  # written by check_workdir
     with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
         try:
-            exp = build_experiment(config)
+            exp = build_experiment(config, rewards=callables)
             stack.callback(exp.close)
             _check_runnable(config, exp)
         except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
@@ -961,14 +980,14 @@ def _watch_hooks(job: _Job, record):
     return reward_failures, diverged
 
 
-def _train(config, workdir, allow_changes, sig, stack) -> dict:
+def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
     new_workdir = not os.path.exists(os.path.join(workdir, "config.json"))
     changes = config_utils.check_workdir(config, workdir, allow_changes)
     wall0 = time.perf_counter()
     progress = {}
     try:
         job, run, restored = _start(
-            config, workdir, allow_changes, sig, stack, progress, new_workdir
+            config, workdir, allow_changes, sig, stack, progress, new_workdir, callables
         )
     except _Interrupted:
         _quiesce()
@@ -1054,8 +1073,8 @@ def _outputs_line(workdir: str, step: int) -> str:
 
 def _reward_watch(config, workdir: str, state: dict | None, step: int):
     """The run's `rewards_failures.RewardFailures` (its counters from a checkpoint's meta)."""
-    kind, value = reward_from_config.reward_key(config)
-    name = repr(value) if kind == "fn" else f"(the built-in {value!r} verifier)"
+    kind, value, *_ = reward_from_config.reward_key(config)
+    name = f"(the built-in {value!r} verifier)" if kind == "task" else repr(value)
     path = os.path.join(workdir, rewards_failures.ERRORS_FILE)
     return rewards_failures.RewardFailures(
         name,

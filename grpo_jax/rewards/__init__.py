@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grpo_jax.rewards.batched import BatchedRewards
 from grpo_jax.rewards.custom import UserRewardFn
 from grpo_jax.rewards.extract import PRIMARY_FORMATS, extract_answer, integer_answer_is_correct
 from grpo_jax.rewards.failures import error_kind
@@ -53,7 +54,15 @@ from grpo_jax.rewards.verify import (
     VerifierPool,
 )
 
-__all__ = ["RewardConfig", "RewardFn", "GoldParseError", "UserRewardFn", "compute_rewards"]
+__all__ = [
+    "BatchedRewards",
+    "RewardConfig",
+    "RewardFn",
+    "GoldParseError",
+    "UserRewardFn",
+    "compute_rewards",
+    "metrics_fields",
+]
 
 _TASKS = ("math", "gsm8k", "arithmetic")
 _SCALES = {"pm1": (1.0, -1.0), "01": (1.0, 0.0)}
@@ -293,3 +302,20 @@ def compute_rewards(
     """One-shot convenience wrapper: `RewardFn(config)(completions, golds)`, pool closed after."""
     with RewardFn(config) as fn:
         return fn(completions, golds)
+
+
+def metrics_fields(stats: Sequence[dict]) -> dict:
+    """A step's ``reward/*`` metrics from the stats of its sampling rounds (each a reward
+    function's stats without ``errors``): the counts summed (ints), ``reward/model_score_mean``
+    (a reward model's raw score, `grpo_jax.rewards.model.ModelReward`) and ``reward/<name>_mean``
+    for each batched reward function (`BatchedRewards`: its mean over the rows it scored, NaN
+    when it scored none)."""
+    total = {k: sum(s[k] for s in stats) for k in stats[0] if k != "functions"}
+    score_sum = total.pop("model_score_sum", None)
+    out = {f"reward/{k}": int(v) for k, v in total.items()}
+    if score_sum is not None:
+        out["reward/model_score_mean"] = score_sum / max(total["num_model_scored"], 1)
+    for name in stats[0].get("functions", {}):
+        s, c = (sum(x["functions"][name][i] for x in stats) for i in (0, 1))
+        out[f"reward/{name}_mean"] = s / c if c else float("nan")
+    return out

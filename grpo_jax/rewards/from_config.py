@@ -8,9 +8,11 @@ model on the mesh); the held-out sets are scored by the verifiers alone.
 
 from __future__ import annotations
 
+import math
+
 from grpo_jax import sharding
 from grpo_jax.config_utils import ConfigError
-from grpo_jax.rewards import RewardConfig, RewardFn, custom
+from grpo_jax.rewards import RewardConfig, RewardFn, batched, custom
 from grpo_jax.rewards import model as model_lib
 
 
@@ -26,22 +28,53 @@ def reward_task(dataset: str, config=None) -> str:
 
 
 def reward_key(config, dataset: str | None = None) -> tuple:
-    """What scores a dataset: ("fn", "module:function") or ("task", task); equal keys share
-    one reward function (and its worker pool)."""
+    """What scores a dataset: ("fn", "module:function"), ("fns", names, weights) or ("task",
+    task); equal keys share one reward function (and its worker pool)."""
     dataset = dataset or config.data.name
-    fn = config.reward.fn
-    if fn and dataset in (config.data.name, "custom"):
-        return ("fn", fn)
+    r = config.reward
+    if dataset in (config.data.name, "custom"):
+        if r.get("fns", ()):
+            return ("fns", tuple(r.fns), tuple(r.weights))
+        if r.fn:
+            return ("fn", r.fn)
     return ("task", reward_task(dataset, config))
 
 
-def check_functions(config) -> None:
-    """Imports ``config.reward.fn`` and ``config.reward.extract`` (``"module:function"``) in
-    this process, so that a typo or an import error fails with the config checks, before any
-    data or weights load.
+def check_functions(config, callables=None) -> None:
+    """Imports ``config.reward.fn``, ``config.reward.fns`` and ``config.reward.extract``
+    (``"module:function"``) in this process, so that a typo or an import error fails with the
+    config checks, before any data or weights load; checks ``reward.weights`` against
+    ``reward.fns`` and that every ``"callable:<name>"`` of ``reward.fns`` is in ``callables``
+    (name -> callable, the Python API's).
 
-    Raises: ConfigError naming the field, the spec and the import error.
+    Raises: ConfigError naming the field, the spec and the problem.
     """
+    r = config.reward
+    fns, weights = tuple(r.get("fns", ())), tuple(r.get("weights", ()))
+    if fns and r.fn:
+        raise ConfigError("config.reward.fn and config.reward.fns are both set; use one of them")
+    if weights and len(weights) != len(fns):
+        raise ConfigError(
+            f"config.reward.weights has {len(weights)} values for {len(fns)} reward.fns "
+            "(give one weight per function, or none for all 1)"
+        )
+    if not all(isinstance(w, (int, float)) and math.isfinite(w) for w in weights):
+        raise ConfigError(f"config.reward.weights must be finite numbers, got {weights}")
+    names = [batched.function_name(f) for f in fns]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"config.reward.fns: the functions' names must be unique, got {names}")
+    for spec in fns:
+        if spec.startswith(batched.CALLABLE_PREFIX):
+            if spec not in (callables or {}):
+                raise ConfigError(
+                    f"config.reward.fns: {spec!r} names a Python callable given to "
+                    "grpo_jax.api.train; pass it again there (reward_fns=[...])"
+                )
+            continue
+        try:
+            custom.resolve_callable(spec)
+        except ValueError as e:
+            raise ConfigError(f"config.reward.fns: {e}") from None
     for field, what in (("fn", "reward function"), ("extract", "answer extractor")):
         spec = config.reward.get(field, "")
         if spec:
@@ -51,11 +84,33 @@ def check_functions(config) -> None:
                 raise ConfigError(f"config.reward.{field}: {e}") from None
 
 
-def make_reward_fn(config, dataset: str | None = None):
-    """The reward of a dataset (default: the training data): ``config.reward.fn`` (your own
+def make_reward_fn(config, dataset: str | None = None, callables=None):
+    """The reward of a dataset (default: the training data): ``config.reward.fns`` (batched,
+    weighted: `grpo_jax.rewards.batched.BatchedRewards`; ``callables`` maps the Python API's
+    ``"callable:<name>"`` entries to the callables), ``config.reward.fn`` (your own per-row
     function, `grpo_jax.rewards.custom.UserRewardFn`) or the built-in verifier of its task."""
     r = config.reward
-    kind, value = reward_key(config, dataset)
+    kind, value, *weights = reward_key(config, dataset)
+    if kind == "fns":
+        check_functions(config, callables)
+        fns = [(callables or {}).get(f, f) for f in value]
+        try:
+            return batched.BatchedRewards(
+                fns,
+                weights[0],
+                names=[batched.function_name(f) for f in value],
+                timeout_s=r.timeout_s,
+                batch_timeout_s=r.batch_timeout_s,
+                num_workers=r.num_workers,
+                scale=config.algorithm.reward_scale,
+                correct_above=r.correct_above,
+                format_reward=r.format_reward,
+                format_pattern=r.format_pattern,
+                extract=r.extract,
+                task=r.task or "math",
+            )
+        except ValueError as e:
+            raise ConfigError(f"config.reward.fns: {e}") from None
     if kind == "fn":
         try:
             return custom.UserRewardFn(
@@ -125,12 +180,12 @@ def make_model_reward(config, verifier, mesh):
     )
 
 
-def make_reward_fns(config, eval_names=(), mesh=None) -> tuple:
+def make_reward_fns(config, eval_names=(), mesh=None, callables=None) -> tuple:
     """(training reward, {held-out set name: its reward}); equal `reward_key`s share one
     function. With ``config.reward.model`` (needs ``mesh``) the training reward adds the
     reward model's score (`make_model_reward`) and held-out sets keep the verifier. The caller
-    closes them (``close()``)."""
-    verifier = make_reward_fn(config)
+    closes them (``close()``). ``callables``: as `make_reward_fn`."""
+    verifier = make_reward_fn(config, callables=callables)
     shared = {reward_key(config): verifier}
     train = verifier
     if config.reward.get("model", ""):
@@ -143,6 +198,6 @@ def make_reward_fns(config, eval_names=(), mesh=None) -> tuple:
     for name in eval_names:
         key = reward_key(config, name)
         if key not in shared:
-            shared[key] = make_reward_fn(config, name)
+            shared[key] = make_reward_fn(config, name, callables)
         evals[name] = shared[key]
     return train, evals

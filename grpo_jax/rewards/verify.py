@@ -305,8 +305,10 @@ class VerifierPool:
         self._workers[k] = self._spawn()
         self.num_restarts += int(count)
 
-    def run(self, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """Check ``(pred, gold)`` pairs.
+    def run(
+        self, items: Sequence[tuple[str, Any]], timeout_s: float | None = None
+    ) -> list[tuple[str, Any]]:
+        """Check ``(pred, gold)`` pairs, each within ``timeout_s`` seconds (default: the pool's).
 
         Returns:
           One ``(status, value)`` per item, in order: ``("ok", bool)``, ``("timeout", None)``,
@@ -319,9 +321,9 @@ class VerifierPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("VerifierPool is closed")
-            return self._run(list(items))
+            return self._run(list(items), self.timeout_s if timeout_s is None else timeout_s)
 
-    def _run(self, items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    def _run(self, items: list[tuple[str, Any]], timeout_s: float) -> list[tuple[str, Any]]:
         results: list[tuple[str, Any] | None] = [None] * len(items)
         if not items:
             return []
@@ -335,7 +337,7 @@ class VerifierPool:
             queues[zlib.crc32(repr(gold).encode()) % len(queues)].append(idx)
         remaining = len(items)
         while remaining:
-            self._dispatch(queues, items)
+            self._dispatch(queues, items, timeout_s)
             ready_handles = self._wait()
             for k, w in enumerate(self._workers):
                 if w.conn in ready_handles or w.proc.sentinel in ready_handles:
@@ -343,7 +345,9 @@ class VerifierPool:
             remaining -= self._expire(results)
         return results  # type: ignore[return-value]
 
-    def _dispatch(self, queues: list[deque], items: list[tuple[str, Any]]) -> None:
+    def _dispatch(
+        self, queues: list[deque], items: list[tuple[str, Any]], timeout_s: float
+    ) -> None:
         """Sends the next item of its queue (or of the longest one) to each idle ready worker."""
         for k, w in enumerate(self._workers):
             if not (w.ready and w.item is None):
@@ -359,7 +363,7 @@ class VerifierPool:
                 w.proc.kill()  # `_collect` replaces it
                 continue
             w.item = idx
-            w.deadline = time.monotonic() + self.timeout_s
+            w.deadline = time.monotonic() + timeout_s
 
     def _wait(self) -> set:
         """Blocks until a worker answers or exits, or the nearest deadline passes."""
