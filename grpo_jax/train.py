@@ -367,7 +367,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
         "truncated_fraction": jnp.mean(truncated),
         # token-mean -log pi(a_t) of the sampled tokens under the sampler (log_softmax(logits /
         # temperature)): the Monte-Carlo estimate of the sampling policy's per-token entropy
-        "entropy": -jnp.sum(rd.rollouts.logprobs) / jnp.sum(rd.rollouts.completion_mask),
+        "entropy": -jnp.sum(rd.rollouts.logprobs) / jnp.sum(_sampled(rd.rollouts)),
         "consecutive_skips": state.skips,
     }
     upd, adv_stats, summary = xfer.to_host((upd, adv_stats, summary))  # one read
@@ -430,6 +430,11 @@ def _reward_spread(rewards: np.ndarray, segment_ids: np.ndarray, num_groups: int
     mean = np.bincount(segment_ids, rewards, num_groups) / counts
     var = np.bincount(segment_ids, (rewards - mean[segment_ids]) ** 2, num_groups) / counts
     return {"reward_std": float(rewards.std()), "reward_group_std": float(np.sqrt(var).mean())}
+
+
+def _sampled(ro: sampling.Rollouts) -> jax.Array:
+    """[R, Lc] the tokens the sampler drew (a multi-turn episode's policy turns)."""
+    return ro.completion_mask if ro.loss_mask is None else ro.loss_mask
 
 
 def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, times) -> dict:

@@ -238,6 +238,7 @@ def test_a_training_step_trains_on_the_policys_tokens_and_attends_to_the_observa
 def _summary():
     return {
         "truncated_fraction": 0.0,
+        "entropy": 1.0,
         "advantage_abs_mean": 0.0,
         "sample_weight_max": 1.0,
         "consecutive_skips": 0,
