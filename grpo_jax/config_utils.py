@@ -56,7 +56,7 @@ _CHOICES = {
 # grpo_jax.models.config.ATTENTION_IMPLS (not imported: that package starts JAX)
 ATTENTION_IMPLS = ("auto", "einsum", "blockwise", "splash", "cudnn")
 # grpo_jax.models.transformer.DECODE_CACHES' names (not imported: it starts JAX)
-DECODE_CACHES = ("dense", "prefix_shared")
+DECODE_CACHES = ("dense", "prefix_shared", "paged")
 
 _POSITIVE = (
     "steps",

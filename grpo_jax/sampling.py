@@ -63,9 +63,14 @@ class SamplingConfig:
     decode_cache: the static sampler's KV-cache layout (`transformer.DECODE_CACHES`): "dense"
     (`DecodeCache`: every row holds its prompt's keys and values, G copies per group, and the
     completion after them) or "prefix_shared" (`PrefixDecodeCache`: each group's prompt block
-    stored and read once for its G rows, each row's completion cache separate). Same samples
-    up to float rounding (the attention output is summed from two products); static batching
-    only (decode_slots = 0).
+    stored and read once for its G rows, each row's completion cache separate) or "paged"
+    (`PagedDecodeCache`: pages of ``page_size`` slots, prompts left-aligned, each group's full
+    prompt pages stored once, and each row attending to its filled slots only; the Pallas TPU
+    paged kernel under ``model.attention_impl`` "splash", XLA elsewhere). Same samples up to
+    float rounding (the attention output is summed from two products, or the kernel's tiles);
+    static batching only (decode_slots = 0).
+    page_size: slots per page of the "paged" cache (>= 1; the TPU kernel wants a multiple of 8
+    and a head_dim multiple of 128).
     """
 
     max_new_tokens: int
@@ -78,6 +83,7 @@ class SamplingConfig:
     attention_buckets: int = 8
     decode_slots: int = 0
     decode_cache: str = "dense"
+    page_size: int = 16
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -113,6 +119,10 @@ class SamplingConfig:
             raise ValueError(
                 f"SamplingConfig.decode_cache={self.decode_cache!r} takes static batching "
                 f"(decode_slots = 0), got decode_slots={self.decode_slots}"
+            )
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(
+                f"SamplingConfig.page_size must be an int >= 1, got {self.page_size!r}"
             )
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
@@ -326,7 +336,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     layout = DECODE_CACHES[config.decode_cache]
     first = ends[0] if ends else Lp
     logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, layout.prefill_slots(Lp, first))
-    cache = layout.from_prefill(cache, R, first)
+    cache = layout.from_prefill(cache, R, first, page_size=config.page_size)
     layers = unstack_layers(model)  # read in place by every decode step
 
     rng, key = jax.random.split(rng)
