@@ -192,6 +192,10 @@ def _validate_data_and_sampling(config) -> None:
     cache = config.rollout.decode_cache
     if cache not in DECODE_CACHES:
         raise ConfigError(f"config.rollout.decode_cache={cache!r} is not one of {DECODE_CACHES}")
+    if not isinstance(config.rollout.page_size, int) or config.rollout.page_size < 1:
+        raise ConfigError(
+            f"config.rollout.page_size={config.rollout.page_size!r} must be an int >= 1"
+        )
     if cache != "dense" and config.rollout.decode_slots:
         raise ConfigError(
             f"config.rollout.decode_cache={cache!r} takes static batching; set "

@@ -252,6 +252,8 @@ def decode_read_bytes(
     layout: str = "dense",
     buckets: int | None = 8,
     lengths=None,
+    prompt_lengths=None,
+    page_size: int = 16,
 ) -> dict:
     """Analytic bytes read per decoded token by the static sampler's decode loop (the roofline
     of a memory-bound decode: time = bytes / bandwidth).
@@ -260,6 +262,11 @@ def decode_read_bytes(
     all-gathered model under FSDP) and the cache slots it attends to, for all ``rows``:
       "dense":         rows x (Lp + c) slots (each row's own copy of its prompt),
       "prefix_shared": rows / G x Lp prompt slots (each group's block once) + rows x c,
+      "paged":         what the Pallas TPU kernel reads from a `PagedDecodeCache`: each row
+                       the pages holding its filled slots, n_r // P full prompt pages and
+                       ceil((n_r % P + i) / P) own pages (P = ``page_size``, n_r the row's
+                       prompt tokens, ``prompt_lengths``; None = Lp each), the shared prompt
+                       pages read by each of the G rows; ``buckets`` does not apply,
     with c the completion slots read at that step: the end of its decode chunk
     (`decode_buckets` with ``buckets`` = ``SamplingConfig.attention_buckets``), or exactly the
     i filled ones of step i for ``buckets=None`` (a ragged kernel). The loop runs decode steps
@@ -271,9 +278,11 @@ def decode_read_bytes(
 
     Returns {"params", "prefix", "completion", "total"}: float bytes per decoded token (the
     loop's reads / the tokens it decoded): the parameters, the prompt keys/values, the
-    completion keys/values.
+    completion keys/values ("paged": the prompt's n_r slots, and the rest of the pages read,
+    the completion's filled slots and the page rounding).
     Raises ValueError: rows not a multiple of group_size, no decode step (new_tokens or every
-    length < 2), lengths not [rows] in [1, new_tokens], unknown layout.
+    length < 2), lengths not [rows] in [1, new_tokens], prompt_lengths not [rows] in
+    [0, prompt_len], page_size < 1, unknown layout.
     """
     if layout not in DECODE_CACHES:
         raise ValueError(f"layout must be one of {tuple(DECODE_CACHES)}, got {layout!r}")
@@ -291,11 +300,43 @@ def decode_read_bytes(
         ends = [e - prompt_len for e in decode_buckets(prompt_len, new_tokens, buckets)]
         comp = [next(e for e in ends if e >= i) for i in steps]
     decoded = sum(n - 1 for n in lengths)
+    if layout == "paged":
+        return _paged_read_bytes(
+            param_bytes,
+            kv_bytes_per_slot,
+            prompt_len,
+            prompt_lengths,
+            rows,
+            page_size,
+            steps,
+            decoded,
+        )
     prompt_rows = rows if layout == "dense" else rows // group_size
     out = {
         "params": len(comp) * param_bytes / decoded,
         "prefix": len(comp) * prompt_rows * prompt_len * kv_bytes_per_slot / decoded,
         "completion": rows * sum(comp) * kv_bytes_per_slot / decoded,
+    }
+    return {**out, "total": sum(out.values())}
+
+
+def _paged_read_bytes(
+    param_bytes, kv_bytes_per_slot, prompt_len, prompt_lengths, rows, page_size, steps, decoded
+) -> dict:
+    """`decode_read_bytes` of the "paged" layout (its docstring): the pages the Pallas kernel
+    reads at each decode step i in ``steps``, per row n // P + ceil((n % P + i) / P) pages."""
+    n = [prompt_len] * rows if prompt_lengths is None else [int(x) for x in prompt_lengths]
+    if len(n) != rows or not all(0 <= x <= prompt_len for x in n):
+        raise ValueError(f"prompt_lengths must be {rows} prompt lengths in [0, {prompt_len}]")
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    P = page_size
+    read = sum((x // P + -(-(x % P + i) // P)) * P for i in steps for x in n)  # slots
+    prompt = len(steps) * sum(n)
+    out = {
+        "params": len(steps) * param_bytes / decoded,
+        "prefix": prompt * kv_bytes_per_slot / decoded,
+        "completion": (read - prompt) * kv_bytes_per_slot / decoded,
     }
     return {**out, "total": sum(out.values())}
 
