@@ -255,3 +255,33 @@ def test_sampler_with_paged_cache_and_pallas_kernel_compiles_for_tpu():
     hlo = compiled.as_text()
     kernels = re.findall(r'custom_call_target="tpu_custom_call"[^\n]*?op_name="([^"]+)"', hlo)
     assert any("while/body" in k and "paged_attention" in k for k in kernels), set(kernels)
+
+
+def test_paged_decode_on_a_data_fsdp_mesh():
+    # 4 groups of 2 rows over a 2 x 2 data x fsdp mesh: the rollouts of the unsharded dense
+    # decode, and the pages stay sharded with the rows
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from grpo_jax import sharding
+    from grpo_jax.sampling import generate
+
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices (conftest sets 8 virtual CPU devices)")
+    mesh = Mesh(np.asarray(devices[:4]).reshape(2, 2), ("data", "fsdp"))
+    toks, mask = _left_pad([p for p in PROMPTS for _ in range(2)], 7)
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0.0, prompt_group_size=2)
+    ref = generate(GD, PARAMS, toks, mask, jax.random.key(0), cfg)
+    rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    params = jax.device_put(PARAMS, NamedSharding(mesh, PartitionSpec()))
+    out = sharding.under_mesh(mesh, generate)(
+        GD,
+        params,
+        jax.device_put(toks, rows),
+        jax.device_put(mask, rows),
+        jax.random.key(0),
+        dataclasses.replace(cfg, decode_cache="paged", page_size=2),
+    )
+    np.testing.assert_array_equal(out.completion_tokens, ref.completion_tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=2e-5)
+    assert len(out.completion_tokens.sharding.device_set) == 4
