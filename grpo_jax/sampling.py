@@ -11,7 +11,11 @@ prompt block [R / G, kv_heads, Lp, head_dim] once and a per-row completion cache
 [R, kv_heads, c, head_dim]) is carried through the loops and updated in place (dynamic_update_slice);
 each layer's attention reads its whole buffer in place, in the layout its einsum consumes, and
 the layer weights are unstacked once before the loops (no per-step copy, slice or transpose of
-the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). The decode
+the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). With
+``decode_cache="paged"`` (`PagedDecodeCache`, pages with left-aligned prompts, each group's
+full prompt pages once) each step scatters the rows' new keys/values into their pages and
+attends to each row's filled slots (the Pallas TPU paged kernel, or an XLA path; not covered
+by the HLO check). The decode
 steps run in up to `attention_buckets` chunks, one while_loop each; between chunks the cache
 grows (one copy) to the slots the next chunk's last step needs, so a step attends to at most
 16-ish more slots than it needs rather than all Lp + Lc. The prompt is processed once; there

@@ -17,7 +17,8 @@ Architecture (pre-norm):
   ("blockwise"), the Pallas splash kernel on TPU ("splash") or cuDNN on GPU ("cudnn"); "auto"
   picks by platform. The decode step (one token over a DecodeCache) is always the einsum;
   over a PrefixDecodeCache (each group's prompt block stored once) it is
-  `attention.decode_attention_prefix`.
+  `attention.decode_attention_prefix`, over a `paged_cache.PagedDecodeCache` a registered
+  paged kernel (`attention.PAGED_DECODE_KERNELS`: Pallas TPU under "splash", else XLA).
 - MLP: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 Layers are stored stacked (every per-layer Param has a leading `num_layers` axis with logical
