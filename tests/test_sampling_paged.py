@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_sampling_prefix import GD, PARAMS, PROMPTS, _assert_same_rollouts, _left_pad
+from test_sampling_prefix import CFG, GD, PARAMS, PROMPTS, _assert_same_rollouts, _left_pad
 
 from grpo_jax import config_utils, experiment
 from grpo_jax.config_schema import base_config
 from grpo_jax.models import attention
 from grpo_jax.models.paged_cache import PagedDecodeCache
-from grpo_jax.models.transformer import DecodeCache
+from grpo_jax.models.transformer import DecodeCache, random_params
 from grpo_jax.sampling import SamplingConfig, decode_read_bytes
 
 
@@ -55,6 +55,19 @@ def test_paged_decode_equals_dense(temperature, top_k, top_p, group, page_size, 
         else None
     )
     _assert_same_rollouts(GD, PARAMS, toks, mask, dense, paged, lengths, group, atol=2e-5)
+
+
+@pytest.mark.slow  # ~35 s on 2 busy cores
+def test_paged_decode_equals_dense_in_bfloat16():
+    # bfloat16 weights and pages: the two partial value products are summed in float32 and
+    # rounded once, as the prefix-shared decode's
+    cfg = CFG.replace(dtype="bfloat16", param_dtype="bfloat16")
+    graphdef, params = random_params(cfg, 1, stddev=0.2)
+    toks, mask = _left_pad([p for p in PROMPTS for _ in range(2)], 7)
+    dense = SamplingConfig(max_new_tokens=24, eos_ids=(7, 21), prompt_group_size=2)
+    paged = dataclasses.replace(dense, decode_cache="paged", page_size=4)
+    lengths = jnp.asarray(np.random.default_rng(4).integers(1, 25, 8), jnp.int32)
+    _assert_same_rollouts(graphdef, params, toks, mask, dense, paged, lengths, 2, atol=1e-2)
 
 
 def _prompt_cache(lengths, Lp, K=1, D=1):
