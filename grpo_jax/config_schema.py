@@ -120,8 +120,13 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # the static sampler's KV cache (sampling.SamplingConfig.decode_cache): dense (each row
     # holds its prompt's keys/values) | prefix_shared (each group's prompt stored and read once
     # for its rows: the groups of algorithm.shared_prompt_forward, else one row each; same
-    # samples up to float rounding; decode_slots = 0 only). Training and evaluation
+    # samples up to float rounding; decode_slots = 0 only) | paged (pages of
+    # rollout.page_size slots: each row attends to its filled slots only, each group's full
+    # prompt pages stored once; the Pallas TPU kernel under attention_impl splash, XLA
+    # elsewhere; same samples up to float rounding; decode_slots = 0 only). Training and
+    # evaluation
     c.rollout.decode_cache = "dense"
+    c.rollout.page_size = 16  # slots per page of decode_cache=paged (TPU kernel: a multiple of 8)
 
 
 def _env_fields(c: ml_collections.ConfigDict) -> None:

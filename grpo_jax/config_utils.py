@@ -56,7 +56,7 @@ _CHOICES = {
 # grpo_jax.models.config.ATTENTION_IMPLS (not imported: that package starts JAX)
 ATTENTION_IMPLS = ("auto", "einsum", "blockwise", "splash", "cudnn")
 # grpo_jax.models.transformer.DECODE_CACHES' names (not imported: it starts JAX)
-DECODE_CACHES = ("dense", "prefix_shared")
+DECODE_CACHES = ("dense", "prefix_shared", "paged")
 
 _POSITIVE = (
     "steps",
@@ -192,6 +192,10 @@ def _validate_data_and_sampling(config) -> None:
     cache = config.rollout.decode_cache
     if cache not in DECODE_CACHES:
         raise ConfigError(f"config.rollout.decode_cache={cache!r} is not one of {DECODE_CACHES}")
+    if not isinstance(config.rollout.page_size, int) or config.rollout.page_size < 1:
+        raise ConfigError(
+            f"config.rollout.page_size={config.rollout.page_size!r} must be an int >= 1"
+        )
     if cache != "dense" and config.rollout.decode_slots:
         raise ConfigError(
             f"config.rollout.decode_cache={cache!r} takes static batching; set "

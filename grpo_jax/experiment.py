@@ -291,8 +291,8 @@ def _sampling_configs(config, tokenizer, group: int):
     common = dict(
         eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (0,),
         pad_id=tokenizer.pad_id if tokenizer is not None else 0,
-        decode_slots=int(sc.decode_slots),
         decode_cache=sc.decode_cache,
+        **{k: int(sc[k]) for k in ("decode_slots", "page_size")},  # continuous / paged
     )
     train = sampling.SamplingConfig(
         max_new_tokens=sc.max_new_tokens,

@@ -11,7 +11,11 @@ prompt block [R / G, kv_heads, Lp, head_dim] once and a per-row completion cache
 [R, kv_heads, c, head_dim]) is carried through the loops and updated in place (dynamic_update_slice);
 each layer's attention reads its whole buffer in place, in the layout its einsum consumes, and
 the layer weights are unstacked once before the loops (no per-step copy, slice or transpose of
-the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). The decode
+the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). With
+``decode_cache="paged"`` (`PagedDecodeCache`, pages with left-aligned prompts, each group's
+full prompt pages once) each step scatters the rows' new keys/values into their pages and
+attends to each row's filled slots (the Pallas TPU paged kernel, or an XLA path; not covered
+by the HLO check). The decode
 steps run in up to `attention_buckets` chunks, one while_loop each; between chunks the cache
 grows (one copy) to the slots the next chunk's last step needs, so a step attends to at most
 16-ish more slots than it needs rather than all Lp + Lc. The prompt is processed once; there
@@ -63,9 +67,14 @@ class SamplingConfig:
     decode_cache: the static sampler's KV-cache layout (`transformer.DECODE_CACHES`): "dense"
     (`DecodeCache`: every row holds its prompt's keys and values, G copies per group, and the
     completion after them) or "prefix_shared" (`PrefixDecodeCache`: each group's prompt block
-    stored and read once for its G rows, each row's completion cache separate). Same samples
-    up to float rounding (the attention output is summed from two products); static batching
-    only (decode_slots = 0).
+    stored and read once for its G rows, each row's completion cache separate) or "paged"
+    (`PagedDecodeCache`: pages of ``page_size`` slots, prompts left-aligned, each group's full
+    prompt pages stored once, and each row attending to its filled slots only; the Pallas TPU
+    paged kernel under ``model.attention_impl`` "splash", XLA elsewhere). Same samples up to
+    float rounding (the attention output is summed from two products, or the kernel's tiles);
+    static batching only (decode_slots = 0).
+    page_size: slots per page of the "paged" cache (>= 1; the TPU kernel wants a multiple of 8
+    and a head_dim multiple of 128).
     """
 
     max_new_tokens: int
@@ -78,6 +87,7 @@ class SamplingConfig:
     attention_buckets: int = 8
     decode_slots: int = 0
     decode_cache: str = "dense"
+    page_size: int = 16
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -113,6 +123,10 @@ class SamplingConfig:
             raise ValueError(
                 f"SamplingConfig.decode_cache={self.decode_cache!r} takes static batching "
                 f"(decode_slots = 0), got decode_slots={self.decode_slots}"
+            )
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ValueError(
+                f"SamplingConfig.page_size must be an int >= 1, got {self.page_size!r}"
             )
         object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
 
@@ -245,6 +259,8 @@ def decode_read_bytes(
     layout: str = "dense",
     buckets: int | None = 8,
     lengths=None,
+    prompt_lengths=None,
+    page_size: int = 16,
 ) -> dict:
     """Analytic bytes read per decoded token by the static sampler's decode loop (the roofline
     of a memory-bound decode: time = bytes / bandwidth).
@@ -253,6 +269,11 @@ def decode_read_bytes(
     all-gathered model under FSDP) and the cache slots it attends to, for all ``rows``:
       "dense":         rows x (Lp + c) slots (each row's own copy of its prompt),
       "prefix_shared": rows / G x Lp prompt slots (each group's block once) + rows x c,
+      "paged":         what the Pallas TPU kernel reads from a `PagedDecodeCache`: each row
+                       the pages holding its filled slots, n_r // P full prompt pages and
+                       ceil((n_r % P + i) / P) own pages (P = ``page_size``, n_r the row's
+                       prompt tokens, ``prompt_lengths``; None = Lp each), the shared prompt
+                       pages read by each of the G rows; ``buckets`` does not apply,
     with c the completion slots read at that step: the end of its decode chunk
     (`decode_buckets` with ``buckets`` = ``SamplingConfig.attention_buckets``), or exactly the
     i filled ones of step i for ``buckets=None`` (a ragged kernel). The loop runs decode steps
@@ -264,9 +285,11 @@ def decode_read_bytes(
 
     Returns {"params", "prefix", "completion", "total"}: float bytes per decoded token (the
     loop's reads / the tokens it decoded): the parameters, the prompt keys/values, the
-    completion keys/values.
+    completion keys/values ("paged": the prompt's n_r slots, and the rest of the pages read,
+    the completion's filled slots and the page rounding).
     Raises ValueError: rows not a multiple of group_size, no decode step (new_tokens or every
-    length < 2), lengths not [rows] in [1, new_tokens], unknown layout.
+    length < 2), lengths not [rows] in [1, new_tokens], prompt_lengths not [rows] in
+    [0, prompt_len], page_size < 1, unknown layout.
     """
     if layout not in DECODE_CACHES:
         raise ValueError(f"layout must be one of {tuple(DECODE_CACHES)}, got {layout!r}")
@@ -284,11 +307,43 @@ def decode_read_bytes(
         ends = [e - prompt_len for e in decode_buckets(prompt_len, new_tokens, buckets)]
         comp = [next(e for e in ends if e >= i) for i in steps]
     decoded = sum(n - 1 for n in lengths)
+    if layout == "paged":
+        return _paged_read_bytes(
+            param_bytes,
+            kv_bytes_per_slot,
+            prompt_len,
+            prompt_lengths,
+            rows,
+            page_size,
+            steps,
+            decoded,
+        )
     prompt_rows = rows if layout == "dense" else rows // group_size
     out = {
         "params": len(comp) * param_bytes / decoded,
         "prefix": len(comp) * prompt_rows * prompt_len * kv_bytes_per_slot / decoded,
         "completion": rows * sum(comp) * kv_bytes_per_slot / decoded,
+    }
+    return {**out, "total": sum(out.values())}
+
+
+def _paged_read_bytes(
+    param_bytes, kv_bytes_per_slot, prompt_len, prompt_lengths, rows, page_size, steps, decoded
+) -> dict:
+    """`decode_read_bytes` of the "paged" layout (its docstring): the pages the Pallas kernel
+    reads at each decode step i in ``steps``, per row n // P + ceil((n % P + i) / P) pages."""
+    n = [prompt_len] * rows if prompt_lengths is None else [int(x) for x in prompt_lengths]
+    if len(n) != rows or not all(0 <= x <= prompt_len for x in n):
+        raise ValueError(f"prompt_lengths must be {rows} prompt lengths in [0, {prompt_len}]")
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    P = page_size
+    read = sum((x // P + -(-(x % P + i) // P)) * P for i in steps for x in n)  # slots
+    prompt = len(steps) * sum(n)
+    out = {
+        "params": len(steps) * param_bytes / decoded,
+        "prefix": prompt * kv_bytes_per_slot / decoded,
+        "completion": (read - prompt) * kv_bytes_per_slot / decoded,
     }
     return {**out, "total": sum(out.values())}
 
@@ -329,7 +384,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     layout = DECODE_CACHES[config.decode_cache]
     first = ends[0] if ends else Lp
     logits, cache = _prefill(model, prompt_tokens, prompt_mask, G, layout.prefill_slots(Lp, first))
-    cache = layout.from_prefill(cache, R, first)
+    cache = layout.from_prefill(cache, R, first, page_size=config.page_size)
     layers = unstack_layers(model)  # read in place by every decode step
 
     rng, key = jax.random.split(rng)

@@ -119,7 +119,7 @@ def test_prefix_shared_refuses_continuous_batching_and_unknown_layouts():
     with pytest.raises(ValueError, match="static batching"):
         SamplingConfig(max_new_tokens=4, decode_slots=4, decode_cache="prefix_shared")
     with pytest.raises(ValueError, match="decode_cache must be one of"):
-        SamplingConfig(max_new_tokens=4, decode_cache="paged")
+        SamplingConfig(max_new_tokens=4, decode_cache="bogus")
     assert tuple(DECODE_CACHES) == config_utils.DECODE_CACHES
     c = base_config()
     c.rollout.decode_cache = "prefix_shared"
@@ -127,8 +127,8 @@ def test_prefix_shared_refuses_continuous_batching_and_unknown_layouts():
     c.rollout.decode_slots = 8
     with pytest.raises(config_utils.ConfigError, match="decode_slots=0"):
         config_utils.validate(c)
-    c.rollout.decode_slots, c.rollout.decode_cache = 0, "paged"
-    with pytest.raises(config_utils.ConfigError, match="rollout.decode_cache='paged'"):
+    c.rollout.decode_slots, c.rollout.decode_cache = 0, "bogus"
+    with pytest.raises(config_utils.ConfigError, match="rollout.decode_cache='bogus'"):
         config_utils.validate(c)
 
 
@@ -166,7 +166,7 @@ def test_decode_read_bytes_by_hand():
     with pytest.raises(ValueError, match="group_size"):
         decode_read_bytes(**{**kw, "group_size": 3}, new_tokens=3, layout="dense")
     with pytest.raises(ValueError, match="layout"):
-        decode_read_bytes(**kw, new_tokens=3, layout="paged")
+        decode_read_bytes(**kw, new_tokens=3, layout="bogus")
 
 
 def test_prefix_shared_decode_on_a_data_fsdp_mesh():

@@ -455,6 +455,144 @@ def decode_attention_prefix(q, kp, vp, prefix_bias, kc, vc, comp_bias):
     return (out_p.reshape(R, K, Hg, D) + out_c).astype(dt).reshape(R, 1, H, D)
 
 
+# ----------------------------------------------------------------------------- paged decode
+
+# The paged decode's kernel (`paged_cache.PagedDecodeCache`) for each resolved
+# ``model.attention_impl``: the Pallas TPU kernel where the model runs the TPU's fused kernel
+# ("splash"), the XLA path everywhere else (CPU; GPU, where JAX's Pallas GPU paged kernel is
+# not wired in).
+PAGED_KERNEL_OF_IMPL = {"splash": "pallas_tpu"}
+PAGED_DECODE_KERNELS: dict = {}
+
+
+def register_paged_kernel(name: str):
+    """Decorator: registers a paged decode kernel under ``name`` (`PAGED_DECODE_KERNELS`)."""
+
+    def deco(fn):
+        PAGED_DECODE_KERNELS[name] = fn
+        return fn
+
+    return deco
+
+
+def paged_kernel(impl: str) -> str:
+    """The paged decode kernel of a resolved attention implementation ("splash" ->
+    "pallas_tpu", any other -> "xla")."""
+    return PAGED_KERNEL_OF_IMPL.get(impl, "xla")
+
+
+def paged_table(prefix_len, rows: int, shared_pages: int, pages_per_group: int, page_size: int):
+    """Row r's pages in sequence order in a `PagedDecodeCache` (its docstring has the layout).
+
+    prefix_len [P] int32: real prompt tokens of each group; rows R = P * G; shared_pages fp;
+    pages_per_group = fp + G * own. Returns table [R, fp + own] int32, indices into the
+    flattened [P * pages_per_group] page axis: the group's first prefix_len // page_size
+    (full) shared pages, then the row's own pages (the prompt's partial last page, copied, and
+    its completion). Entries past a row's pages repeat its last own page (never read).
+    """
+    P = prefix_len.shape[0]
+    G = rows // P
+    own = (pages_per_group - shared_pages) // G
+    r = jnp.arange(rows, dtype=jnp.int32)[:, None]
+    full = (jnp.repeat(prefix_len, G) // page_size)[:, None]  # [R, 1] shared pages used
+    j = jnp.arange(shared_pages + own, dtype=jnp.int32)[None]
+    mine = shared_pages + (r % G) * own + jnp.minimum(j - full, own - 1)
+    return ((r // G) * pages_per_group + jnp.where(j < full, j, mine)).astype(jnp.int32)
+
+
+@register_paged_kernel("xla")
+def paged_decode_xla(q, k_pages, v_pages, prefix_len, own_len, shared_pages: int):
+    """One decode token per row over a `PagedDecodeCache` layer in plain XLA: the group's
+    shared pages read once for its G rows (one product per group, as
+    `decode_attention_prefix`) and each row's own pages, both under a length mask.
+
+    q [R, 1, H, D]; k_pages, v_pages [K, P, fp + G * own, page_size, D]; prefix_len [P] int32
+    (real prompt tokens per group); own_len [R] int32: filled slots of each row's own pages
+    (the prompt's last partial page + the completion so far, this step's token included);
+    shared_pages fp (static). Row r attends to its group's first prefix_len // page_size full
+    pages and its own first own_len slots. Returns [R, 1, H, D] in q.dtype; float32 scores,
+    softmax over the concatenated [shared, own] scores, the two value products accumulated in
+    float32 and rounded once (equal to the dense decode up to float rounding).
+    """
+    dt = q.dtype
+    R, _, H, D = q.shape
+    K, P, ppg, ps, _ = k_pages.shape
+    G, Hg, fp = R // P, H // K, shared_pages
+    own = (ppg - fp) // G
+    f32 = jnp.float32
+    qg = q.reshape(P, G, K, Hg, D)
+    ks, vs = (x[:, :, :fp].reshape(K, P, fp * ps, D).astype(dt) for x in (k_pages, v_pages))
+    ko, vo = (x[:, :, fp:].reshape(K, P, G, own * ps, D).astype(dt) for x in (k_pages, v_pages))
+    shared_ok = jnp.arange(fp * ps)[None] < ((prefix_len // ps) * ps)[:, None]  # [P, fp*ps]
+    own_ok = jnp.arange(own * ps)[None] < own_len[:, None]  # [R, own*ps]
+    s_s = jnp.einsum("pnkgd,kpsd->pnkgs", qg, ks, preferred_element_type=f32) * D**-0.5
+    s_s = jnp.where(shared_ok[:, None, None, None], s_s, _NEG_INF)
+    s_o = jnp.einsum("pnkgd,kpnsd->pnkgs", qg, ko, preferred_element_type=f32) * D**-0.5
+    s_o = jnp.where(own_ok.reshape(P, G, 1, 1, own * ps), s_o, _NEG_INF)
+    probs = jax.nn.softmax(jnp.concatenate([s_s, s_o], axis=-1), axis=-1).astype(dt)
+    out = jnp.einsum("pnkgs,kpsd->pnkgd", probs[..., : fp * ps], vs, preferred_element_type=f32)
+    out = out + jnp.einsum(
+        "pnkgs,kpnsd->pnkgd", probs[..., fp * ps :], vo, preferred_element_type=f32
+    )
+    return out.astype(dt).reshape(R, 1, H, D)
+
+
+def _compute_block(pages: int, page_size: int, tokens: int = 512) -> int:
+    """The largest divisor of ``pages`` whose pages hold at most ``tokens`` keys (>= 1): the
+    Pallas paged kernel's ``pages_per_compute_block`` (it must divide the pages per row)."""
+    return max(
+        [d for d in range(1, pages + 1) if pages % d == 0 and d * page_size <= tokens] or [1]
+    )
+
+
+@register_paged_kernel("pallas_tpu")
+def paged_decode_pallas_tpu(
+    q, k_pages, v_pages, prefix_len, own_len, shared_pages: int, *, interpret: bool = False
+):
+    """`paged_decode_xla` with JAX's Pallas TPU paged-attention kernel
+    (``jax.experimental.pallas.ops.tpu.paged_attention``, one query per row): each row reads
+    only the pages that hold its filled slots (`paged_table`: its group's full shared pages,
+    then its own), so the shared pages are stored once per group but read by each of its G
+    rows (the kernel returns no log-sum-exp to merge a once-per-group prompt product with).
+    Under a mesh it runs per device on its groups' rows and its kv heads (`_sharded`).
+    ``interpret=True`` runs the kernel in JAX's TPU interpreter (any backend; tests), whose
+    matmuls round as the TPU's default precision (bfloat16 passes). Args/Returns: as
+    `paged_decode_xla`.
+    """
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    R, _, H, D = q.shape
+
+    def local(q, k_pages, v_pages, prefix_len, own_len):
+        K, P, ppg, ps, _ = k_pages.shape
+        rows = q.shape[0]
+        table = paged_table(prefix_len, rows, shared_pages, ppg, ps)
+        G = rows // P
+        lengths = (jnp.repeat(prefix_len, G) // ps) * ps + own_len
+        flat = lambda x: x.reshape(K, P * ppg, ps, D)
+        call = functools.partial(
+            paged_attention,
+            (q[:, 0] * jnp.asarray(D**-0.5, q.dtype)),  # the kernel applies no scale
+            flat(k_pages),
+            flat(v_pages),
+            lengths.astype(jnp.int32),
+            table,
+            pages_per_compute_block=_compute_block(table.shape[1], ps),
+        )
+        if interpret:
+            from jax.experimental.pallas import tpu as pltpu
+
+            with pltpu.force_tpu_interpret_mode():
+                return call()[:, None].astype(q.dtype)
+        return call()[:, None].astype(q.dtype)
+
+    pages = ("heads", "rows", None, None, None)
+    args = (("rows", None, "heads", None), pages, pages, ("rows",), ("rows",))
+    return _sharded(local, args, ("rows", None, "heads", None))(
+        q, k_pages, v_pages, prefix_len, own_len
+    )
+
+
 # ----------------------------------------------------------------------------- fused kernels
 
 

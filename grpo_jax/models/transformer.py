@@ -17,7 +17,8 @@ Architecture (pre-norm):
   ("blockwise"), the Pallas splash kernel on TPU ("splash") or cuDNN on GPU ("cudnn"); "auto"
   picks by platform. The decode step (one token over a DecodeCache) is always the einsum;
   over a PrefixDecodeCache (each group's prompt block stored once) it is
-  `attention.decode_attention_prefix`.
+  `attention.decode_attention_prefix`, over a `paged_cache.PagedDecodeCache` a registered
+  paged kernel (`attention.PAGED_DECODE_KERNELS`: Pallas TPU under "splash", else XLA).
 - MLP: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 Layers are stored stacked (every per-layer Param has a leading `num_layers` axis with logical
@@ -53,6 +54,7 @@ from grpo_jax import sharding
 from grpo_jax.models import attention
 from grpo_jax.models.attention import Mask
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.paged_cache import PagedDecodeCache
 
 _NEG_INF = attention._NEG_INF  # finite "minus infinity": fully masked rows give no NaN
 
@@ -261,10 +263,14 @@ class DecodeCache:
         return slots
 
     @classmethod
-    def from_prefill(cls, prompt_cache: DecodeCache, rows: int, slots: int) -> DecodeCache:
+    def from_prefill(
+        cls, prompt_cache: DecodeCache, rows: int, slots: int, page_size: int | None = None
+    ) -> DecodeCache:
         """The decode cache of ``rows`` rows from the prefill's cache of one row per group of
         G = rows / P identical prompts (``prompt_cache``: P rows, ``slots`` slots): each group's
-        row copied to its G rows (G copies of the prompt's keys and values)."""
+        row copied to its G rows (G copies of the prompt's keys and values). ``page_size``:
+        the paged layout's (unused)."""
+        del page_size
         G = rows // prompt_cache.key_mask.shape[0]
         if prompt_cache.key_mask.shape[1] != slots:
             raise ValueError(f"prefill cache of {prompt_cache.key_mask.shape[1]} != {slots} slots")
@@ -303,11 +309,15 @@ class PrefixDecodeCache:
         return prompt_len
 
     @classmethod
-    def from_prefill(cls, prompt_cache: DecodeCache, rows: int, slots: int) -> PrefixDecodeCache:
+    def from_prefill(
+        cls, prompt_cache: DecodeCache, rows: int, slots: int, page_size: int | None = None
+    ) -> PrefixDecodeCache:
         """The cache of ``rows`` rows attending to ``slots`` slots in all (prompt + completion)
         from the prefill's `DecodeCache` of one row per group (P rows, Lp slots, index Lp): its
         keys and values become the prompt block as they are (no copy per row), and an empty
-        completion cache of ``slots - Lp`` slots per row is made."""
+        completion cache of ``slots - Lp`` slots per row is made. ``page_size``: the paged
+        layout's (unused)."""
+        del page_size
         P, Lp = prompt_cache.key_mask.shape
         if slots < Lp:
             raise ValueError(f"PrefixDecodeCache: {slots} slots < the prompt's {Lp}")
@@ -336,7 +346,11 @@ class PrefixDecodeCache:
 
 
 # the sampler's decode cache layouts (`sampling.SamplingConfig.decode_cache`)
-DECODE_CACHES = {"dense": DecodeCache, "prefix_shared": PrefixDecodeCache}
+DECODE_CACHES = {
+    "dense": DecodeCache,
+    "prefix_shared": PrefixDecodeCache,
+    "paged": PagedDecodeCache,
+}
 
 
 def init_decode_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None):
@@ -582,7 +596,14 @@ class Attention(nnx.Module):
         "bksd" with T = 1) or an `attention.Mask` (the blockwise / fused cores, which carry
         their own VJP and store no probabilities) -> [B, T, H, D]. kv_layout "prefix" (a
         `PrefixDecodeCache`, T = 1): keys/values are (prompt block, completion cache) pairs
-        and mask the pair of float32 biases of `attention.decode_attention_prefix`."""
+        and mask the pair of float32 biases of `attention.decode_attention_prefix`. kv_layout
+        "paged" (a `PagedDecodeCache`, T = 1): keys/values a layer's pages, mask the
+        (prefix_len, own_len, shared_pages) of `attention.paged_decode_xla`."""
+        if kv_layout == "paged":
+            kernel = attention.PAGED_DECODE_KERNELS[
+                attention.paged_kernel(attention_impl(self.config))
+            ]
+            return kernel(q, keys, values, *mask)
         if kv_layout == "prefix":  # a PrefixDecodeCache: (prompt block, completion cache)
             return attention.decode_attention_prefix(
                 q, keys[0], values[0], mask[0], keys[1], values[1], mask[1]
@@ -733,7 +754,7 @@ class Decoder(nnx.Module):
         positions,
         attention_mask=None,
         *,
-        cache: KVCache | DecodeCache | PrefixDecodeCache | None = None,
+        cache: KVCache | DecodeCache | PrefixDecodeCache | PagedDecodeCache | None = None,
         attend_len: int | None = None,
         layer_params: tuple | None = None,
     ):
@@ -752,7 +773,7 @@ class Decoder(nnx.Module):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
 
         graphdef, layer_state = nnx.split(self.layers)
-        if isinstance(cache, DecodeCache | PrefixDecodeCache):
+        if isinstance(cache, DecodeCache | PrefixDecodeCache | PagedDecodeCache):
             layers = layer_state if layer_params is None else layer_params
             return self._decode(graphdef, layers, x, positions, attention_mask, cache, attend_len)
         if cache is None:
@@ -835,6 +856,8 @@ class Decoder(nnx.Module):
         """
         if isinstance(cache, PrefixDecodeCache):
             return self._decode_prefix(graphdef, layer_params, x, positions, cache)
+        if isinstance(cache, PagedDecodeCache):
+            return self._decode_paged(graphdef, layer_params, x, positions, cache)
         c = self.config
         B, T = attention_mask.shape
         S = cache.key_mask.shape[1]
@@ -914,6 +937,31 @@ class Decoder(nnx.Module):
 
             x = sharding.constrain_batch(x)  # rows over data x fsdp (a no-op without a mesh)
             x = block(x, positions, bias, kv_write, kv_read, "prefix")
+        x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+        return x, cache.replace(k=tuple(ks), v=tuple(vs), index=cache.index + 1)
+
+    def _decode_paged(self, graphdef, layer_params, x, positions, cache: PagedDecodeCache):
+        """The layers over a `PagedDecodeCache`: one token per row, x [R, 1, E] ->
+        (hidden [R, 1, E], the cache with the token's keys/values in each row's next own slot).
+        Each layer scatters its R new keys/values into its pages and attends to the row's
+        filled slots (`attention.PAGED_DECODE_KERNELS`, chosen by ``model.attention_impl``:
+        the Pallas TPU kernel for "splash", else XLA). Raises ValueError unless T = 1."""
+        c = self.config
+        if x.shape[1] != 1:
+            raise ValueError(f"a PagedDecodeCache decodes one token per row, got {x.shape[1]}")
+        meta = (cache.prefix_len, cache.own_len(), cache.shared_pages)
+        ks, vs = list(cache.k), list(cache.v)
+        for l in range(c.num_layers):
+            block = _layer_block(graphdef, layer_params, l)
+
+            def kv_write(k, v, l=l):
+                ks[l], vs[l] = cache.put(ks[l], k), cache.put(vs[l], v)
+
+            def kv_read(l=l):
+                return ks[l], vs[l]
+
+            x = sharding.constrain_batch(x)  # rows over data x fsdp (a no-op without a mesh)
+            x = block(x, positions, meta, kv_write, kv_read, "paged")
         x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         return x, cache.replace(k=tuple(ks), v=tuple(vs), index=cache.index + 1)
 
