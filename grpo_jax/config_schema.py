@@ -121,6 +121,10 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # for its rows: the groups of algorithm.shared_prompt_forward, else one row each; same
     # samples up to float rounding; decode_slots = 0 only). Training and evaluation
     c.rollout.decode_cache = "dense"
+    # rollouts in flight: step t trains on rollouts generated from the parameters k updates old
+    # (policy version t - k), the generation of step t + k dispatched before step t's update;
+    # needs algorithm.tis_cap (grpo_jax/rollout_queue.py). 0 = generate, then train (synchronous)
+    c.rollout.max_staleness = 0
 
 
 def _algorithm_fields(c: ml_collections.ConfigDict) -> None:
