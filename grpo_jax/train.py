@@ -15,6 +15,10 @@ directly. The algorithm (``config.algorithm.name``) is a registered curriculum +
   8. the curriculum learns from the step     curriculum.update    (classifier, controllers)
   9. one metrics row; checkpoint on schedule or on a signal
 
+With ``config.rollout.max_staleness`` = k >= 1 (rollouts in flight, `grpo_jax.rollout_queue`)
+steps 1-3 run for the batch of step t + k, from the current parameters, and steps 4-9 for the
+oldest batch in flight, generated at step t - k (`_sample_in_flight`).
+
 Host <-> device: prompts go up once per sampler call (step 3), completions come down once
 (step 4, to be detokenised and verified), and the step's metrics come down in one transfer
 (step 9). The curriculum's controllers are small arrays updated eagerly on the host's device.
@@ -121,15 +125,15 @@ def dispatch_round(
     exp: Experiment, fns: steps.Steps, run: RunState, source, key, step: int, times: dict
 ) -> rollout_queue.Generated:
     """Steps 1-3 for the batch step ``step`` trains on: draw, classify and allocate, then the
-    sampler's calls from ``run``'s parameters (dispatched; nothing waits for them). Adds the
-    seconds of each phase to ``times["prepare"]`` / ``times["generate"]``."""
+    sampler's calls from ``run``'s parameters (dispatched; nothing waits for them). Sets the
+    seconds of each phase in ``times["prepare"]`` / ``times["generate"]``."""
     t = _timer()
     cur = exp.curriculum
     prompts = cur.draw(run.controllers, source, step)
     ids = np.asarray([p["id"] for p in prompts], np.int32)
     placement = cur.allocate(run.controllers, ids)
     rows = ids[placement.segment_ids]
-    times["prepare"] = times.get("prepare", 0.0) + t()
+    times["prepare"] = t()
 
     t = _timer()
     R, gbs = len(rows), exp.batching.generate_batch_size
@@ -146,7 +150,7 @@ def dispatch_round(
     util = [p.decode_utilisation for p in parts if p.decode_utilisation is not None]
     parts = [p.replace(decode_utilisation=None) for p in parts]
     rollouts = parts[0] if len(parts) == 1 else fns.concat(parts)
-    times["generate"] = times.get("generate", 0.0) + t()
+    times["generate"] = t()
     return rollout_queue.Generated(
         version=np.int32(int(run.train.step)),
         ids=ids,

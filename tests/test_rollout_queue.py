@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_train import _sigterm_after, smoke_config
+from test_transfer_guard import _guarded_step
 from workdirs import differences as workdir_differences
 
 from grpo_jax import config_utils, steps, train, writers
@@ -126,7 +127,7 @@ def test_resume_with_rollouts_in_flight_equals_the_uninterrupted_run(tmp_path, k
     cfg = smoke_config(
         "grpo",
         steps=5,
-        **{"rollout.max_staleness": k, "checkpoint.every_steps": 100, "sft.steps": 40, **_TIS},
+        **{"rollout.max_staleness": k, "checkpoint.every_steps": 1, "sft.steps": 40, **_TIS},
     )
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     train.train_and_evaluate(cfg, str(straight))
@@ -135,10 +136,19 @@ def test_resume_with_rollouts_in_flight_equals_the_uninterrupted_run(tmp_path, k
     watcher.join(timeout=1)
     assert result.get("preempted") and 2 <= result["step"] < 5, result
     train.train_and_evaluate(cfg, str(interrupted))  # resumes with the batches in flight
-    assert workdir_differences(straight, interrupted) == []
+    problems = workdir_differences(straight, interrupted)
+    assert not problems, "\n".join(problems)
     rows = [r for r in writers.read_jsonl(str(straight / "metrics.jsonl")) if "loss" in r]
     assert [r["staleness"] for r in rows] == [min(t, k) for t in range(5)]
     assert any(r["advantage_abs_mean"] > 0 for r in rows)  # the parameters moved
+
+
+@pytest.mark.slow  # ~30 s: one experiment's steps compiled
+def test_a_step_with_rollouts_in_flight_crosses_only_at_the_named_crossings(monkeypatch):
+    """The queue's own moves (`rollout_queue.park` / `unpark`) are explicit crossings."""
+    cfg = smoke_config("grpo", **{"rollout.max_staleness": 1, **_TIS})
+    row, _ = _guarded_step(cfg, monkeypatch)
+    assert row["staleness"] == 1 and np.isfinite(row["loss"])
 
 
 def test_a_run_without_rollouts_in_flight_keeps_its_checkpoint_tree():
