@@ -172,6 +172,10 @@ def test_a_run_without_rollouts_in_flight_keeps_its_checkpoint_tree():
             {"rollout.max_staleness": 1, "algorithm.dynamic_sampling": True, **_TIS},
             "samples extra rounds after scoring",
         ),
+        (
+            {"rollout.max_staleness": 1, "algorithm.name": "online_filter", **_TIS},
+            "'online_filter' with dynamic_sampling=False samples extra rounds",
+        ),
     ],
 )
 def test_max_staleness_config_errors(overrides, match):
