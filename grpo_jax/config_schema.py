@@ -127,6 +127,10 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # evaluation
     c.rollout.decode_cache = "dense"
     c.rollout.page_size = 16  # slots per page of decode_cache=paged (TPU kernel: a multiple of 8)
+    # rollouts in flight: step t trains on rollouts generated from the parameters k updates old
+    # (policy version t - k), the generation of step t + k dispatched before step t's update;
+    # needs algorithm.tis_cap (grpo_jax/rollout_queue.py). 0 = generate, then train (synchronous)
+    c.rollout.max_staleness = 0
 
 
 def _env_fields(c: ml_collections.ConfigDict) -> None:

@@ -136,6 +136,7 @@ def _validate_algorithm(config) -> None:
                 f"{config.algorithm.dynamic_sampling_max_rounds} must be >= 0"
             )
     a = config.algorithm
+    _validate_staleness(config, algo)
 
     try:
         losses.PolicyLossConfig.from_config(a)
@@ -159,6 +160,33 @@ def _validate_algorithm(config) -> None:
             f"config.algorithm.overlong_cache_tokens={a.overlong_cache_tokens} must be in "
             f"(0, rollout.max_new_tokens={config.rollout.max_new_tokens}] when "
             "overlong_penalty_factor > 0"
+        )
+
+
+def _validate_staleness(config, algo) -> None:
+    """``rollout.max_staleness`` >= 1 (rollouts in flight, `grpo_jax.rollout_queue`): the
+    off-policy gap needs the TIS correction, and a step trains on one batch generated ahead."""
+    k = config.rollout.max_staleness
+    if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
+        return  # 0, or a bad value (_validate_ranges names it)
+    if not config.algorithm.tis_cap:
+        raise ConfigError(
+            f"config.rollout.max_staleness={k} trains on rollouts of parameters up to {k} "
+            "update(s) old; set config.algorithm.tis_cap (e.g. 2) for the truncated importance "
+            "sampling that corrects the gap"
+        )
+    if config.env.name:
+        raise ConfigError(
+            f"config.rollout.max_staleness={k} with config.env.name={config.env.name!r}: "
+            "multi-turn episodes run their turns on the host and cannot be generated ahead yet "
+            "(set max_staleness=0)"
+        )
+    if config.algorithm.dynamic_sampling or algo.curriculum.filters_groups:
+        raise ConfigError(
+            f"config.rollout.max_staleness={k} generates one batch per step ahead of its "
+            f"update; algorithm {config.algorithm.name!r} with dynamic_sampling="
+            f"{config.algorithm.dynamic_sampling} samples extra rounds after scoring (set "
+            "max_staleness=0, or dynamic_sampling=False with a curriculum that keeps every group)"
         )
 
 
@@ -256,6 +284,7 @@ def _validate_ranges(config) -> None:
         ("seed", 0, True),  # numpy generators (data order, warm-start batches) need >= 0
         ("data.max_train_examples", 0, True),
         ("rollout.generate_batch_size", 0, True),
+        ("rollout.max_staleness", 0, True),
         ("rollout.top_k", 0, True),
         ("algorithm.mini_batch_size", 0, True),
         ("algorithm.micro_batch_size", 0, True),

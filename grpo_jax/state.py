@@ -8,6 +8,7 @@ in their own module (`grpo_jax.algorithms.ppo`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import flax
@@ -70,7 +71,7 @@ class Batch:
     sampler_logprobs: jax.Array
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunState:
     """A run's whole device state: what a checkpoint holds besides the data position.
 
@@ -78,11 +79,32 @@ class RunState:
       train: the `TrainState` (or a learner's subclass of it).
       controllers: the curriculum's state pytree (classifier, GDRO scores, arms, ...).
       ref_params: the frozen reference policy (pure dict), None when ``kl_coef == 0``.
+      in_flight: the batches generated ahead of the update, oldest first (a tuple of
+        ``rollout.max_staleness`` `grpo_jax.rollout_queue.Generated`), None when it is 0.
+
+    A pytree whose children are the fields by name; ``in_flight`` is one only when it is not
+    None, so a run without rollouts in flight has the checkpoint tree it always had (older
+    checkpoints restore, and the files are unchanged).
     """
 
     train: Any
     controllers: Any
     ref_params: Any = None
+    in_flight: Any = None
+
+    def replace(self, **changes) -> RunState:
+        return dataclasses.replace(self, **changes)
+
+
+def _run_state_children(run: RunState):
+    names = ("train", "controllers", "ref_params")
+    names += ("in_flight",) * (run.in_flight is not None)
+    return [(jax.tree_util.GetAttrKey(n), getattr(run, n)) for n in names], len(names)
+
+
+jax.tree_util.register_pytree_with_keys(
+    RunState, _run_state_children, lambda n, children: RunState(*children)
+)
 
 
 def total_updates(config, batching) -> int:

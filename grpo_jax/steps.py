@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
-from grpo_jax import checkpointing, losses, sampling, sharding
+from grpo_jax import checkpointing, losses, rollout_queue, sampling, sharding
 from grpo_jax.experiment import Experiment
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models.transformer import positions_from_mask
@@ -544,6 +544,7 @@ def abstract_run_state(exp: Experiment) -> RunState:
         train=exp.abstract_state,
         controllers=checkpointing.abstract_like(exp.curriculum.init()),
         ref_params=exp.abstract_state.params if exp.uses_reference else None,
+        in_flight=rollout_queue.abstract(exp),
     )
 
 

@@ -15,6 +15,10 @@ directly. The algorithm (``config.algorithm.name``) is a registered curriculum +
   8. the curriculum learns from the step     curriculum.update    (classifier, controllers)
   9. one metrics row; checkpoint on schedule or on a signal
 
+With ``config.rollout.max_staleness`` = k >= 1 (rollouts in flight, `grpo_jax.rollout_queue`)
+steps 1-3 run for the batch of step t + k, from the current parameters, and steps 4-9 for the
+oldest batch in flight, generated at step t - k (`_sample_in_flight`).
+
 Host <-> device: prompts go up once per sampler call (step 3), completions come down once
 (step 4, to be detokenised and verified), and the step's metrics come down in one transfer
 (step 9). The curriculum's controllers are small arrays updated eagerly on the host's device.
@@ -44,6 +48,7 @@ from grpo_jax import (
     divergence,
     evaluation,
     gdro,
+    rollout_queue,
     sampling,
     sharding,
     steps,
@@ -69,6 +74,9 @@ class Round:
     prompt_mask [R, Lp] bool.
     decode_utilisation: share of decode slot-steps that did work (continuous batching only).
     reward_errors: failure kind -> its first text in the round (the reward's ``errors`` stat).
+    version: with rollouts in flight (``rollout.max_staleness`` >= 1) ``{"policy_version": the
+    updates the sampling parameters had seen, "staleness": the training step minus that}``, in
+    the metrics row and every sample; empty otherwise.
     """
 
     ids: np.ndarray
@@ -86,6 +94,7 @@ class Round:
     texts: tuple = ()
     decode_utilisation: float | None = None  # continuous batching's SlotStats.utilisation
     reward_errors: dict = dataclasses.field(default_factory=dict)
+    version: dict = dataclasses.field(default_factory=dict)  # policy_version, staleness
     env_stats: dict = dataclasses.field(default_factory=dict)  # episodes' turns, tool calls
 
     @property
@@ -111,8 +120,19 @@ def filters_groups(exp: Experiment) -> bool:
 
 def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> Round:
     """Steps 1-4: draw, classify and allocate, generate, reward."""
-    times, t = {}, _timer()
-    cur, step = exp.curriculum, int(run.train.step)
+    times = {}
+    gen = dispatch_round(exp, fns, run, source, key, int(run.train.step), times)
+    return score_round(exp, run, gen, times)
+
+
+def dispatch_round(
+    exp: Experiment, fns: steps.Steps, run: RunState, source, key, step: int, times: dict
+) -> rollout_queue.Generated:
+    """Steps 1-3 for the batch step ``step`` trains on: draw, classify and allocate, then the
+    sampler's calls from ``run``'s parameters (dispatched; nothing waits for them). Sets the
+    seconds of each phase in ``times["prepare"]`` / ``times["generate"]``."""
+    t = _timer()
+    cur = exp.curriculum
     prompts = cur.draw(run.controllers, source, step)
     ids = np.asarray([p["id"] for p in prompts], np.int32)
     placement = cur.allocate(run.controllers, ids)
@@ -120,11 +140,42 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
     times["prepare"] = t()
 
     t = _timer()
-    make = _generate if exp.environment is None else _episodes
-    rollouts, lengths, texts, scored, util, env_stats = make(exp, fns, run, rows, key)
+    if exp.environment is None:
+        (rollouts, util), episode = _dispatch_samples(exp, fns, run, rows, key), None
+    else:  # multi-turn episodes run their turns here, on the host (max_staleness 0 only)
+        (rollouts, episode), util = _episodes(exp, fns, run, rows, key), []
     times["generate"] = t()
+    return rollout_queue.Generated(
+        version=np.int32(int(run.train.step)),
+        ids=ids,
+        placement=placement,
+        rollouts=rollouts,
+        utilisation=jnp.stack(util) if util else None,
+        episodes=episode,
+    )
+
+
+def score_round(
+    exp: Experiment, run: RunState, gen: rollout_queue.Generated, times: dict, version=None
+) -> Round:
+    """Step 4: the completions of ``gen`` (host bookkeeping) to the host, detokenised and scored
+    (the curriculum's ``keep_groups`` with ``run``'s controllers). ``times``: the seconds of
+    `dispatch_round`'s phases, to which the wait for the completions is added. ``version``: the
+    row's ``policy_version`` / ``staleness`` fields (rollouts in flight only)."""
+    cur, placement, ids = exp.curriculum, gen.placement, gen.ids
+    rows = ids[placement.segment_ids]
+    t = _timer()
+    rollouts = gen.rollouts
+    completions, lengths, util = xfer.to_host(
+        (rollouts.completion_tokens, rollouts.lengths, gen.utilisation)
+    )
+    times = {**times, "generate": times["generate"] + t()}
 
     t = _timer()
+    if gen.episodes is None:
+        texts = scored = xfer.decode_completions(exp.tokenizer, completions, lengths)
+    else:  # the whole episode to read; the reward scores what the environment says
+        texts, scored = gen.episodes.texts, gen.episodes.scored
     rewards, correct, reward_stats = exp.score(scored, rows)
     reward_stats = dict(reward_stats)
     reward_errors = reward_stats.pop("errors", {})
@@ -154,15 +205,16 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
         reward_stats=reward_stats,
         times=times,
         texts=tuple(texts),
-        decode_utilisation=float(np.mean(util)) if util else None,
+        decode_utilisation=float(np.mean(util)) if util is not None else None,
         reward_errors=reward_errors,
-        env_stats=env_stats,
+        version=version or {},
+        env_stats=gen.episodes.stats if gen.episodes else {},
     )
 
 
-def _generate(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
-    """One completion per rollout: (rollouts, lengths [R] on the host, texts [R], the texts
-    scored (the same), decode utilisations, {})."""
+def _dispatch_samples(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
+    """One completion per rollout, the sampler's calls dispatched (nothing waits): (rollouts,
+    the calls' decode utilisations, device scalars of continuous batching)."""
     R, gbs = len(rows), exp.batching.generate_batch_size
     keys = [key] if gbs >= R else _split_keys(key, R // gbs)
     parts = [
@@ -176,17 +228,14 @@ def _generate(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
     ]
     util = [p.decode_utilisation for p in parts if p.decode_utilisation is not None]
     parts = [p.replace(decode_utilisation=None) for p in parts]
-    rollouts = parts[0] if len(parts) == 1 else fns.concat(parts)
-    completions, lengths, util = xfer.to_host((rollouts.completion_tokens, rollouts.lengths, util))
-    texts = xfer.decode_completions(exp.tokenizer, completions, lengths)
-    return rollouts, lengths, texts, texts, util, {}
+    return (parts[0] if len(parts) == 1 else fns.concat(parts)), util
 
 
 def _episodes(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
     """Multi-turn episodes of ``exp.environment`` (`grpo_jax.envs.episodes`), every rollout in
-    one sampler call per turn: (rollouts with the policy's tokens as ``loss_mask``, lengths [R],
-    each episode's text, the texts scored (`Environment.final_text`), [], turn and tool-call
-    sums)."""
+    one sampler call per turn: (rollouts with the policy's tokens as ``loss_mask``, the
+    `rollout_queue.EpisodeTexts`: each episode's text, the texts scored
+    (`Environment.final_text`), turn and tool-call sums)."""
     dev = lambda x: xfer.to_device(exp.mesh, x)
     prompts = exp.pool.tokens[rows]
     ep = episodes.run_episodes(
@@ -213,7 +262,7 @@ def _episodes(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
     )
     texts = xfer.decode_completions(exp.tokenizer, ep.completion_tokens, ep.lengths)
     stats = {"turns": int(ep.turns.sum()), "tool_calls": int(ep.tool_calls.sum())}
-    return rollouts, ep.lengths, texts, list(ep.texts), [], stats
+    return rollouts, rollout_queue.EpisodeTexts(tuple(texts), tuple(ep.texts), stats)
 
 
 def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Round]) -> Round:
@@ -294,6 +343,31 @@ def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> li
     return rounds
 
 
+def fill_in_flight(exp: Experiment, fns: steps.Steps, run: RunState, source) -> RunState:
+    """``run`` with its rollouts in flight (``rollout.max_staleness`` = k >= 1; unchanged when k
+    is 0 or they are there): the k batches steps t .. t + k - 1 train on, generated from the
+    current parameters (a run's start: `train_and_evaluate` before its first checkpoint)."""
+    k, t = exp.config.rollout.max_staleness, int(run.train.step)
+    if not k or run.in_flight is not None:
+        return run
+    keys = [rollout_queue.fill_key(run.train.rng, i) for i in range(k)]
+    gens = [dispatch_round(exp, fns, run, source, key, t + i, {}) for i, key in enumerate(keys)]
+    return run.replace(in_flight=tuple(rollout_queue.park(exp.mesh, g) for g in gens))
+
+
+def _sample_in_flight(exp: Experiment, fns: steps.Steps, run: RunState, source, key):
+    """Steps 1-4 with rollouts in flight (``rollout.max_staleness`` = k >= 1): the generation of
+    the batch for step t + k is dispatched from the current parameters, then the oldest batch in
+    flight (generated at step t - k, or before step 0) is scored on the host while the device
+    generates. Returns ([its Round], the batches in flight after the step)."""
+    run, times, t = fill_in_flight(exp, fns, run, source), {}, int(run.train.step)
+    new = dispatch_round(exp, fns, run, source, key, t + exp.config.rollout.max_staleness, times)
+    oldest = rollout_queue.unpark(run.in_flight[0])
+    version = {"policy_version": int(oldest.version), "staleness": t - int(oldest.version)}
+    in_flight = (*run.in_flight[1:], rollout_queue.park(exp.mesh, new))
+    return [score_round(exp, run, oldest, times, version)], in_flight
+
+
 def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     """Steps 5-6: advantages, the curriculum's weights, reference and old log-probs.
 
@@ -347,7 +421,10 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
     rng, gen_key, order_key = _step_keys(run.train.rng)
 
     # 1-4. prompts -> bins -> allocation -> R rollouts -> rewards
-    rounds = _sample(exp, fns, run, source, gen_key)
+    if exp.config.rollout.max_staleness:  # rollouts in flight: trains on an older batch
+        rounds, in_flight = _sample_in_flight(exp, fns, run, source, gen_key)
+    else:
+        rounds, in_flight = _sample(exp, fns, run, source, gen_key), None
     rd = rounds[0] if len(rounds) == 1 else keep_informative_groups(exp, fns, rounds)
     times = {k: sum(x.times[k] for x in rounds) for k in ("prepare", "generate", "reward")}
 
@@ -393,7 +470,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
     # 9. the metrics row.
     summary["advantages"] = adv_stats
     row = _metrics_row(exp, rounds, rd, upd, summary, diagnostics, times)
-    new_run = RunState(train=state, controllers=controllers, ref_params=run.ref_params)
+    new_run = RunState(state, controllers, run.ref_params, in_flight)
     placements = tuple((x.ids, x.placement) for x in rounds)
     return StepResult(
         run=new_run,
@@ -480,6 +557,7 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
         row["dynamic_sampling/kept_informative"] = int(rd.informative.sum())  # of P in the batch
         row["dynamic_sampling/kept_groups"] = int(sum(x.kept.sum() for x in rounds))
     row.update(diagnostics)
+    row.update(rd.version)  # rollouts in flight: the sampling policy's version
     row.update({f"time/{k}": v for k, v in times.items()})
     row["time/step"] = sum(times.values())
     first = rounds[0]  # a few completions to read (one per prompt): written to samples.jsonl
@@ -490,6 +568,7 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
             "completion": first.texts[i],
             "answer": exp.pool.golds[first.rows[i]],
             "reward": float(first.rewards[i]),
+            **first.version,
         }
         for i in picks
     ]
@@ -1012,6 +1091,8 @@ def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
             {"step": int(run.train.step), "changes": changes},
         ]
     if not restored:
+        # rollouts in flight (rollout.max_staleness): generated now, part of every checkpoint
+        run = fill_in_flight(job.exp, job.fns, run, job.source)
         job.save(run)
     pending = job.meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
     step = int(run.train.step)

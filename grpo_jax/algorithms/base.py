@@ -43,9 +43,10 @@ class CurriculumState:
     controller: Any = None
 
 
-@dataclasses.dataclass(frozen=True)
+@flax.struct.dataclass
 class Placement:
-    """Where a step's rollouts go (host arrays).
+    """Where a step's rollouts go (host arrays; a pytree, so it can be checkpointed with the
+    rollouts in flight, `grpo_jax.rollout_queue`).
 
     Attributes:
       bins: [P] int32, each prompt's difficulty bin (from past visits only).
