@@ -121,6 +121,10 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # for its rows: the groups of algorithm.shared_prompt_forward, else one row each; same
     # samples up to float rounding; decode_slots = 0 only). Training and evaluation
     c.rollout.decode_cache = "dense"
+    # the sampler's parameter layout (grpo_jax.generation_layout): training (sample in the
+    # training shardings) | auto (the planner's data x tensor split of the devices) | "DxT"
+    # (e.g. "2x4": rows over 2, heads / kv-heads / mlp / vocab over 4); resharded once per step
+    c.rollout.generation_layout = "training"
 
 
 def _algorithm_fields(c: ml_collections.ConfigDict) -> None:
