@@ -21,11 +21,12 @@ import math
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh
 
-from grpo_jax import sharding
+from grpo_jax import sampling, sharding
 
 TRAINING = "training"  # config value: sample in the training layout (today's behaviour)
 AUTO = "auto"  # config value: the layout `plan` picks
@@ -105,8 +106,9 @@ def _param_bytes(abstract_params, layout: Layout) -> int:
         meta = v.get_metadata() if isinstance(v, nnx.Variable) else {}
         logical = meta.get("out_sharding") or meta.get("sharding") or (None,) * len(value.shape)
         spec = sharding.logical_to_spec(tuple(logical), value.shape, mesh)
+        split = dict(mesh.shape)
         shape = [
-            d // (sharding._axis_size(mesh, a) if a is not None else 1)
+            d // math.prod(split[x] for x in ((a,) if isinstance(a, str) else a or ()))
             for d, a in zip(value.shape, tuple(spec) + (None,) * len(value.shape))
         ]
         total += math.prod(shape) * np.dtype(value.dtype).itemsize
@@ -134,10 +136,6 @@ def decode_costs(
     Returns {"params", "kv", "link", "flops", "memory"} (bytes; memory = params + kv).
     Raises ValueError: rows not divisible by ``layout.data``.
     """
-    import jax.numpy as jnp
-
-    from grpo_jax import sampling
-
     if rows % layout.data:
         raise ValueError(f"{rows} rows do not divide over layout {layout.name}'s data shards")
     t, r = layout.tensor, rows // layout.data

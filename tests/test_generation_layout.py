@@ -10,8 +10,7 @@ from flax import nnx
 
 from grpo_jax import generation_layout as gl
 from grpo_jax import sharding
-from grpo_jax.models import get_preset
-from grpo_jax.models import transformer
+from grpo_jax.models import get_preset, transformer
 from grpo_jax.models.transformer import random_params
 from grpo_jax.sampling import SamplingConfig, generate
 
