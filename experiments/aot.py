@@ -367,6 +367,7 @@ def _calls_per_step(result: dict, name: str) -> int:
         "prefill": b["R"] // b["generate_batch"],
         "decode": b["R"] // b["generate_batch"] * b["new_tokens"],
         "logprobs": 1,
+        "reshard": 1,
     }[name]
 
 
@@ -375,6 +376,8 @@ def _model_flops(result: dict, name: str, rows: int) -> float:
     attention's T^2 term and remat's recomputation left out, as MFU conventionally counts)."""
     b, n = result["batch"], result["params"]
     T = b["prompt_tokens"] + b["new_tokens"]
+    if name == "reshard":
+        return 0.0
     per_token = {"update": 6, "sampler": 2, "logprobs": 2, "prefill": 2, "decode": 2}[name]
     tokens = {"prefill": b["prompt_tokens"], "decode": 1}.get(name, T)
     return per_token * n * rows * tokens
@@ -421,10 +424,12 @@ def roofline(result: dict, chip: Chip) -> dict:
         if name == "sampler":  # rows decoded `slots` at a time (continuous batching), longest
             b = result["batch"]  # case: every row runs to max_new_tokens
             slots = b.get("decode_slots") or s["rows"]
+            gen = result.get("generation_layout")  # its parameter shard, else the whole model
+            param_reads = gen["param_bytes"] if gen else 2 * result["params"]
             decode_reads = (
                 b["new_tokens"]
                 * (s["rows"] / slots)
-                * (2 * result["params"] + slots * result["kv_bytes_per_row"] / dev)
+                * (param_reads + slots * result["kv_bytes_per_row"] / dev)
             )
             nbytes = max(nbytes, decode_reads)
         t = max(flops / chip.peak_bf16_flops, nbytes / chip.bandwidth_Bps)
@@ -717,6 +722,8 @@ def compile_steps(
             "what": f"generate, continuous batching: {G} rows per call ({R // G} calls) through "
             f"{slots} decode slots, {Lp}+{Lc}-slot KV cache",
         }
+    elif sampler == "full" and exp.generation_mesh is not None:
+        steps.update(_compile_generation_layout(exp, _compile, state, R, G, ref_bytes))
     elif sampler == "full":
         info = _compile(
             sampling._generate,
@@ -788,7 +795,20 @@ def compile_steps(
         }
     for s in steps.values():
         s["peak"] = s["total"] + s["resident_extra"]
+    gen = exp.generation_mesh
     return {
+        "generation_layout": None
+        if gen is None
+        else {
+            "layout": f"{gen.shape['data']}x{gen.shape['tensor']}",
+            "param_bytes": _bytes_per_device(
+                jax.tree.map(
+                    lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                    state.params,
+                    exp.generation_shardings,
+                )
+            ),
+        },
         "mesh": dict(mesh.shape),
         "devices": mesh.size,
         "platform": platform,
@@ -815,6 +835,60 @@ def compile_steps(
         "ref_bytes": ref_bytes,
         "steps": steps,
         "peak": max(s["peak"] for s in steps.values()),
+    }
+
+
+def _compile_generation_layout(exp, compile_fn, state, R: int, G: int, ref_bytes: int) -> dict:
+    """The sampler compiled in the generation layout (``exp.generation_mesh``: its parameters
+    in ``exp.generation_shardings``, its rows over the generation mesh's data axis) and the
+    reshard into it (a jitted identity with those ``out_shardings``, from the training
+    shardings). Resident beside each: the whole training state and the reference (the
+    training parameters stay where they are; the generation copy is an argument / output)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from grpo_jax import sampling, sharding
+
+    gmesh, gsh = exp.generation_mesh, exp.generation_shardings
+    Lp, Lc = exp.prompt_len, exp.max_new_tokens
+    state_bytes = _bytes_per_device(state)
+    gparams = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state.params, gsh
+    )
+
+    def rows(shape, dtype):
+        return jax.ShapeDtypeStruct(
+            shape, jnp.dtype(dtype), sharding=sharding.batch_sharding(gmesh, len(shape))
+        )
+
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(gmesh, PartitionSpec()))
+    layout = f"{gmesh.shape['data']} x {gmesh.shape['tensor']}"
+    sampler = compile_fn(
+        sampling._generate,
+        exp.graphdef,
+        gparams,
+        rows((G, Lp), "int32"),
+        rows((G, Lp), "bool"),
+        rng,
+        exp.train_sampling,
+        mesh=gmesh,
+    )
+    reshard = compile_fn(jax.jit(lambda p: p, out_shardings=gsh), state.params)
+    return {
+        "sampler": {
+            **sampler,
+            "resident_extra": state_bytes + ref_bytes,
+            "rows": G,
+            "what": f"generate in the generation layout (data x tensor {layout}), {G} rows per "
+            f"call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
+        },
+        "reshard": {
+            **reshard,
+            "resident_extra": state_bytes - _bytes_per_device(state.params) + ref_bytes,
+            "rows": 0,
+            "what": f"reshard: the parameters from the training layout to data x tensor {layout}",
+        },
     }
 
 
@@ -997,6 +1071,12 @@ def main(argv=None):
         "generate_batch", 0, "Rollouts per sampler call (config.rollout.generate_batch_size)."
     )
     flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
+    flags.DEFINE_list(
+        "skip",
+        [],
+        "Programs not to compile: update, logprobs (e.g. when only the sampler in a generation "
+        "layout, --config.rollout.generation_layout=8x8, is new).",
+    )
     flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
     flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
     flags.DEFINE_string(
@@ -1112,7 +1192,13 @@ def _run_compiled(FLAGS, config, chip, compiler: str):
     label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
     banner, tag = _COMPILER_LABELS[compiler]
     config_utils.validate(config)  # a ConfigError: one `error:` line, exit 2 (cli.run_absl)
-    result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
+    result = compile_steps(
+        config,
+        sampler=FLAGS.sampler,
+        devices=devices,
+        update="update" not in FLAGS.skip,
+        logprobs="logprobs" not in FLAGS.skip,
+    )
     est = roofline(result, chip)
     result.update(
         topology=label,
