@@ -79,6 +79,9 @@ class Chip:
     device_kinds: tuple[str, ...] = ()  # jax.Device.device_kind strings of this chip
     peak_bf16_flops: float = 0.0  # published peak dense bf16 FLOP/s per chip (same source page)
     interconnect: str = ""  # the chip-to-chip link inside a node / slice, as published
+    # chip-to-chip bandwidth per chip, one direction, bytes/s (same source; 0 = not given):
+    # what the reshard and tensor-parallel collectives of `experiments.pipeline_estimate` use
+    link_Bps: float = 0.0
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
@@ -106,11 +109,14 @@ CHIPS = {
     "v5p": Chip(
         "TPU v5p",
         95 * GiB,
-        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps, 459 bf16 TFLOPs per chip)",
+        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps, 459 bf16 TFLOPs per "
+        "chip; interchip interconnect 4,800 Gbps per chip)",
         2,
         2765e9,
         ("TPU v5p", "TPU v5"),
         459e12,
+        "ICI, 3D torus, 4,800 Gbps per chip",
+        600e9,  # 4,800 Gbps, all of a chip's ICI links together
     ),
     "v6e": Chip(
         "TPU v6e",
@@ -131,6 +137,7 @@ CHIPS = {
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
         989e12,
         "NVLink 4, 900 GB/s per GPU (bidirectional), 8 per node over NVSwitch",
+        450e9,  # one direction
     ),
     "h200": Chip(
         "NVIDIA H200 SXM",

@@ -165,3 +165,348 @@ def split_step(
                 "step": step,
             }
     return best
+
+
+# ----------------------------------------------------------------------------- the report's cases
+
+
+def xla_call_seconds(
+    model: DecodeModel, lengths, rates: Rates, *, new_tokens: int, cache: str, buckets: int = 8
+) -> dict:
+    """One sampler call as our XLA decode runs it (`grpo_jax.sampling`: the static sampler's
+    ``cache`` layout, "dense" or "prefix_shared", each decode chunk reading its cache up to its
+    attention bucket, finished rows still read): `sampling.decode_read_bytes` over all the
+    call's rows with ``model``'s per-chip parameter and slot bytes (the rows spread evenly
+    over the data shards), then the same rates as `call_seconds`."""
+    from grpo_jax import sampling
+
+    L = np.asarray(lengths, np.int64)
+    reads = sampling.decode_read_bytes(
+        param_bytes=model.param_bytes,
+        kv_bytes_per_slot=model.kv_slot_bytes / model.data,
+        rows=len(L),
+        group_size=model.group_size,
+        prompt_len=model.prompt_len,
+        new_tokens=new_tokens,
+        layout=cache,
+        buckets=buckets,
+        lengths=L,
+    )
+    decoded = int((L - 1).sum())
+    steps = int(L.max()) - 1
+    r = len(L) // model.data
+    memory_s = reads["total"] * decoded / rates.hbm_Bps
+    compute_s = steps * model.flops_per_row * r / rates.flops
+    decode = max(memory_s, compute_s) + steps * model.link_bytes_per_row * r / rates.link_Bps
+    prefill = model.prefill_flops_per_group * (len(L) // model.group_size) / rates.flops
+    per_step = {k: reads[k] * decoded / steps for k in ("params", "prefix", "completion")}
+    return {
+        "seconds": decode + prefill,
+        "prefill_seconds": prefill,
+        "decode_seconds": decode,
+        "steps": steps,
+        "tokens": int(L.sum()),
+        "reads": per_step,
+    }
+
+
+def decode_model(
+    model_config, layout, chips: int, prompt_len: int, group_size: int, param_bytes=None
+):
+    """The `DecodeModel` of ``model_config`` (bf16) in a generation ``layout``
+    (`generation_layout.Layout`) on ``chips`` chips: the parameter bytes per chip from
+    ``param_bytes`` (a compiled record's) or `generation_layout.decode_costs`, the link bytes
+    and FLOPs per row from `generation_layout.decode_costs`."""
+    from flax import nnx
+
+    from grpo_jax import generation_layout as gl
+    from grpo_jax import sampling
+    from grpo_jax.models import from_config as model_lib
+
+    abstract = nnx.split(model_lib.abstract_model(model_config), nnx.Param)[1]
+    rows = layout.data * group_size
+    costs = gl.decode_costs(layout, model_config, abstract, rows=rows, slots=1)
+    kv_shards = layout.tensor if model_config.num_kv_heads % layout.tensor == 0 else 1
+    n = model_config.num_params
+    return DecodeModel(
+        param_bytes=float(param_bytes if param_bytes is not None else costs["params"]),
+        kv_slot_bytes=sampling.kv_bytes_per_slot(model_config) / kv_shards,
+        prompt_len=prompt_len,
+        group_size=group_size,
+        data=layout.data,
+        link_bytes_per_row=costs["link"] / group_size,
+        flops_per_row=2 * n / layout.tensor,
+        prefill_flops_per_group=2 * n * prompt_len / chips,
+    )
+
+
+LLAMA31_8B = dict(  # meta-llama/Llama-3.1-8B config.json (NeMo-RL's GRPO benchmark model)
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+    qk_norm=False,
+    family="llama",
+)
+
+
+def training_seconds(record: dict, chip, logprob_passes: int = 2, scale: float = 1.0) -> float:
+    """Roofline seconds of a step's training programs from an `experiments.aot` record: its
+    mini-batch updates plus ``logprob_passes`` log-prob passes (old and reference: the step
+    runs both when the mini-batch is smaller than the batch and the KL term is on), times
+    ``scale`` (rows x tokens x parameters of another workload over the record's)."""
+    from experiments import aot
+
+    steps = aot.roofline(record, chip)["steps"]
+    upd = steps["update"]["calls"] * steps["update"]["seconds_per_call"]
+    return scale * (upd + logprob_passes * steps["logprobs"]["seconds_per_call"])
+
+
+def _rows_that_fit(usable: float, resident: float, model: DecodeModel, slots: int, R: int, cap):
+    """The largest power-of-two sampler call (rows, at most ``cap``, dividing R) whose dense KV
+    cache (``slots`` per row) and parameters fit ``usable`` bytes per chip beside
+    ``resident`` with 20% left for activations and logits; None when not even one group fits."""
+    rows = cap
+    while rows >= model.group_size * model.data:
+        kv = rows / model.data * slots * model.kv_slot_bytes
+        if R % rows == 0 and resident + model.param_bytes + kv <= 0.8 * usable:
+            return rows
+        rows //= 2
+    return None
+
+
+def estimate_case(case: dict, lengths) -> dict:
+    """Every figure of one row of the report's table (see `main` for the cases): today's
+    roofline step, the generation layout with our XLA decode (dense and prefix-shared caches),
+    the paged kernel's estimate, the synchronous and k = 1 steps, the best split."""
+    from experiments import aot
+    from grpo_jax import generation_layout as gl
+
+    chip, n, cfg = aot.CHIPS[case["chip"]], case["chips"], case["model"]
+    rates = Rates(chip.bandwidth_Bps, chip.link_Bps, chip.peak_bf16_flops)
+    G, Lp, Lc = case["G"], case["Lp"], case["Lc"]
+    lay = gl.Layout.parse(case["layout"])
+    gen_rec = case.get("gen_record")
+    param_bytes = gen_rec["generation_layout"]["param_bytes"] if gen_rec else None
+    model = decode_model(cfg, lay, n, Lp, G, param_bytes)
+    rows = case["rows_per_call"]
+    calls = lengths.reshape(-1, rows)
+    xla = {
+        c: [xla_call_seconds(model, x, rates, new_tokens=Lc, cache=c) for x in calls]
+        for c in ("dense", "prefix_shared")
+    }
+    paged = generation_seconds(model, lengths, rows, rates)
+    train = training_seconds(case["train_record"], chip, scale=case.get("train_scale", 1.0))
+    # the reshard: each chip receives its generation shard less the part it holds (1 / n of it
+    # under FSDP over n), at the chip-to-chip bandwidth
+    reshard = model.param_bytes * (1 - 1 / n) / chip.link_Bps
+    gen = {
+        "xla_dense": sum(x["seconds"] for x in xla["dense"]),
+        "xla_prefix_shared": sum(x["seconds"] for x in xla["prefix_shared"]),
+        "paged": paged["seconds"],
+    }
+    steps = {k: step_seconds(v, train, reshard) for k, v in gen.items()}
+    return {
+        "name": case["name"],
+        "layout": lay.name,
+        "rows_per_call": rows,
+        "calls": len(calls),
+        "today_s": case.get("today_s"),
+        "training_s": train,
+        "reshard_s": reshard,
+        "reshard_bytes": model.param_bytes * (1 - 1 / n),
+        "generation_s": gen,
+        "steps": steps,
+        "split": _split(case, lengths, rates, train, chip),
+        "reads_before": _reads_before(case, cfg),
+        "reads_after": {
+            "xla_dense": _mean_reads(xla["dense"]),
+            "xla_prefix_shared": _mean_reads(xla["prefix_shared"]),
+            "paged": paged["reads"],
+        },
+        "tokens": int(lengths.sum()),
+        "longest": int(lengths.max()),
+        "mean_length": float(lengths.mean()),
+        "param_bytes_source": "compiled" if gen_rec else "analytic",
+    }
+
+
+def _mean_reads(calls) -> dict:
+    return {k: float(np.mean([c["reads"][k] for c in calls])) for k in calls[0]["reads"]}
+
+
+def _reads_before(case, cfg) -> dict:
+    """Today's decode reads per step per chip (the roofline of `experiments.aot`): the whole
+    bf16 model (FSDP all-gathers it) and every row's whole cache, prompt slots included."""
+    from grpo_jax import sampling
+
+    kv = sampling.kv_bytes_per_slot(cfg)
+    rows = case["today_rows_per_call"] / case["chips"]
+    return {
+        "params": 2 * cfg.num_params,
+        "prefix": rows * case["Lp"] * kv,
+        "completion": rows * case["Lc"] * kv,
+    }
+
+
+def _split(case, lengths, rates, train_s, chip) -> dict | None:
+    """k = 1 on a split of the chips (`split_step`): g chips generate with the paged decode in
+    the planner-style layout (tensor = min(g, kv heads), rows over the rest; no training state
+    on them, so the largest call that fits), the others train, their time the compiled
+    programs' scaled by chips (compute-bound passes, per-chip activations kept by
+    micro-batches), if their state fits."""
+    from grpo_jax import generation_layout as gl
+
+    n, cfg, rec = case["chips"], case["model"], case["train_record"]
+    usable = chip.memory_bytes * 0.95
+    upd = rec["steps"]["update"]
+    resident = rec["state_bytes"] + rec["ref_bytes"]
+
+    def gen_on(g):
+        t = math.gcd(g, cfg.num_kv_heads)
+        model = decode_model(cfg, gl.Layout(g // t, t), g, case["Lp"], case["G"])
+        rows = _rows_that_fit(usable, 0.0, model, case["Lp"] + case["Lc"], case["R"], case["R"])
+        return None if rows is None else generation_seconds(model, lengths, rows, rates)["seconds"]
+
+    def train_on(c):
+        fits = upd["temp"] + upd["output"] + resident * n / c <= usable
+        return train_s * n / c if fits else None
+
+    def send_on(g):  # each generating chip receives its shard; the trainers send g shards
+        t = math.gcd(g, cfg.num_kv_heads)
+        p = decode_model(cfg, gl.Layout(g // t, t), g, case["Lp"], case["G"]).param_bytes
+        return max(p, g * p / (n - g)) / chip.link_Bps
+
+    return split_step(n, gen_on, train_on, send_on)
+
+
+NEMO_RL = {  # NeMo-RL v0.5 performance summary, H100 BF16, GRPO Llama-3.1-8B (measured)
+    "source": "https://github.com/NVIDIA-NeMo/RL/blob/108bffdab368507a5500f27089ea2e7d90a06dea/"
+    "docs/about/performance-summary.md",
+    "on_policy": {"tokens_per_s_gpu": 1581, "step_s": 92.8, "mean_length": 1019},
+    "one_step_off": {"tokens_per_s_gpu": 2478, "step_s": 64.8, "mean_length": 1123},
+    "rollouts": 2048,  # 64 prompts x 32 generations; T-GBS 512; max sequence 4,096; 16 GPUs
+    # their tokens per rollout, 1,581 x 92.8 s x 16 / 2,048 = 1,146 = 1,019 generated + ~127
+    "prompt_tokens": 127,
+}
+
+
+def _load(path):
+    import json
+    import os
+
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def cases(reports: str = "reports") -> list[dict]:
+    """The report's cases: the paper's Qwen3-8B Rollout-GDRO step on v5p-128 and v5p-16 (the
+    compiled training records of `reports/aot_tpu`, the compiled generation-layout samplers
+    where present), and NeMo-RL's Llama-3.1-8B GRPO workload on 16 H100 (the training time
+    from the compiled Qwen3-8B h100-16 programs, scaled by rows x tokens x parameters)."""
+    from grpo_jax.models import get_preset
+    from grpo_jax.models.config import ModelConfig
+
+    qwen = get_preset("qwen3-8b").replace(dtype="bfloat16", param_dtype="bfloat16")
+    llama = ModelConfig(**LLAMA31_8B, dtype="bfloat16", param_dtype="bfloat16")
+    tpu, gpu = f"{reports}/aot_tpu", f"{reports}/aot_gpu"
+    paper = dict(model=qwen, R=1024, G=4, Lp=1024, Lc=4096, chip="v5p")
+    h100 = _load(f"{gpu}/8b_h100x16_data2.json")
+    nemo_T = 4096
+    return [
+        dict(
+            paper,
+            name="v5p-128 (64 chips)",
+            chips=64,
+            layout="8x8",
+            rows_per_call=1024,
+            today_rows_per_call=1024,
+            train_record=_load(f"{tpu}/8b_v5p128_full.json"),
+            gen_record=_load(f"{tpu}/8b_v5p128_gen8x8.json"),
+        ),
+        dict(
+            paper,
+            name="v5p-16 (8 chips)",
+            chips=8,
+            layout="1x8",
+            rows_per_call=256,
+            today_rows_per_call=256,
+            train_record=_load(f"{tpu}/8b_v5p16_micro.json"),
+            gen_record=_load(f"{tpu}/8b_v5p16_gen1x8.json"),
+        ),
+        dict(
+            name="NeMo-RL workload, 16 x H100",
+            model=llama,
+            chip="h100",
+            chips=16,
+            R=NEMO_RL["rollouts"],
+            G=32,
+            Lp=128,
+            Lc=nemo_T - 128,
+            layout="2x8",
+            rows_per_call=1024,
+            today_rows_per_call=512,
+            train_record=h100,
+            train_scale=(NEMO_RL["rollouts"] * nemo_T * llama.num_params)
+            / (h100["batch"]["R"] * 5120 * h100["params"]),
+            gen_record=None,
+        ),
+    ]
+
+
+def case_lengths(case: dict, measured: dict, seed: int = 0) -> np.ndarray:
+    """The case's R completion lengths: the measured ones (``measured``: the JSON of
+    `benchmarks/gsm8k_lengths.py`) scaled to the case's budget (`scale_lengths`; the NeMo-RL
+    case instead by NeMo-RL's measured mean over ours, capped at its budget), drawn with
+    replacement (`draw_lengths`)."""
+    pool, budget = measured["lengths"], measured["max_new_tokens"]
+    if case["chip"] == "h100":
+        factor = NEMO_RL["on_policy"]["mean_length"] / float(np.mean(pool))
+        pool = np.minimum(case["Lc"], np.ceil(np.asarray(pool) * factor)).astype(np.int64)
+    else:
+        pool = scale_lengths(pool, budget, case["Lc"])
+    return draw_lengths(pool, case["R"], seed)
+
+
+def main(argv=None) -> list[dict]:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="reports/gsm8k_lengths.json")
+    ap.add_argument("--reports", default="reports")
+    ap.add_argument("--json_out", default="")
+    args = ap.parse_args(argv)
+    measured = _load(args.lengths)
+    out = []
+    for case in cases(args.reports):
+        r = estimate_case(case, case_lengths(case, measured))
+        if case["chip"] == "h100":
+            per_row = NEMO_RL["prompt_tokens"] + r["mean_length"]
+            r["tokens_per_s_chip"] = {
+                k: case["R"] * per_row / (v * case["chips"])
+                for k, v in {
+                    "synchronous": r["steps"]["paged"]["synchronous"],
+                    "k1": r["steps"]["paged"]["k1"],
+                    "k1_split": (r["split"] or {}).get("step", float("nan")),
+                }.items()
+            }
+        elif case["train_record"] is not None:
+            r["today_s"] = case["train_record"]["roofline"]["step_seconds"]
+        out.append(r)
+        print(json.dumps(r, indent=1, default=float), flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(out, f, indent=1, default=float)
+    return out
+
+
+if __name__ == "__main__":
+    main()

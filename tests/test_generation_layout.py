@@ -136,3 +136,45 @@ def test_layout_parse_refuses_a_bad_spec():
     for bad in ("2", "0x8", "ax2", "2x4x1"):
         with pytest.raises(ValueError, match="DxT"):
             gl.Layout.parse(bad)
+
+
+def _smoke(layout, steps=2):
+    from configs import arithmetic
+
+    c = arithmetic.get_config("grpo,smoke")
+    c.steps, c.logging.tensorboard = steps, False
+    c.mesh.num_devices, c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 8, 1, 8, 1
+    c.rollout.generation_layout = layout
+    return c
+
+
+@pytest.mark.slow
+def test_a_run_sampling_in_a_generation_layout_equals_the_training_layout(tmp_path):
+    from grpo_jax import train, writers
+
+    for name in ("training", "4x2"):
+        train.train_and_evaluate(_smoke(name), str(tmp_path / name))
+    a, b = (
+        [r for r in writers.read_jsonl(str(tmp_path / n / "metrics.jsonl")) if "loss" in r]
+        for n in ("training", "4x2")
+    )
+    assert len(a) == len(b) == 2
+    for ra, rb in zip(a, b):  # the same rollouts (tokens, so rewards), log-probs to rounding
+        assert ra["reward_mean"] == rb["reward_mean"]
+        assert ra["generated_tokens"] == rb["generated_tokens"]
+        np.testing.assert_allclose(ra["loss"], rb["loss"], atol=1e-5)
+
+
+def test_a_bad_generation_layout_is_a_config_error():
+    from grpo_jax.config_utils import ConfigError
+    from grpo_jax.experiment import build_experiment
+
+    for bad, match in (
+        ("2x2", "needs 4 devices"),
+        ("3x3", "do not divide"),
+        ("4:2", "DxT"),
+        ("8x1x1", "DxT"),
+    ):
+        with pytest.raises(ConfigError, match=match) as e:
+            build_experiment(_smoke(bad), with_data=False)
+        assert "config.rollout.generation_layout" in str(e.value) and "\n" not in str(e.value)
