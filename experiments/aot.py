@@ -630,7 +630,7 @@ def compile_steps(
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from grpo_jax import algorithms, sampling, sharding
+    from grpo_jax import algorithms, generation_layout, sampling, sharding
     from grpo_jax import state as state_lib
     from grpo_jax import steps as steps_lib
     from grpo_jax.experiment import build_experiment
@@ -640,6 +640,7 @@ def compile_steps(
     config.model.hf_checkpoint = ""
     config.model.gguf_path = ""
     exp = build_experiment(config, with_data=False, devices=devices)
+    gen_layout = generation_layout.for_experiment(exp)  # the sampler's (mesh, shardings)
     state = exp.abstract_state  # ShapeDtypeStructs with the run's shardings
     fns = steps_lib.make_steps(exp)
     mesh = exp.mesh
@@ -729,8 +730,8 @@ def compile_steps(
             "what": f"generate, continuous batching: {G} rows per call ({R // G} calls) through "
             f"{slots} decode slots, {Lp}+{Lc}-slot KV cache",
         }
-    elif sampler == "full" and exp.generation_mesh is not None:
-        steps.update(_compile_generation_layout(exp, _compile, state, R, G, ref_bytes))
+    elif _in_generation_layout(sampler, gen_layout):
+        steps.update(_compile_generation_layout(exp, gen_layout, _compile, state, ref_bytes))
     elif sampler == "full":
         info = _compile(
             sampling._generate,
@@ -802,20 +803,8 @@ def compile_steps(
         }
     for s in steps.values():
         s["peak"] = s["total"] + s["resident_extra"]
-    gen = exp.generation_mesh
     return {
-        "generation_layout": None
-        if gen is None
-        else {
-            "layout": f"{gen.shape['data']}x{gen.shape['tensor']}",
-            "param_bytes": _bytes_per_device(
-                jax.tree.map(
-                    lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                    state.params,
-                    exp.generation_shardings,
-                )
-            ),
-        },
+        "generation_layout": _generation_record(gen_layout, state),
         "mesh": dict(mesh.shape),
         "devices": mesh.size,
         "platform": platform,
@@ -845,20 +834,43 @@ def compile_steps(
     }
 
 
-def _compile_generation_layout(exp, compile_fn, state, R: int, G: int, ref_bytes: int) -> dict:
-    """The sampler compiled in the generation layout (``exp.generation_mesh``: its parameters
-    in ``exp.generation_shardings``, its rows over the generation mesh's data axis) and the
-    reshard into it (a jitted identity with those ``out_shardings``, from the training
-    shardings). Resident beside each: the whole training state and the reference (the
-    training parameters stay where they are; the generation copy is an argument / output)."""
+def _in_generation_layout(sampler: str, gen_layout) -> bool:
+    """Whether the full sampler is compiled in a generation layout (one is configured)."""
+    return sampler == "full" and gen_layout[0] is not None
+
+
+def _generation_record(gen_layout, state) -> dict | None:
+    """The generation layout's name and parameter bytes per device (None without one)."""
+    import jax
+
+    if gen_layout[0] is None:
+        return None
+    gmesh, gsh = gen_layout
+    return {
+        "layout": f"{gmesh.shape['data']}x{gmesh.shape['tensor']}",
+        "param_bytes": _bytes_per_device(
+            jax.tree.map(
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state.params, gsh
+            )
+        ),
+    }
+
+
+def _compile_generation_layout(exp, gen_layout, compile_fn, state, ref_bytes: int) -> dict:
+    """The sampler compiled in the generation layout (``gen_layout``: its mesh and parameter
+    shardings, `generation_layout.for_experiment`; rows over its data axis) and the reshard
+    into it (a jitted identity with those ``out_shardings``, from the training shardings).
+    Resident beside each: the whole training state and the reference (the training
+    parameters stay where they are; the generation copy is an argument / output)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
     from grpo_jax import sampling, sharding
 
-    gmesh, gsh = exp.generation_mesh, exp.generation_shardings
+    gmesh, gsh = gen_layout
     Lp, Lc = exp.prompt_len, exp.max_new_tokens
+    G, R = exp.batching.generate_batch_size, exp.batching.rollouts_per_step
     state_bytes = _bytes_per_device(state)
     gparams = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state.params, gsh

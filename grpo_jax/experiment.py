@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,6 @@ import optax
 from flax import nnx
 
 from grpo_jax import algorithms, sampling, sharding
-from grpo_jax import generation_layout as gl
 from grpo_jax import state as state_lib
 from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import from_config as data_lib
@@ -126,9 +124,6 @@ class Experiment:
       algorithm, curriculum, learner: the registered algorithm and its built strategies.
       state_shardings, abstract_state: the train state's shardings and shapes (every jitted
         step takes and returns these, so steps never recompile because of a sharding change).
-      generation_mesh, generation_shardings: the sampler's mesh and parameter shardings
-        (``config.rollout.generation_layout``, `grpo_jax.generation_layout`); None = the
-        training layout.
     """
 
     config: ml_collections.ConfigDict
@@ -150,8 +145,6 @@ class Experiment:
     learner: algorithms.Learner
     state_shardings: Any = None
     abstract_state: Any = None
-    generation_mesh: Any = None
-    generation_shardings: Any = None
 
     @property
     def num_bins(self) -> int:
@@ -391,57 +384,7 @@ def build_experiment(
     abstract = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shards
     )
-    exp = dataclasses.replace(exp, state_shardings=shards, abstract_state=abstract)
-    return _with_generation_layout(exp)
-
-
-def _with_generation_layout(exp: Experiment) -> Experiment:
-    """``exp`` with its generation mesh and shardings (``config.rollout.generation_layout``:
-    "training" leaves them None; "auto" asks `generation_layout.plan` for one sampler call of
-    ``generate_batch_size`` rows, with the devices' memory limit where they report one).
-    Raises ConfigError naming the field on a bad value or a layout that does not fit."""
-    spec = str(exp.config.rollout.get("generation_layout", gl.TRAINING))
-    if spec == gl.TRAINING:
-        return exp
-    abstract_params = nnx.split(model_lib.abstract_model(exp.model_config), nnx.Param)[1]
-    n = exp.mesh.size
-    try:
-        if spec == gl.AUTO:
-            stats = exp.mesh.devices.flat[0].memory_stats() or {}
-            hw = gl.Hardware(memory_bytes=stats.get("bytes_limit", float("inf")))
-            layout = gl.plan(
-                exp.model_config,
-                abstract_params,
-                n,
-                rows=exp.batching.generate_batch_size,
-                slots=exp.prompt_len + exp.max_new_tokens,
-                resident_bytes=_state_bytes_per_device(exp.abstract_state),
-                hardware=hw,
-            ).layout
-        else:
-            layout = gl.Layout.parse(spec)
-        if exp.batching.generate_batch_size % layout.data:
-            raise ValueError(
-                f"layout {layout.name}: {exp.batching.generate_batch_size} rows per sampler call "
-                f"do not divide over {layout.data} data shards"
-            )
-        mesh = gl.mesh_for(layout, exp.mesh)
-    except ValueError as e:
-        raise ConfigError(f"config.rollout.generation_layout={spec!r}: {e}") from None
-    return dataclasses.replace(
-        exp,
-        generation_mesh=mesh,
-        generation_shardings=gl.param_shardings(abstract_params, mesh),
-    )
-
-
-def _state_bytes_per_device(abstract_state) -> int:
-    """Bytes of the largest shard of every leaf of a sharded abstract pytree."""
-    return sum(
-        math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-        for x in jax.tree.leaves(abstract_state)
-        if hasattr(x, "sharding") and x.sharding is not None
-    )
+    return dataclasses.replace(exp, state_shardings=shards, abstract_state=abstract)
 
 
 def build_strategies(config, algo, num_prompts, model_cfg, total_updates, prompt_len):

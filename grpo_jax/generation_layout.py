@@ -6,7 +6,8 @@ generation layout views the same devices, in the same order, as a mesh
 ``(data, fsdp=1, tensor)``: the `sharding.RULES` then put ``heads`` / ``kv_heads`` / ``mlp`` /
 ``vocab`` over ``tensor`` (Megatron-style tensor parallelism) and the rows over ``data``;
 ``tensor = 1`` replicates the model (the small-model choice). The parameters are resharded
-into it once per RL step (`reshard`) and the sampler runs under its mesh (`steps.make_steps`).
+into it once per sampling round (`reshard`) and the sampler runs under its mesh
+(`steps.make_steps`); ``config.rollout.generation_layout`` chooses it (`for_experiment`).
 
 `plan` picks the layout for a model, a device count and a sampler call: every ``data x tensor``
 split of the devices is a candidate, its memory per device is the compiled sampler program's
@@ -27,6 +28,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh
 
 from grpo_jax import sampling, sharding
+from grpo_jax.config_utils import ConfigError
+from grpo_jax.models import from_config as model_lib
 
 TRAINING = "training"  # config value: sample in the training layout (today's behaviour)
 AUTO = "auto"  # config value: the layout `plan` picks
@@ -221,3 +224,64 @@ def plan(
         )
     best = min(fitting, key=lambda x: (x["seconds"], x["layout"].tensor))
     return Choice(best["layout"], {k: {**v, "layout": v["layout"].name} for k, v in table.items()})
+
+
+def resolve(
+    spec: str, model_config, abstract_params, training_mesh: Mesh, *, rows, slots, resident
+):
+    """The generation mesh and parameter shardings of a config value (None, None for
+    "training"): "auto" asks `plan` for one sampler call of ``rows`` rows and ``slots`` cache
+    slots, beside the ``resident`` pytree (the sharded abstract train state), with the devices'
+    memory limit where they report one; "DxT" is that layout.
+    Raises ValueError: a bad spec, a layout whose data shards do not divide ``rows`` or whose
+    size is not the device count, or no layout that fits."""
+    if spec == TRAINING:
+        return None, None
+    if spec == AUTO:
+        try:
+            stats = training_mesh.devices.flat[0].memory_stats() or {}
+        except Exception:  # a device with no memory statistics (an abstract TPU topology)
+            stats = {}
+        hw = Hardware(memory_bytes=stats.get("bytes_limit", math.inf))
+        resident_bytes = sum(
+            math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+            for x in jax.tree.leaves(resident)
+            if getattr(x, "sharding", None) is not None
+        )
+        layout = plan(
+            model_config,
+            abstract_params,
+            training_mesh.size,
+            rows=rows,
+            slots=slots,
+            resident_bytes=resident_bytes,
+            hardware=hw,
+        ).layout
+    else:
+        layout = Layout.parse(spec)
+    if rows % layout.data:
+        raise ValueError(
+            f"layout {layout.name}: {rows} rows per sampler call do not divide over "
+            f"{layout.data} data shards"
+        )
+    mesh = mesh_for(layout, training_mesh)
+    return mesh, param_shardings(abstract_params, mesh)
+
+
+def for_experiment(exp):
+    """(generation mesh, parameter shardings) of an `Experiment`'s
+    ``config.rollout.generation_layout`` (`resolve`; (None, None) in the training layout).
+    Raises ConfigError naming the field."""
+    spec = str(exp.config.rollout.get("generation_layout", TRAINING))
+    try:
+        return resolve(
+            spec,
+            exp.model_config,
+            nnx.split(model_lib.abstract_model(exp.model_config), nnx.Param)[1],
+            exp.mesh,
+            rows=exp.batching.generate_batch_size,
+            slots=exp.prompt_len + exp.max_new_tokens,
+            resident=exp.abstract_state,
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.rollout.generation_layout={spec!r}: {e}") from None

@@ -405,9 +405,9 @@ class Steps:
         truncated rows when ``algorithm.overlong_filtering``).
       take: ``(tree, idx [n] int32) -> tree`` rows laid out over the batch sharding.
       concat: ``([tree, ...]) -> tree`` joined along the rows, over the batch sharding.
-      to_generation: ``params -> params`` in the sampler's layout (``exp.generation_mesh``:
-        `generation_layout.reshard`, once per RL step before `generate`; the identity in the
-        training layout). `generate` takes the parameters in that layout and the prompts and
+      to_generation: ``params -> params`` in the sampler's layout
+        (`generation_layout.for_experiment`: `generation_layout.reshard`, once per sampling
+        round before `generate`; the identity in the training layout). `generate` takes the parameters in that layout and the prompts and
         returns the rollouts in the training mesh's batch sharding.
     """
 
@@ -424,10 +424,9 @@ class Steps:
     to_generation: Callable
 
 
-def _in_generation_layout(exp: Experiment, sample: Callable) -> Callable:
-    """``sample`` (run under the generation mesh) with its prompts moved onto that mesh's rows
-    and its rollouts back onto the training mesh's (the same devices: `device_put`s)."""
-    gen_mesh, mesh = exp.generation_mesh, exp.mesh
+def _in_generation_layout(mesh, gen_mesh, sample: Callable) -> Callable:
+    """``sample`` (run under ``gen_mesh``) with its prompts and key moved onto that mesh's rows
+    and its rollouts back onto the training ``mesh``'s (the same devices: `device_put`s)."""
 
     def put(tree, m):
         return jax.tree.map(
@@ -459,11 +458,10 @@ def make_steps(exp: Experiment) -> Steps:
         )
 
     generate, to_generation = sharding.under_mesh(mesh, sample), (lambda params: params)
-    if exp.generation_mesh is not None:
-        generate = _in_generation_layout(exp, sharding.under_mesh(exp.generation_mesh, sample))
-        to_generation = functools.partial(
-            generation_layout.reshard, shardings=exp.generation_shardings
-        )
+    gen_mesh, gen_shardings = generation_layout.for_experiment(exp)
+    if gen_mesh is not None:
+        generate = _in_generation_layout(mesh, gen_mesh, sharding.under_mesh(gen_mesh, sample))
+        to_generation = functools.partial(generation_layout.reshard, shardings=gen_shardings)
 
     def shape_rewards(rewards, lengths):
         if not algo.overlong_penalty_factor:

@@ -166,6 +166,7 @@ def test_a_run_sampling_in_a_generation_layout_equals_the_training_layout(tmp_pa
 
 
 def test_a_bad_generation_layout_is_a_config_error():
+    from grpo_jax import steps
     from grpo_jax.config_utils import ConfigError
     from grpo_jax.experiment import build_experiment
 
@@ -176,5 +177,5 @@ def test_a_bad_generation_layout_is_a_config_error():
         ("8x1x1", "DxT"),
     ):
         with pytest.raises(ConfigError, match=match) as e:
-            build_experiment(_smoke(bad), with_data=False)
+            steps.make_steps(build_experiment(_smoke(bad), with_data=False))
         assert "config.rollout.generation_layout" in str(e.value) and "\n" not in str(e.value)
