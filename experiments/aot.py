@@ -730,25 +730,8 @@ def compile_steps(
             "what": f"generate, continuous batching: {G} rows per call ({R // G} calls) through "
             f"{slots} decode slots, {Lp}+{Lc}-slot KV cache",
         }
-    elif _in_generation_layout(sampler, gen_layout):
-        steps.update(_compile_generation_layout(exp, gen_layout, _compile, state, ref_bytes))
     elif sampler == "full":
-        info = _compile(
-            sampling._generate,
-            exp.graphdef,
-            state.params,
-            batched((G, Lp), "int32"),
-            batched((G, Lp), "bool"),
-            rng,
-            exp.train_sampling,
-            mesh=mesh,
-        )
-        steps["sampler"] = {
-            **info,
-            "resident_extra": not_args,
-            "rows": G,
-            "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
-        }
+        steps.update(_compile_full_sampler(exp, gen_layout, _compile, state, ref_bytes, not_args))
     elif sampler == "decode":
         mc = exp.model_config
         cache_shape = (mc.num_layers, G, Lp + Lc, mc.num_kv_heads, mc.head_dim)
@@ -834,9 +817,44 @@ def compile_steps(
     }
 
 
-def _in_generation_layout(sampler: str, gen_layout) -> bool:
-    """Whether the full sampler is compiled in a generation layout (one is configured)."""
-    return sampler == "full" and gen_layout[0] is not None
+def _compile_full_sampler(exp, gen_layout, compile_fn, state, ref_bytes: int, not_args: int):
+    """The static sampler (`sampling._generate`, prefill + while-loop decode) on the training
+    mesh, or in the generation layout when one is configured (`_compile_generation_layout`)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from grpo_jax import sampling, sharding
+
+    if gen_layout[0] is not None:
+        return _compile_generation_layout(exp, gen_layout, compile_fn, state, ref_bytes)
+    mesh, Lp, Lc = exp.mesh, exp.prompt_len, exp.max_new_tokens
+    G, R = exp.batching.generate_batch_size, exp.batching.rollouts_per_step
+
+    def batched(shape, dtype):
+        return jax.ShapeDtypeStruct(
+            shape, jnp.dtype(dtype), sharding=sharding.batch_sharding(mesh, len(shape))
+        )
+
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(mesh, PartitionSpec()))
+    info = compile_fn(
+        sampling._generate,
+        exp.graphdef,
+        state.params,
+        batched((G, Lp), "int32"),
+        batched((G, Lp), "bool"),
+        rng,
+        exp.train_sampling,
+        mesh=mesh,
+    )
+    return {
+        "sampler": {
+            **info,
+            "resident_extra": not_args,
+            "rows": G,
+            "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
+        }
+    }
 
 
 def _generation_record(gen_layout, state) -> dict | None:
