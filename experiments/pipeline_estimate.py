@@ -255,16 +255,25 @@ LLAMA31_8B = dict(  # meta-llama/Llama-3.1-8B config.json (NeMo-RL's GRPO benchm
 )
 
 
-def training_seconds(record: dict, chip, logprob_passes: int = 2, scale: float = 1.0) -> float:
+def training_seconds(
+    record: dict, chip, logprob_passes: int = 2, scale: float = 1.0, mfu: float | None = None
+) -> float:
     """Roofline seconds of a step's training programs from an `experiments.aot` record: its
     mini-batch updates plus ``logprob_passes`` log-prob passes (old and reference: the step
     runs both when the mini-batch is smaller than the batch and the KL term is on), times
-    ``scale`` (rows x tokens x parameters of another workload over the record's)."""
+    ``scale`` (rows x tokens x parameters of another workload over the record's). With
+    ``mfu`` each program takes at least its model FLOPs at that fraction of peak (the
+    MaxText-calibrated figure of `experiments.aot.roofline`)."""
     from experiments import aot
 
     steps = aot.roofline(record, chip)["steps"]
-    upd = steps["update"]["calls"] * steps["update"]["seconds_per_call"]
-    return scale * (upd + logprob_passes * steps["logprobs"]["seconds_per_call"])
+
+    def secs(x):
+        floor = x["model_flops"] / (record["devices"] * chip.peak_bf16_flops * mfu) if mfu else 0
+        return max(x["seconds_per_call"], floor)
+
+    upd = steps["update"]["calls"] * secs(steps["update"])
+    return scale * (upd + logprob_passes * secs(steps["logprobs"]))
 
 
 def _rows_that_fit(usable: float, resident: float, model: DecodeModel, slots: int, R: int, cap):
@@ -302,6 +311,10 @@ def estimate_case(case: dict, lengths) -> dict:
     }
     paged = generation_seconds(model, lengths, rows, rates)
     train = training_seconds(case["train_record"], chip, scale=case.get("train_scale", 1.0))
+    mfu = aot.MAXTEXT_MFU.get(chip.name, (None,))[0]
+    train_cal = training_seconds(
+        case["train_record"], chip, scale=case.get("train_scale", 1.0), mfu=mfu
+    )
     # the reshard: each chip receives its generation shard less the part it holds (1 / n of it
     # under FSDP over n), at the chip-to-chip bandwidth
     reshard = model.param_bytes * (1 - 1 / n) / chip.link_Bps
@@ -318,6 +331,8 @@ def estimate_case(case: dict, lengths) -> dict:
         "calls": len(calls),
         "today_s": case.get("today_s"),
         "training_s": train,
+        "training_maxtext_s": train_cal if mfu else None,
+        "steps_maxtext": step_seconds(gen["paged"], train_cal, reshard) if mfu else None,
         "reshard_s": reshard,
         "reshard_bytes": model.param_bytes * (1 - 1 / n),
         "generation_s": gen,
@@ -442,6 +457,16 @@ def cases(reports: str = "reports") -> list[dict]:
             gen_record=_load(f"{tpu}/8b_v5p16_gen1x8.json"),
         ),
         dict(
+            paper,
+            name="v5p-16 (8 chips), 512-row calls",
+            chips=8,
+            layout="1x8",
+            rows_per_call=512,  # fits by the planner's analytic memory (not compiled)
+            today_rows_per_call=256,
+            train_record=_load(f"{tpu}/8b_v5p16_micro.json"),
+            gen_record=_load(f"{tpu}/8b_v5p16_gen1x8.json"),
+        ),
+        dict(
             name="NeMo-RL workload, 16 x H100",
             model=llama,
             chip="h100",
@@ -475,6 +500,58 @@ def case_lengths(case: dict, measured: dict, seed: int = 0) -> np.ndarray:
     return draw_lengths(pool, case["R"], seed)
 
 
+def markdown(results: list[dict]) -> str:
+    """The report's tables (seconds per RL step; GB read per decode step per chip)."""
+    gb = 1e9
+    lines = [
+        "| slice | generation layout, rows per call | today (aot roofline) | training (4 updates + 2 "
+        "log-prob passes; MaxText MFU) | reshard | generation: layout + XLA dense / + XLA "
+        "prefix-shared / + paged kernel | synchronous (paged; MaxText MFU) | k = 1, same chips "
+        "(paged) | k = 1, split (paged) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        g, st, sp = r["generation_s"], r["steps"], r["split"]
+        cal = r["training_maxtext_s"]
+        lines.append(
+            f"| {r['name']} | {r['layout']} ({r['param_bytes_source']} parameter bytes), "
+            f"{r['calls']} x {r['rows_per_call']} | "
+            + (f"{r['today_s']:.1f}" if r["today_s"] else "-")
+            + f" | {r['training_s']:.1f}"
+            + (f" ({cal:.1f})" if cal else "")
+            + f" | {r['reshard_s'] * 1e3:.1f} ms ({r['reshard_bytes'] / gb:.2f} GB) | "
+            f"{g['xla_dense']:.1f} / {g['xla_prefix_shared']:.1f} / {g['paged']:.1f} | "
+            f"**{st['paged']['synchronous']:.1f}**"
+            + (f" ({r['steps_maxtext']['synchronous']:.1f})" if r["steps_maxtext"] else "")
+            + f" | **{st['paged']['k1']:.1f}** | "
+            + (
+                f"{sp['step']:.1f} ({sp['generate_chips']} generate, {sp['train_chips']} train)"
+                if sp
+                else "no split fits"
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "| slice | decode reads per step per chip, GB: parameters / prompt prefix / completion "
+        "KV (total) | today | layout + XLA dense | layout + XLA prefix-shared | layout + paged "
+        "kernel |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = [
+            r["reads_before"],
+            *(r["reads_after"][k] for k in ("xla_dense", "xla_prefix_shared", "paged")),
+        ]
+        fmt = [
+            f"{c['params'] / gb:.2f} / {c['prefix'] / gb:.2f} / {c['completion'] / gb:.2f} "
+            f"({sum(c.values()) / gb:.1f})"
+            for c in cells
+        ]
+        lines.append(f"| {r['name']} | | " + " | ".join(fmt) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> list[dict]:
     import argparse
     import json
@@ -501,7 +578,10 @@ def main(argv=None) -> list[dict]:
         elif case["train_record"] is not None:
             r["today_s"] = case["train_record"]["roofline"]["step_seconds"]
         out.append(r)
-        print(json.dumps(r, indent=1, default=float), flush=True)
+    print(markdown(out), end="", flush=True)
+    for r in out:
+        if "tokens_per_s_chip" in r:
+            print(f"{r['name']}: tokens/s/chip {r['tokens_per_s_chip']}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(out, f, indent=1, default=float)
