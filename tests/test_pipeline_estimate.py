@@ -51,3 +51,18 @@ def test_step_and_split():
     best = pe.split_step(8, lambda g: 64 / g, lambda c: None if c == 4 else 32 / c, lambda g: 1.0)
     assert (best["generate_chips"], best["step"]) == (2, 33)  # g = 2: max(32, 5.3) + 1
     assert pe.split_step(8, lambda g: None, lambda c: 1.0, lambda g: 0.0) is None
+
+
+def test_the_xla_decode_reads_every_row_up_to_its_bucket():
+    # 2 rows of 2 prompt slots, 3 new tokens, one attention bucket: both decode steps read
+    # 2 completion slots per row (the cache grows to Lp + Lc - 1 = 4 slots at once), the
+    # prompt slots of every row (dense) or of each group once (prefix-shared, G = 2)
+    m = pe.DecodeModel(param_bytes=10, kv_slot_bytes=1, prompt_len=2, group_size=2, data=1)
+    dense = pe.xla_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="dense", buckets=1)
+    assert dense["steps"] == 2 and dense["seconds"] == pytest.approx(2 * (10 + 4 + 4))
+    shared = pe.xla_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="prefix_shared", buckets=1)
+    assert shared["seconds"] == pytest.approx(2 * (10 + 2 + 4))
+    # the paged read of the same call: 1 then 2 filled slots per row, the prefix once
+    assert pe.call_seconds(m, [3, 3], RATES)["seconds"] == pytest.approx(
+        (10 + 2 + 2) + (10 + 2 + 4)
+    )
