@@ -407,8 +407,8 @@ class Steps:
       concat: ``([tree, ...]) -> tree`` joined along the rows, over the batch sharding.
       to_generation: ``params -> params`` in the sampler's layout
         (`generation_layout.for_experiment`: `generation_layout.reshard`, once per sampling
-        round before `generate`; the identity in the training layout). `generate` takes the parameters in that layout and the prompts and
-        returns the rollouts in the training mesh's batch sharding.
+        round before `generate`; the identity in the training layout). `generate` takes the
+        parameters in that layout and returns the rollouts in the training batch sharding.
     """
 
     generate: Callable
