@@ -787,7 +787,7 @@ def compile_steps(
     for s in steps.values():
         s["peak"] = s["total"] + s["resident_extra"]
     return {
-        "generation_layout": _generation_record(gen_layout, state),
+        "generation_layout": _generation_record(gen_layout, state, exp.model_config.dtype),
         "mesh": dict(mesh.shape),
         "devices": mesh.size,
         "platform": platform,
@@ -857,42 +857,49 @@ def _compile_full_sampler(exp, gen_layout, compile_fn, state, ref_bytes: int, no
     }
 
 
-def _generation_record(gen_layout, state) -> dict | None:
+def _generation_record(gen_layout, state, dtype) -> dict | None:
     """The generation layout's name and parameter bytes per device (None without one)."""
-    import jax
 
     if gen_layout[0] is None:
         return None
     gmesh, gsh = gen_layout
     return {
         "layout": f"{gmesh.shape['data']}x{gmesh.shape['tensor']}",
-        "param_bytes": _bytes_per_device(
-            jax.tree.map(
-                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state.params, gsh
-            )
-        ),
+        "param_bytes": _bytes_per_device(_generation_params(gen_layout, state, dtype)),
     }
+
+
+def _generation_params(gen_layout, state, dtype):
+    """The sampler's parameters (abstract) in the generation layout: the training ones cast
+    to the compute ``dtype`` (`generation_layout.reshard_program`) with its shardings."""
+    import jax
+
+    from grpo_jax import generation_layout
+
+    shapes = jax.eval_shape(generation_layout.reshard_program(gen_layout[1], dtype), state.params)
+    return jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, gen_layout[1]
+    )
 
 
 def _compile_generation_layout(exp, gen_layout, compile_fn, state, ref_bytes: int) -> dict:
     """The sampler compiled in the generation layout (``gen_layout``: its mesh and parameter
-    shardings, `generation_layout.for_experiment`; rows over its data axis) and the reshard
-    into it (a jitted identity with those ``out_shardings``, from the training shardings).
+    shardings, `generation_layout.for_experiment`; rows over its data axis; the parameters in
+    the compute dtype) and the reshard into it (`generation_layout.reshard_program`, from the
+    training shardings).
     Resident beside each: the whole training state and the reference (the training
     parameters stay where they are; the generation copy is an argument / output)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from grpo_jax import sampling, sharding
+    from grpo_jax import generation_layout, sampling, sharding
 
     gmesh, gsh = gen_layout
     Lp, Lc = exp.prompt_len, exp.max_new_tokens
     G, R = exp.batching.generate_batch_size, exp.batching.rollouts_per_step
     state_bytes = _bytes_per_device(state)
-    gparams = jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state.params, gsh
-    )
+    gparams = _generation_params(gen_layout, state, exp.model_config.dtype)
 
     def rows(shape, dtype):
         return jax.ShapeDtypeStruct(
@@ -911,7 +918,9 @@ def _compile_generation_layout(exp, gen_layout, compile_fn, state, ref_bytes: in
         exp.train_sampling,
         mesh=gmesh,
     )
-    reshard = compile_fn(jax.jit(lambda p: p, out_shardings=gsh), state.params)
+    reshard = compile_fn(
+        generation_layout.reshard_program(gsh, exp.model_config.dtype), state.params
+    )
     return {
         "sampler": {
             **sampler,

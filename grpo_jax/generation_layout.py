@@ -18,6 +18,7 @@ and the fastest candidate that fits wins.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -90,12 +91,42 @@ def param_shardings(abstract_params, mesh: Mesh):
     return sharding.param_shardings(abstract_params, mesh)
 
 
-def reshard(params, shardings):
-    """``params`` moved to ``shardings`` (the generation layout's; values unchanged, a copy).
+def reshard(params, shardings, dtype=None):
+    """``params`` moved to ``shardings`` (the generation layout's; a copy).
 
     Args: params: a pytree of ``jax.Array`` (the training parameters); shardings: the same
-    structure of ``NamedSharding`` (`param_shardings`)."""
-    return jax.device_put(params, shardings)
+    structure of ``NamedSharding`` (`param_shardings`); dtype: None (values unchanged), or the
+    model's compute dtype: floating leaves wider than it are cast first (half the bytes moved
+    and read for float32 master weights under bfloat16 compute). The model casts every
+    parameter to its compute dtype where it uses it (`models.transformer`), so the sampler
+    computes the same values either way."""
+    if dtype is None:
+        return jax.device_put(params, shardings)
+    return reshard_program(shardings, dtype)(params)
+
+
+def reshard_program(shardings, dtype):
+    """The jitted reshard of `reshard` with a ``dtype``: ``params -> params`` cast and laid
+    out as ``shardings`` (one program per shardings and dtype; `experiments.aot` compiles it)."""
+    leaves, treedef = jax.tree.flatten(shardings)
+    return _cast_and_move(treedef, tuple(leaves), jnp.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=8)
+def _cast_and_move(treedef, shardings_leaves, dtype):
+    shardings = jax.tree.unflatten(treedef, shardings_leaves)
+
+    def cast(params):
+        return jax.tree.map(
+            lambda x: (
+                x.astype(dtype)
+                if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize > dtype.itemsize
+                else x
+            ),
+            params,
+        )
+
+    return jax.jit(cast, out_shardings=shardings)
 
 
 def _param_bytes(abstract_params, layout: Layout) -> int:

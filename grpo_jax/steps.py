@@ -461,7 +461,9 @@ def make_steps(exp: Experiment) -> Steps:
     gen_mesh, gen_shardings = generation_layout.for_experiment(exp)
     if gen_mesh is not None:
         generate = _in_generation_layout(mesh, gen_mesh, sharding.under_mesh(gen_mesh, sample))
-        to_generation = functools.partial(generation_layout.reshard, shardings=gen_shardings)
+        to_generation = functools.partial(
+            generation_layout.reshard, shardings=gen_shardings, dtype=exp.model_config.dtype
+        )
 
     def shape_rewards(rewards, lengths):
         if not algo.overlong_penalty_factor:

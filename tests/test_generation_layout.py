@@ -47,9 +47,29 @@ def test_resharded_parameters_equal_the_training_ones_every_time(spec):
     assert not any("fsdp" in s for s in specs)  # nothing sharded over the training axis
 
 
-def _sample(params, mesh, toks, mask, cfg):
+def test_a_reshard_to_the_compute_dtype_casts_and_samples_the_same():
+    # float32 master weights, bfloat16 compute: the generation copy in bfloat16 holds the
+    # values the model would cast to at every use, so the rollouts are bit-identical
+    gd16, _ = random_params(CFG.replace(dtype="bfloat16"), 1, stddev=0.2)
+    mesh, params = _training(PARAMS)
+    gmesh = gl.mesh_for(gl.Layout(4, 2), mesh)
+    shardings = gl.param_shardings(ABSTRACT, gmesh)
+    cast = gl.reshard(params, shardings, dtype="bfloat16")
+    for a, b, sh in zip(jax.tree.leaves(params), jax.tree.leaves(cast), jax.tree.leaves(shardings)):
+        assert b.dtype == jnp.bfloat16 and b.sharding == sh
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16)), np.asarray(b))
+    toks = jnp.asarray(np.random.default_rng(1).integers(1, 600, (8, 6)), jnp.int32)
+    mask = jnp.ones((8, 6), bool)
+    cfg = SamplingConfig(max_new_tokens=8, temperature=1.0)
+    ref = _sample(gl.reshard(params, shardings), gmesh, toks, mask, cfg, gd16)
+    out = _sample(cast, gmesh, toks, mask, cfg, gd16)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.logprobs), np.asarray(ref.logprobs))
+
+
+def _sample(params, mesh, toks, mask, cfg, graphdef=GD):
     def call(p, t, m):
-        return generate(GD, p, t, m, jax.random.key(3), cfg)
+        return generate(graphdef, p, t, m, jax.random.key(3), cfg)
 
     batch = sharding.batch_sharding(mesh, 2)
     return sharding.under_mesh(mesh, call)(
