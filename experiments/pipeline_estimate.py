@@ -533,10 +533,11 @@ def markdown(results: list[dict]) -> str:
         )
     lines += [
         "",
-        "| slice | decode reads per step per chip, GB: parameters / prompt prefix / completion "
-        "KV (total) | today | layout + XLA dense | layout + XLA prefix-shared | layout + paged "
+        "GB per decode step per chip: parameters / prompt prefix / completion KV (total)",
+        "",
+        "| slice | today | layout + XLA dense | layout + XLA prefix-shared | layout + paged "
         "kernel |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|",
     ]
     for r in results:
         cells = [
@@ -548,7 +549,7 @@ def markdown(results: list[dict]) -> str:
             f"({sum(c.values()) / gb:.1f})"
             for c in cells
         ]
-        lines.append(f"| {r['name']} | | " + " | ".join(fmt) + " |")
+        lines.append(f"| {r['name']} | " + " | ".join(fmt) + " |")
     return "\n".join(lines) + "\n"
 
 
