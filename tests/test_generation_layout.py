@@ -199,3 +199,20 @@ def test_a_bad_generation_layout_is_a_config_error():
         with pytest.raises(ConfigError, match=match) as e:
             steps.make_steps(build_experiment(_smoke(bad), with_data=False))
         assert "config.rollout.generation_layout" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_auto_takes_the_planners_layout():
+    from grpo_jax.experiment import build_experiment
+
+    exp = build_experiment(_smoke("auto"), with_data=False)
+    gmesh, shardings = gl.for_experiment(exp)
+    abstract = nnx.split(transformer.Transformer(exp.model_config, rngs=nnx.Rngs(0)), nnx.Param)[1]
+    expect = gl.plan(
+        exp.model_config,
+        abstract,
+        8,
+        rows=exp.batching.generate_batch_size,
+        slots=exp.prompt_len + exp.max_new_tokens,
+    ).layout
+    assert (gmesh.shape["data"], gmesh.shape["tensor"]) == (expect.data, expect.tensor)
+    assert gl.for_experiment(build_experiment(_smoke("training"), with_data=False)) == (None, None)
