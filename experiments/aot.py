@@ -79,6 +79,9 @@ class Chip:
     device_kinds: tuple[str, ...] = ()  # jax.Device.device_kind strings of this chip
     peak_bf16_flops: float = 0.0  # published peak dense bf16 FLOP/s per chip (same source page)
     interconnect: str = ""  # the chip-to-chip link inside a node / slice, as published
+    # chip-to-chip bandwidth per chip, one direction, bytes/s (same source; 0 = not given):
+    # what the reshard and tensor-parallel collectives of `experiments.pipeline_estimate` use
+    link_Bps: float = 0.0
 
 
 # Memory per chip, as published. TPU figures are what JAX can allocate (the v5p page: 96 GiB
@@ -106,11 +109,14 @@ CHIPS = {
     "v5p": Chip(
         "TPU v5p",
         95 * GiB,
-        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps, 459 bf16 TFLOPs per chip)",
+        "https://cloud.google.com/tpu/docs/v5p (95 GiB HBM2e, 2,765 GBps, 459 bf16 TFLOPs per "
+        "chip; interchip interconnect 4,800 Gbps per chip)",
         2,
         2765e9,
         ("TPU v5p", "TPU v5"),
         459e12,
+        "ICI, 3D torus, 4,800 Gbps per chip",
+        600e9,  # 4,800 Gbps, all of a chip's ICI links together
     ),
     "v6e": Chip(
         "TPU v6e",
@@ -131,6 +137,7 @@ CHIPS = {
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100"),
         989e12,
         "NVLink 4, 900 GB/s per GPU (bidirectional), 8 per node over NVSwitch",
+        450e9,  # one direction
     ),
     "h200": Chip(
         "NVIDIA H200 SXM",
@@ -367,6 +374,7 @@ def _calls_per_step(result: dict, name: str) -> int:
         "prefill": b["R"] // b["generate_batch"],
         "decode": b["R"] // b["generate_batch"] * b["new_tokens"],
         "logprobs": 1,
+        "reshard": 1,
     }[name]
 
 
@@ -375,6 +383,8 @@ def _model_flops(result: dict, name: str, rows: int) -> float:
     attention's T^2 term and remat's recomputation left out, as MFU conventionally counts)."""
     b, n = result["batch"], result["params"]
     T = b["prompt_tokens"] + b["new_tokens"]
+    if name == "reshard":
+        return 0.0
     per_token = {"update": 6, "sampler": 2, "logprobs": 2, "prefill": 2, "decode": 2}[name]
     tokens = {"prefill": b["prompt_tokens"], "decode": 1}.get(name, T)
     return per_token * n * rows * tokens
@@ -421,10 +431,12 @@ def roofline(result: dict, chip: Chip) -> dict:
         if name == "sampler":  # rows decoded `slots` at a time (continuous batching), longest
             b = result["batch"]  # case: every row runs to max_new_tokens
             slots = b.get("decode_slots") or s["rows"]
+            gen = result.get("generation_layout")  # its parameter shard, else the whole model
+            param_reads = gen["param_bytes"] if gen else 2 * result["params"]
             decode_reads = (
                 b["new_tokens"]
                 * (s["rows"] / slots)
-                * (2 * result["params"] + slots * result["kv_bytes_per_row"] / dev)
+                * (param_reads + slots * result["kv_bytes_per_row"] / dev)
             )
             nbytes = max(nbytes, decode_reads)
         t = max(flops / chip.peak_bf16_flops, nbytes / chip.bandwidth_Bps)
@@ -618,7 +630,7 @@ def compile_steps(
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from grpo_jax import algorithms, sampling, sharding
+    from grpo_jax import algorithms, generation_layout, sampling, sharding
     from grpo_jax import state as state_lib
     from grpo_jax import steps as steps_lib
     from grpo_jax.experiment import build_experiment
@@ -628,6 +640,7 @@ def compile_steps(
     config.model.hf_checkpoint = ""
     config.model.gguf_path = ""
     exp = build_experiment(config, with_data=False, devices=devices)
+    gen_layout = generation_layout.for_experiment(exp)  # the sampler's (mesh, shardings)
     state = exp.abstract_state  # ShapeDtypeStructs with the run's shardings
     fns = steps_lib.make_steps(exp)
     mesh = exp.mesh
@@ -718,22 +731,7 @@ def compile_steps(
             f"{slots} decode slots, {Lp}+{Lc}-slot KV cache",
         }
     elif sampler == "full":
-        info = _compile(
-            sampling._generate,
-            exp.graphdef,
-            state.params,
-            batched((G, Lp), "int32"),
-            batched((G, Lp), "bool"),
-            rng,
-            exp.train_sampling,
-            mesh=mesh,
-        )
-        steps["sampler"] = {
-            **info,
-            "resident_extra": not_args,
-            "rows": G,
-            "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
-        }
+        steps.update(_compile_full_sampler(exp, gen_layout, _compile, state, ref_bytes, not_args))
     elif sampler == "decode":
         mc = exp.model_config
         cache_shape = (mc.num_layers, G, Lp + Lc, mc.num_kv_heads, mc.head_dim)
@@ -789,6 +787,7 @@ def compile_steps(
     for s in steps.values():
         s["peak"] = s["total"] + s["resident_extra"]
     return {
+        "generation_layout": _generation_record(gen_layout, state, exp.model_config.dtype),
         "mesh": dict(mesh.shape),
         "devices": mesh.size,
         "platform": platform,
@@ -815,6 +814,127 @@ def compile_steps(
         "ref_bytes": ref_bytes,
         "steps": steps,
         "peak": max(s["peak"] for s in steps.values()),
+    }
+
+
+def _compile_full_sampler(exp, gen_layout, compile_fn, state, ref_bytes: int, not_args: int):
+    """The static sampler (`sampling._generate`, prefill + while-loop decode) on the training
+    mesh, or in the generation layout when one is configured (`_compile_generation_layout`)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from grpo_jax import sampling, sharding
+
+    if gen_layout[0] is not None:
+        return _compile_generation_layout(exp, gen_layout, compile_fn, state, ref_bytes)
+    mesh, Lp, Lc = exp.mesh, exp.prompt_len, exp.max_new_tokens
+    G, R = exp.batching.generate_batch_size, exp.batching.rollouts_per_step
+
+    def batched(shape, dtype):
+        return jax.ShapeDtypeStruct(
+            shape, jnp.dtype(dtype), sharding=sharding.batch_sharding(mesh, len(shape))
+        )
+
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(mesh, PartitionSpec()))
+    info = compile_fn(
+        sampling._generate,
+        exp.graphdef,
+        state.params,
+        batched((G, Lp), "int32"),
+        batched((G, Lp), "bool"),
+        rng,
+        exp.train_sampling,
+        mesh=mesh,
+    )
+    return {
+        "sampler": {
+            **info,
+            "resident_extra": not_args,
+            "rows": G,
+            "what": f"generate, {G} rows per call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
+        }
+    }
+
+
+def _generation_record(gen_layout, state, dtype) -> dict | None:
+    """The generation layout's name and parameter bytes per device (None without one)."""
+
+    if gen_layout[0] is None:
+        return None
+    gmesh, gsh = gen_layout
+    return {
+        "layout": f"{gmesh.shape['data']}x{gmesh.shape['tensor']}",
+        "param_bytes": _bytes_per_device(_generation_params(gen_layout, state, dtype)),
+    }
+
+
+def _generation_params(gen_layout, state, dtype):
+    """The sampler's parameters (abstract) in the generation layout: the training ones cast
+    to the compute ``dtype`` (`generation_layout.reshard_program`) with its shardings."""
+    import jax
+
+    from grpo_jax import generation_layout
+
+    shapes = jax.eval_shape(generation_layout.reshard_program(gen_layout[1], dtype), state.params)
+    return jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, gen_layout[1]
+    )
+
+
+def _compile_generation_layout(exp, gen_layout, compile_fn, state, ref_bytes: int) -> dict:
+    """The sampler compiled in the generation layout (``gen_layout``: its mesh and parameter
+    shardings, `generation_layout.for_experiment`; rows over its data axis; the parameters in
+    the compute dtype) and the reshard into it (`generation_layout.reshard_program`, from the
+    training shardings).
+    Resident beside each: the whole training state and the reference (the training
+    parameters stay where they are; the generation copy is an argument / output)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from grpo_jax import generation_layout, sampling, sharding
+
+    gmesh, gsh = gen_layout
+    Lp, Lc = exp.prompt_len, exp.max_new_tokens
+    G, R = exp.batching.generate_batch_size, exp.batching.rollouts_per_step
+    state_bytes = _bytes_per_device(state)
+    gparams = _generation_params(gen_layout, state, exp.model_config.dtype)
+
+    def rows(shape, dtype):
+        return jax.ShapeDtypeStruct(
+            shape, jnp.dtype(dtype), sharding=sharding.batch_sharding(gmesh, len(shape))
+        )
+
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(gmesh, PartitionSpec()))
+    layout = f"{gmesh.shape['data']} x {gmesh.shape['tensor']}"
+    sampler = compile_fn(
+        sampling._generate,
+        exp.graphdef,
+        gparams,
+        rows((G, Lp), "int32"),
+        rows((G, Lp), "bool"),
+        rng,
+        exp.train_sampling,
+        mesh=gmesh,
+    )
+    reshard = compile_fn(
+        generation_layout.reshard_program(gsh, exp.model_config.dtype), state.params
+    )
+    return {
+        "sampler": {
+            **sampler,
+            "resident_extra": state_bytes + ref_bytes,
+            "rows": G,
+            "what": f"generate in the generation layout (data x tensor {layout}), {G} rows per "
+            f"call ({R // G} calls), {Lp}+{Lc}-slot KV cache",
+        },
+        "reshard": {
+            **reshard,
+            "resident_extra": state_bytes - _bytes_per_device(state.params) + ref_bytes,
+            "rows": 0,
+            "what": f"reshard: the parameters from the training layout to data x tensor {layout}",
+        },
     }
 
 
@@ -997,6 +1117,12 @@ def main(argv=None):
         "generate_batch", 0, "Rollouts per sampler call (config.rollout.generate_batch_size)."
     )
     flags.DEFINE_enum("sampler", "full", ["full", "decode", "none"], "How to compile the sampler.")
+    flags.DEFINE_list(
+        "skip",
+        [],
+        "Programs not to compile: update, logprobs (e.g. when only the sampler in a generation "
+        "layout, --config.rollout.generation_layout=8x8, is new).",
+    )
     flags.DEFINE_float("headroom", 0.95, "Fraction of the chip's memory the peak may use.")
     flags.DEFINE_string("json_out", "", "Write the result as JSON here.")
     flags.DEFINE_string(
@@ -1112,7 +1238,13 @@ def _run_compiled(FLAGS, config, chip, compiler: str):
     label = f"{FLAGS.topology}{f' x {FLAGS.num_slices} slices' if FLAGS.num_slices > 1 else ''}"
     banner, tag = _COMPILER_LABELS[compiler]
     config_utils.validate(config)  # a ConfigError: one `error:` line, exit 2 (cli.run_absl)
-    result = compile_steps(config, sampler=FLAGS.sampler, devices=devices)
+    result = compile_steps(
+        config,
+        sampler=FLAGS.sampler,
+        devices=devices,
+        update="update" not in FLAGS.skip,
+        logprobs="logprobs" not in FLAGS.skip,
+    )
     est = roofline(result, chip)
     result.update(
         topology=label,

@@ -132,6 +132,11 @@ def _rollout_fields(c: ml_collections.ConfigDict) -> None:
     # needs algorithm.tis_cap (grpo_jax/rollout_queue.py). 0 = generate, then train (synchronous)
     c.rollout.max_staleness = 0
 
+    # the sampler's parameter layout (grpo_jax.generation_layout): training (sample in the
+    # training shardings) | auto (the planner's data x tensor split of the devices) | "DxT"
+    # (e.g. "2x4": rows over 2, heads / kv-heads / mlp / vocab over 4); resharded once per step
+    c.rollout.generation_layout = "training"
+
 
 def _env_fields(c: ml_collections.ConfigDict) -> None:
     """Multi-turn episodes with tools (grpo_jax/envs; docs/byo.md)."""

@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
-from grpo_jax import checkpointing, losses, rollout_queue, sampling, sharding
+from grpo_jax import checkpointing, generation_layout, losses, rollout_queue, sampling, sharding
 from grpo_jax.experiment import Experiment
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models.transformer import positions_from_mask
@@ -423,6 +423,10 @@ class Steps:
         (``exp.turn_sampling``; None without ``config.env.name``).
       take: ``(tree, idx [n] int32) -> tree`` rows laid out over the batch sharding.
       concat: ``([tree, ...]) -> tree`` joined along the rows, over the batch sharding.
+      to_generation: ``params -> params`` in the sampler's layout
+        (`generation_layout.for_experiment`: `generation_layout.reshard`, once per sampling
+        round before `generate`; the identity in the training layout). `generate` takes the
+        parameters in that layout and returns the rollouts in the training batch sharding.
     """
 
     generate: Callable
@@ -435,7 +439,28 @@ class Steps:
     masks: Callable
     take: Callable
     concat: Callable
+    to_generation: Callable
     generate_turn: Callable | None = None
+
+
+def _in_generation_layout(mesh, gen_mesh, sample: Callable) -> Callable:
+    """``sample`` (run under ``gen_mesh``) with its prompts and key moved onto that mesh's rows
+    and its rollouts back onto the training ``mesh``'s (the same devices: `device_put`s)."""
+
+    def put(tree, m):
+        return jax.tree.map(
+            lambda x: jax.device_put(
+                x, sharding.batch_sharding(m, x.ndim) if x.ndim else sharding.replicated(m)
+            ),
+            tree,
+        )
+
+    def generate(params, prompt_tokens, prompt_mask, key):
+        tokens, mask = put((prompt_tokens, prompt_mask), gen_mesh)
+        key = jax.device_put(key, sharding.replicated(gen_mesh))
+        return put(sample(params, tokens, mask, key), mesh)
+
+    return generate
 
 
 def make_steps(exp: Experiment) -> Steps:
@@ -446,9 +471,17 @@ def make_steps(exp: Experiment) -> Steps:
     batch_sh = sharding.batch_sharding(mesh)
     update = _update_fn(exp)
 
-    def generate(params, prompt_tokens, prompt_mask, key):
+    def sample(params, prompt_tokens, prompt_mask, key):
         return sampling.generate(
             exp.graphdef, params, prompt_tokens, prompt_mask, key, exp.train_sampling
+        )
+
+    generate, to_generation = sharding.under_mesh(mesh, sample), (lambda params: params)
+    gen_mesh, gen_shardings = generation_layout.for_experiment(exp)
+    if gen_mesh is not None:
+        generate = _in_generation_layout(mesh, gen_mesh, sharding.under_mesh(gen_mesh, sample))
+        to_generation = functools.partial(
+            generation_layout.reshard, shardings=gen_shardings, dtype=exp.model_config.dtype
         )
 
     def shape_rewards(rewards, lengths):
@@ -480,7 +513,7 @@ def make_steps(exp: Experiment) -> Steps:
         )
 
     return Steps(
-        generate=sharding.under_mesh(mesh, generate),
+        generate=generate,
         advantages=jax.jit(
             functools.partial(
                 advantages_lib.compute,
@@ -523,6 +556,7 @@ def make_steps(exp: Experiment) -> Steps:
         masks=jax.jit(masks),
         take=jax.jit(functools.partial(_take, mesh)),
         concat=jax.jit(concat),
+        to_generation=to_generation,
         generate_turn=sharding.under_mesh(mesh, generate_turn) if exp.environment else None,
     )
 

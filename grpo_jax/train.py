@@ -217,9 +217,10 @@ def _dispatch_samples(exp: Experiment, fns: steps.Steps, run: RunState, rows, ke
     the calls' decode utilisations, device scalars of continuous batching)."""
     R, gbs = len(rows), exp.batching.generate_batch_size
     keys = [key] if gbs >= R else _split_keys(key, R // gbs)
+    params = fns.to_generation(run.train.params)  # the sampler's layout, once per round
     parts = [
         fns.generate(
-            run.train.params,
+            params,
             xfer.to_device(exp.mesh, exp.pool.tokens[rows[s : s + gbs]]),
             xfer.to_device(exp.mesh, exp.pool.mask[rows[s : s + gbs]]),
             k,

@@ -312,3 +312,21 @@ def test_roofline_of_continuous_batching_reads_the_weights_once_per_slot_batch()
     bw, new, dev = 1640e9, 2, 2
     np.testing.assert_allclose(static, new * (2e9 + 4 * 1e8 / dev) / bw, rtol=1e-9)
     np.testing.assert_allclose(cont, new * 2 * (2e9 + 2 * 1e8 / dev) / bw, rtol=1e-9)
+
+
+def test_sampler_compiles_in_the_generation_layout_with_its_reshard():
+    c = tiny_dapo()
+    c.rollout.generation_layout = "4x2"  # rows over 4, the 2 kv heads (and 4 heads) over 2
+    r = aot.compile_steps(c, update=False, logprobs=False)
+    assert set(r["steps"]) == {"sampler", "reshard"}
+    assert r["generation_layout"]["layout"] == "4x2"
+    s, rs = r["steps"]["sampler"], r["steps"]["reshard"]
+    assert "data x tensor 4 x 2" in s["what"]
+    # the generation copy: every tensor-split matrix halved, the norms whole; more than the
+    # training's FSDP shard (1/8 of the matrices), less than the whole model
+    gen = r["generation_layout"]["param_bytes"]
+    assert r["params_bytes"] < gen < 8 * r["params_bytes"]
+    assert rs["output"] == pytest.approx(gen, rel=0.01)  # the compiler pads a few buffers
+    assert rs["argument"] == pytest.approx(r["params_bytes"], rel=0.01)
+    R, Lp = 64, 16  # parameters + prompt rows over 4 shards (int32 tokens + bool mask) + rng
+    assert s["argument"] == pytest.approx(gen + R * Lp * 5 / 4 + 8, rel=0.02)
