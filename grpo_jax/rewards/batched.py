@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from grpo_jax.rewards.custom import resolve_callable
+from grpo_jax.rewards.custom import resolve_callable, split_result
 from grpo_jax.rewards.extract import extract_answer
 from grpo_jax.rewards.failures import error_kind
 from grpo_jax.rewards.verify import CRASH, OK, TIMEOUT, VerifierPool, resolve_checker
@@ -80,15 +80,7 @@ def _load(ref) -> Callable:
 def _values(result, n: int) -> tuple[np.ndarray, np.ndarray | None]:
     """(rewards [n] float64, NaN = failed row; correct [n] bool or None) of a function's return
     value. Raises ValueError on a wrong count or a value that is not a number or None."""
-    correct = None
-    if isinstance(result, dict):
-        result, correct = result["rewards"], result.get("correct")
-    elif (
-        isinstance(result, (tuple, list))
-        and len(result) == 2
-        and all(isinstance(r, (list, tuple, np.ndarray)) for r in result)
-    ):  # (rewards, correct): a list of rewards holds numbers, never sequences
-        result, correct = result
+    result, correct = split_result(result)
     rewards = np.asarray([math.nan if r is None else float(r) for r in result], np.float64)
     if len(rewards) != n or (correct is not None and len(correct) != n):
         raise ValueError(f"returned {len(rewards)} rewards for {n} completions")

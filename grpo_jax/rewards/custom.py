@@ -38,7 +38,7 @@ from grpo_jax.rewards.extract import extract_answer
 from grpo_jax.rewards.failures import error_kind
 from grpo_jax.rewards.verify import CRASH, OK, TIMEOUT, VerifierPool, resolve_checker
 
-__all__ = ["UserRewardFn", "call_user_reward", "resolve_callable"]
+__all__ = ["UserRewardFn", "call_user_reward", "resolve_callable", "split_result"]
 
 _ANSWER_KEYS = ("answer", "answers")
 
@@ -61,16 +61,22 @@ def _resolved(spec: str):
     return resolve_checker(spec)
 
 
-def _normalise(result, n: int) -> tuple[list[float], list[bool] | None]:
-    correct = None
+def split_result(result) -> tuple:
+    """(rewards, correct or None) of what a reward function returned: a list of rewards, a
+    ``(rewards, correct)`` pair or a ``{"rewards": ..., "correct": ...}`` dict."""
     if isinstance(result, dict):
-        result, correct = result["rewards"], result.get("correct")
-    elif (
+        return result["rewards"], result.get("correct")
+    if (
         isinstance(result, (tuple, list))
         and len(result) == 2
         and all(isinstance(r, (list, tuple, np.ndarray)) for r in result)
     ):  # (rewards, correct): a list of rewards holds numbers, never sequences
-        result, correct = result
+        return result[0], result[1]
+    return result, None
+
+
+def _normalise(result, n: int) -> tuple[list[float], list[bool] | None]:
+    result, correct = split_result(result)
     rewards = [float(r) for r in result]
     if len(rewards) != n or (correct is not None and len(correct) != n):
         raise ValueError(f"reward function returned {len(rewards)} rewards for {n} completions")
