@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+from grpo_jax import cli
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeModel:
@@ -553,15 +555,22 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@cli.entry_point
 def main(argv=None) -> list[dict]:
-    import argparse
+    """The command line (module docstring). Bad input (a missing lengths file or reports
+    folder, an unknown flag) is one ``error:`` line and exit 2."""
     import json
+    import os
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", default="reports/gsm8k_lengths.json")
     ap.add_argument("--reports", default="reports")
     ap.add_argument("--json_out", default="")
     args = ap.parse_args(argv)
+    if not os.path.isfile(args.lengths):
+        raise FileNotFoundError(f"--lengths={args.lengths}: no such file (measured lengths)")
+    if not os.path.isdir(args.reports):
+        raise FileNotFoundError(f"--reports={args.reports}: no such folder")
     measured = _load(args.lengths)
     out = []
     for case in cases(args.reports):

@@ -127,6 +127,11 @@ CASES = {
         (["--mesh=1,2", "--topology=8xh100", "--compiler=cpu"], "--mesh=1,2"),
         (["--nope=1", "--topology=8xh100"], "nope"),
     ],
+    "experiments.pipeline_estimate": [
+        (["--lengths={missing}/l.json"], "{missing}"),
+        (["--reports={missing}"], "{missing}"),
+        (["--nope=1"], "--nope"),
+    ],
     "experiments.prepare_data": [
         ([], "--out"),
         (["--out={root}/d", "--dataset=no_such_set"], "no_such_set"),
