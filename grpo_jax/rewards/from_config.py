@@ -91,6 +91,16 @@ def make_reward_fn(config, dataset: str | None = None, callables=None):
     function, `grpo_jax.rewards.custom.UserRewardFn`) or the built-in verifier of its task."""
     r = config.reward
     kind, value, *weights = reward_key(config, dataset)
+    common = dict(  # what a function of yours shares with the built-in verifier's pool
+        timeout_s=r.timeout_s,
+        num_workers=r.num_workers,
+        scale=config.algorithm.reward_scale,
+        correct_above=r.correct_above,
+        format_reward=r.format_reward,
+        format_pattern=r.format_pattern,
+        extract=r.extract,
+        task=r.task or "math",
+    )
     if kind == "fns":
         check_functions(config, callables)
         fns = [(callables or {}).get(f, f) for f in value]
@@ -99,15 +109,8 @@ def make_reward_fn(config, dataset: str | None = None, callables=None):
                 fns,
                 weights[0],
                 names=[batched.function_name(f) for f in value],
-                timeout_s=r.timeout_s,
                 batch_timeout_s=r.batch_timeout_s,
-                num_workers=r.num_workers,
-                scale=config.algorithm.reward_scale,
-                correct_above=r.correct_above,
-                format_reward=r.format_reward,
-                format_pattern=r.format_pattern,
-                extract=r.extract,
-                task=r.task or "math",
+                **common,
             )
         except ValueError as e:
             raise ConfigError(f"config.reward.fns: {e}") from None
@@ -115,14 +118,7 @@ def make_reward_fn(config, dataset: str | None = None, callables=None):
         try:
             return custom.UserRewardFn(
                 value,
-                timeout_s=r.timeout_s,
-                num_workers=r.num_workers,
-                scale=config.algorithm.reward_scale,
-                correct_above=r.correct_above,
-                format_reward=r.format_reward,
-                format_pattern=r.format_pattern,
-                extract=r.extract,
-                task=r.task or "math",
+                **common,
             )
         except ValueError as e:
             raise ConfigError(f"config.reward.fn: {e}") from None
