@@ -19,7 +19,19 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA:CPU compile flags for the tests' tiny programs (most of the suite's time is compiling
+# ~7,500 of them, each once): LLVM at -O0 and the classic fusion emitters compile a program
+# ~3x faster than the defaults and run it a little slower (benchmarks/test_suite_time.md);
+# results stay within every test's tolerance, and each comparison test runs both sides under
+# the same flags (subprocesses inherit them)
+# (a subprocess that sets XLA_FLAGS itself adds $GRPO_JAX_TEST_COMPILE_FLAGS)
+os.environ["GRPO_JAX_TEST_COMPILE_FLAGS"] = (
+    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+)
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 " + os.environ["GRPO_JAX_TEST_COMPILE_FLAGS"],
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (or a plain pytest) only
     _cache = tempfile.mkdtemp(prefix="grpo_jax_tests_jax_cache_")

@@ -215,12 +215,13 @@ def _logprobs_and_grad(impl, group, Lp, toks, mask, cm, **kw):
     return lp, g
 
 
-def _assert_same(a, b, cm, tol=F32_TOL):
+def _assert_same(a, b, cm, tol=F32_TOL, grad_tol=None):
     (lp_a, g_a), (lp_b, g_b) = a, b
+    grad_tol = tol if grad_tol is None else grad_tol
     np.testing.assert_allclose(lp_a * cm, lp_b * cm, atol=tol)  # on the scored positions
     assert jax.tree.structure(g_a) == jax.tree.structure(g_b)
     for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b)):
-        np.testing.assert_allclose(x, y, atol=tol * max(1.0, float(jnp.abs(x).max())))
+        np.testing.assert_allclose(x, y, atol=grad_tol * max(1.0, float(jnp.abs(x).max())))
     assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(g_a))
 
 
@@ -237,7 +238,9 @@ def test_model_logprobs_and_gradients_blockwise_equal_einsum(group, lora_rank, r
     kw = dict(lora_rank=lora_rank, remat=remat)
     ref = _logprobs_and_grad("einsum", group, Lp, toks, mask, cm, **kw)
     new = _logprobs_and_grad("blockwise", group, Lp, toks, mask, cm, **kw)
-    _assert_same(ref, new, cm)
+    # float32 gradients of entries ~8 through two softmax orders: 3e-5 of the largest entry
+    # (measured up to 3.2e-5 at LLVM -O0, tests/conftest.py); a masking error is O(1)
+    _assert_same(ref, new, cm, grad_tol=5e-5)
 
 
 def test_model_kv_cache_prefill_and_decode_blockwise_equal_einsum():

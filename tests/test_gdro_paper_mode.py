@@ -4,7 +4,10 @@ the paper describes", item 4).
 REF was produced by running the three scenario functions below on the pre-change code (commit
 64e7eea, branch wip/gdro, before any of the mode switches existed) with that code's default
 configs, i.e. the same configs as here without ``mode="paper"``, and writing the outputs with
-``pprint`` (floats are the float32 results as Python floats, so the comparison is bit-exact).
+``pprint`` (floats are the float32 results as Python floats). Bit-exact under XLA:CPU's default
+flags; the test session compiles at LLVM -O0 (tests/conftest.py), which rounds a few float32
+results in the last bit or two, so floats are compared to 1e-6 relative (integers and bins
+exactly): any change of the controllers' behaviour is orders of magnitude larger.
 """
 
 import jax.numpy as jnp
@@ -776,8 +779,8 @@ REF = {
 def assert_same(got, want):
     assert got.keys() == want.keys()
     for k in want:
-        np.testing.assert_array_equal(
-            np.asarray(got[k], np.float32), np.asarray(want[k], np.float32), err_msg=k
+        np.testing.assert_allclose(
+            np.asarray(got[k], np.float32), np.asarray(want[k], np.float32), rtol=1e-6, err_msg=k
         )
 
 

@@ -68,7 +68,8 @@ def _run_pair(workdir, steps, *, use_env: bool, timeout=600):
         # a persistent compilation cache shared by both phases: the restart reuses the executables
         env = {
             **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4 "
+            + os.environ.get("GRPO_JAX_TEST_COMPILE_FLAGS", ""),
             "JAX_PLATFORMS": "cpu",
             "JAX_COMPILATION_CACHE_DIR": os.path.join(os.path.dirname(workdir), "jax_cache"),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

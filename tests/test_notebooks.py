@@ -24,12 +24,12 @@ CELL_TIMEOUT_S = 600
 
 
 def _kernel_env(tmp_dir):
-    """The test process's environment without the 8-virtual-device XLA flag of conftest.py
-    (the notebooks run on one CPU device, as in Colab), with the CPU backend and with temporary
-    files (notebook 03's workdir) under pytest's `tmp_dir`."""
+    """The test process's environment with conftest.py's compile flags but not its 8 virtual
+    devices (the notebooks run on one CPU device, as in Colab), with the CPU backend and with
+    temporary files (notebook 03's workdir) under pytest's `tmp_dir`."""
     env = dict(os.environ)
     env["TMPDIR"] = str(tmp_dir)
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = os.environ.get("GRPO_JAX_TEST_COMPILE_FLAGS", "")  # conftest.py
     env.pop("MPLBACKEND", None)  # the kernel picks the inline backend (figures as PNG)
     env["JAX_PLATFORMS"] = "cpu"
     return env
