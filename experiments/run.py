@@ -224,7 +224,7 @@ def main(argv):
     from grpo_jax import checkpointing, train
     from grpo_jax.rewards import failures as reward_failures
 
-    # config_utils.ConfigError (bad config, paths or data: nothing was trained) passes through:
+    # errors.ConfigError (bad config, paths or data: nothing was trained) passes through:
     # one `error:` line, exit 2 (cli.run_absl)
     try:
         try:

@@ -57,6 +57,7 @@ from grpo_jax import (
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import transfer as xfer
 from grpo_jax.envs import episodes
+from grpo_jax.errors import ConfigError
 from grpo_jax.experiment import Experiment, build_experiment
 from grpo_jax.rewards import failures as rewards_failures
 from grpo_jax.rewards import from_config as reward_from_config
@@ -785,7 +786,7 @@ def train_and_evaluate(
       same result as an uninterrupted run).
 
     Raises:
-      config_utils.ConfigError: invalid or incompatible configuration (one-line message).
+      errors.ConfigError: invalid or incompatible configuration (one-line message).
       checkpointing.WorkdirError: the workdir is a file, unwritable, or used by another run.
       checkpointing.CheckpointError: no readable checkpoint, or a save failed (the previous
         checkpoints intact).
@@ -798,7 +799,7 @@ def train_and_evaluate(
     created = not os.path.exists(workdir)
     try:
         return _train_in(config, workdir, tuple(allow_changes), dict(reward_callables or {}))
-    except config_utils.ConfigError:
+    except ConfigError:
         if created and jax.process_index() == 0:
             _remove_unused(workdir)  # a refused new run leaves no workdir behind
         raise
@@ -883,9 +884,9 @@ def _start(
         except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
             if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
                 os.remove(config_path)  # nothing ran: the corrected command must run
-            if isinstance(e, config_utils.ConfigError):
+            if isinstance(e, ConfigError):
                 raise
-            raise config_utils.ConfigError(" ".join(str(e).split())) from None
+            raise ConfigError(" ".join(str(e).split())) from None
         ckpt = checkpointing.Checkpointer(
             os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
         )
@@ -1179,7 +1180,7 @@ def _check_runnable(config, exp: Experiment) -> None:
     k = config.eval.num_samples
     rows = max(config.eval.batch_size // k, 1) * k
     if rows % div:
-        raise config_utils.ConfigError(
+        raise ConfigError(
             f"config.eval: each evaluation call samples max(batch_size // num_samples, 1) * "
             f"num_samples = {rows} rows (batch_size={config.eval.batch_size}, "
             f"num_samples={k}), which do not divide over the mesh's data x fsdp = {div} "

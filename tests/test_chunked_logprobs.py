@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from test_losses import pl
 
 from grpo_jax import losses, steps
+from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.transformer import Transformer, tied_logits
 
@@ -398,7 +399,7 @@ def test_config_rejects_a_negative_chunk_size():
     c = arithmetic.get_config("grpo,smoke")
     assert c.algorithm.logprob_chunk_size == 0
     c.algorithm.logprob_chunk_size = -1
-    with pytest.raises(config_utils.ConfigError, match="logprob_chunk_size"):
+    with pytest.raises(ConfigError, match="logprob_chunk_size"):
         config_utils.validate(c)
 
 
