@@ -21,7 +21,7 @@ def _exit_before_training(signum, frame):
     (nothing to flush either: no checkpoint manager exists), so the process leaves at once.
     After the run's own handling has ended (its files closed) a signal changes nothing: ignored."""
     del frame
-    if getattr(sys.modules.get("grpo_jax.train"), "handled_runs_ended", 0):
+    if getattr(sys.modules.get("grpo_jax.preemption"), "handled_runs_ended", 0):
         return
     name = signal.Signals(signum).name
     print(f"{name} before the run started: nothing saved; exiting.", file=sys.stderr, flush=True)
