@@ -5,8 +5,8 @@
 
 For each model (random weights, float32, one CPU process) it times the jitted loss + gradient
 (forward and backward) of `steps.completion_logprobs` with `logprob_chunk_size` 0 (the
-[R, Lc, V] logits, then `losses.logprobs_from_logits`) and with each of `--chunks`
-(`losses.logprobs_from_hidden`: the LM head and the log-softmax a chunk of positions at a time,
+[R, Lc, V] logits, then `logprobs.logprobs_from_logits`) and with each of `--chunks`
+(`logprobs.logprobs_from_hidden`: the LM head and the log-softmax a chunk of positions at a time,
 the logits never whole), and prints, per variant, the median and best of `--repeats` calls
 (seconds), the ratio of medians to the whole-logits path and XLA's temporary bytes of the
 compiled program. The variants are interleaved (each repeat runs every variant once, in a

@@ -22,13 +22,13 @@ def full_head_logprobs(graphdef, params, tokens, attention_mask, prompt_len, tem
     """The previous completion_logprobs: [R, Lp + Lc - 1, V] logits, then the Lc positions."""
     from flax import nnx
 
-    from grpo_jax import losses
+    from grpo_jax import logprobs as logprobs_lib
     from grpo_jax.models.transformer import positions_from_mask
 
     model = nnx.merge(graphdef, params)
     positions = positions_from_mask(attention_mask)
     logits, _ = model(tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
-    return losses.logprobs_from_logits(
+    return logprobs_lib.logprobs_from_logits(
         logits[:, prompt_len - 1 :], tokens[:, prompt_len:], temperature
     )
 

@@ -7,7 +7,7 @@ For each variant the step is `value_and_grad` of `policy_loss(token_logprobs(log
   (the logits are then an intermediate, as in a real model).
 
 `naive` materialises `log_softmax(logits.astype(float32))`; `chunked` is
-`grpo_jax.losses.token_logprobs` (float32 log-softmax `--chunk-size` positions at a time, chunked
+`grpo_jax.logprobs.token_logprobs` (float32 log-softmax `--chunk-size` positions at a time, chunked
 backward pass).
 
 Memory is XLA's compiled memory analysis (`jax.jit(f).lower(...).compile().memory_analysis()`,
@@ -15,7 +15,7 @@ temp + argument + output bytes) at the FULL shape (default R=64, T=4096, V=151,9
 `jax.ShapeDtypeStruct`s: compile only, nothing is allocated. Time is measured at a reduced
 shape (`--time-*` flags) that runs on a CPU. Numbers are for the backend JAX runs on; note
 that XLA:CPU has no native bfloat16, so some bf16 buffers become f32 there (see
-`grpo_jax.losses._sliceable_view`).
+`grpo_jax.logprobs._sliceable_view`).
 
   PYTHONPATH=. python benchmarks/bench_logprobs.py       # defaults, < 2 min on a laptop CPU
   PYTHONPATH=. python benchmarks/bench_logprobs.py --mode projection --hidden 64
@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 
 
@@ -43,7 +44,7 @@ def make_step(variant: str, mode: str, chunk_size: int):
     def logprobs(logits, tokens):
         if variant == "naive":
             return naive_token_logprobs(logits, tokens)
-        return losses.token_logprobs(logits, tokens, chunk_size=chunk_size)
+        return logprobs_lib.token_logprobs(logits, tokens, chunk_size=chunk_size)
 
     def loss_from_logits(logits, tokens, adv, mask):
         lp = logprobs(logits, tokens)
@@ -128,7 +129,7 @@ def main():
     p.add_argument("--time-seq", type=int, default=512)
     p.add_argument("--time-vocab", type=int, default=16384)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--chunk-size", type=int, default=losses.DEFAULT_CHUNK_SIZE)
+    p.add_argument("--chunk-size", type=int, default=logprobs_lib.DEFAULT_CHUNK_SIZE)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--no-time", action="store_true", help="memory analysis only")
     a = p.parse_args()

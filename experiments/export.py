@@ -20,8 +20,7 @@ from grpo_jax import cli
 
 def hf_tokenizer(tokenizer):
     """A `grpo_jax.models.tokenizer.Tokenizer` (tokenizer.json-backed) for the run's tokenizer."""
-    from grpo_jax.data.arithmetic import CharTokenizer
-    from grpo_jax.models.tokenizer import Tokenizer
+    from grpo_jax.models.tokenizer import CharTokenizer, Tokenizer
 
     if isinstance(tokenizer, CharTokenizer):
         return Tokenizer.from_char_vocab(

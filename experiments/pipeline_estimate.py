@@ -1,18 +1,17 @@
 """Pipeline estimate of an RL step: generation per decode step from the bytes each chip reads,
 over measured completion lengths, beside the compiled training programs' roofline.
 
-Per decode step i (1 .. the call's longest completion - 1) one chip reads
-  its parameters in the generation layout (``param_bytes``),
-  the shared prompt prefix once per group that still has a row decoding
-      (groups x ``prompt_len`` slots x ``kv_slot_bytes``),
-  the filled completion slots of its rows still decoding (i slots each),
-which is what a paged / ragged decode kernel would read (rows attend to their filled slots
-only, a finished row reads nothing). Our XLA decode (`grpo_jax.sampling`) still reads the
-whole cache up to its attention bucket; this is the estimate of the kernel, not of it. Its
-seconds are max(bytes / HBM bandwidth, FLOPs / peak) plus the tensor-parallel collectives'
-bytes / chip-to-chip bandwidth (not overlapped). The chips of one call run in lockstep, so a
-step takes the slowest data shard's time and the call waits for its longest row. The prompt
-prefill is compute-bound (2 N FLOPs per prompt token, once per group).
+Generation is estimated for each decode the sampler has (`sampler_call_seconds`, from
+`grpo_jax.sampling.decode_read_bytes`: the XLA dense and prefix-shared caches up to their
+attention buckets, and the paged cache under JAX's Pallas TPU paged-attention kernel, which
+reads each group's shared prompt pages once per row and still reads finished rows), and for
+one that is not built (`call_seconds`: a ragged kernel with a log-sum-exp output, reading the
+shared prompt prefix once per group that still has a row decoding and only the filled slots
+of the rows still decoding). The headline is the built decode of the chip (`built_decode`).
+A decode step's seconds are max(bytes / HBM bandwidth, FLOPs / peak) plus the
+tensor-parallel collectives' bytes / chip-to-chip bandwidth (not overlapped); a call waits
+for its longest row. The prompt prefill is compute-bound (2 N FLOPs per prompt token, once
+per group).
 
 The step: synchronous = generation + training + reshard; k = 1 (rollouts one step stale,
 generated while the previous batch trains) = max(generation, training) + reshard on the same
@@ -76,7 +75,13 @@ def draw_lengths(pool, rows: int, seed: int = 0) -> np.ndarray:
 
 def call_seconds(model: DecodeModel, lengths, rates: Rates) -> dict:
     """One sampler call of ``len(lengths)`` rows (completion lengths, >= 1, prefill token
-    included) in ``model``'s layout.
+    included) in ``model``'s layout with a ragged decode kernel that is NOT built (it would
+    need a log-sum-exp output to merge a once-per-group prompt product with the rows' own
+    part): per decode step i (1 .. the longest length - 1) one chip reads its parameters, the
+    shared prompt prefix once per group that still has a row decoding (groups x
+    ``prompt_len`` slots) and the i filled slots of each row still decoding (a finished row
+    reads nothing); the slowest data shard sets each step. The built decodes are
+    `sampler_call_seconds`.
 
     Returns {"seconds", "prefill_seconds", "decode_seconds", "steps" (decode steps run),
     "tokens" (completion tokens), "reads": {"params", "prefix", "completion"}: bytes per
@@ -172,14 +177,33 @@ def split_step(
 # ----------------------------------------------------------------------------- the report's cases
 
 
-def xla_call_seconds(
-    model: DecodeModel, lengths, rates: Rates, *, new_tokens: int, cache: str, buckets: int = 8
+def built_decode(chip) -> str:
+    """The built decode a case's headline uses on ``chip`` (an `experiments.aot.Chip`):
+    "paged" on a TPU (`rollout.decode_cache=paged` under ``attention_impl`` splash: the Pallas
+    TPU paged-attention kernel), "xla_prefix_shared" elsewhere (JAX's Pallas GPU kernels are
+    not wired in, and the paged cache's XLA path reads each row's whole own cache every step,
+    no less than the prefix-shared cache up to its buckets)."""
+    return "paged" if chip.name.startswith("TPU") else "xla_prefix_shared"
+
+
+def sampler_call_seconds(
+    model: DecodeModel,
+    lengths,
+    rates: Rates,
+    *,
+    new_tokens: int,
+    cache: str,
+    buckets: int = 8,
+    page_size: int = 16,
 ) -> dict:
-    """One sampler call as our XLA decode runs it (`grpo_jax.sampling`: the static sampler's
-    ``cache`` layout, "dense" or "prefix_shared", each decode chunk reading its cache up to its
-    attention bucket, finished rows still read): `sampling.decode_read_bytes` over all the
-    call's rows with ``model``'s per-chip parameter and slot bytes (the rows spread evenly
-    over the data shards), then the same rates as `call_seconds`."""
+    """One sampler call as the built static sampler runs it (`grpo_jax.sampling`) with the
+    ``cache`` layout: "dense" or "prefix_shared" (XLA, each decode chunk reading its cache up
+    to its attention bucket, ``buckets``), or "paged" (the Pallas TPU kernel: each row reads
+    the pages of its filled slots, its group's shared prompt pages included, so the prompt is
+    read once per ROW; pages of ``page_size`` slots, prompts of ``prompt_len`` tokens);
+    finished rows are still read in all three. `sampling.decode_read_bytes` over all the call's
+    rows with ``model``'s per-chip parameter and slot bytes (the rows spread evenly over the
+    data shards), then the same rates as `call_seconds`. Returns `call_seconds`' keys."""
     from grpo_jax import sampling
 
     L = np.asarray(lengths, np.int64)
@@ -193,6 +217,7 @@ def xla_call_seconds(
         layout=cache,
         buckets=buckets,
         lengths=L,
+        page_size=page_size,
     )
     decoded = int((L - 1).sum())
     steps = int(L.max()) - 1
@@ -210,6 +235,18 @@ def xla_call_seconds(
         "tokens": int(L.sum()),
         "reads": per_step,
     }
+
+
+def sampler_generation_seconds(
+    model: DecodeModel, lengths, rows_per_call: int, rates: Rates, *, new_tokens: int, cache: str
+) -> dict:
+    """All of a step's rollouts in calls of ``rows_per_call`` with a built decode:
+    `sampler_call_seconds` per call, {"seconds": summed, "calls": [each call's dict]}."""
+    calls = [
+        sampler_call_seconds(model, c, rates, new_tokens=new_tokens, cache=cache)
+        for c in np.asarray(lengths, np.int64).reshape(-1, rows_per_call)
+    ]
+    return {"seconds": sum(c["seconds"] for c in calls), "calls": calls}
 
 
 def decode_model(
@@ -291,10 +328,17 @@ def _rows_that_fit(usable: float, resident: float, model: DecodeModel, slots: in
     return None
 
 
+DECODES = ("xla_dense", "xla_prefix_shared", "paged", "ragged_lse")
+# the report's generation columns: the three built decodes (`sampler_call_seconds`'s caches)
+# and the ragged kernel with a log-sum-exp output that is not built (`call_seconds`)
+BUILT_CACHES = {"xla_dense": "dense", "xla_prefix_shared": "prefix_shared", "paged": "paged"}
+
+
 def estimate_case(case: dict, lengths) -> dict:
     """Every figure of one row of the report's table (see `main` for the cases): today's
-    roofline step, the generation layout with our XLA decode (dense and prefix-shared caches),
-    the paged kernel's estimate, the synchronous and k = 1 steps, the best split."""
+    roofline step, the generation layout with each decode of `DECODES` (seconds, reads, the
+    synchronous and k = 1 steps), the headline ``built`` decode of the chip (`built_decode`)
+    with its steps at MaxText's MFU and the best split."""
     from experiments import aot
     from grpo_jax import generation_layout as gl
 
@@ -306,12 +350,11 @@ def estimate_case(case: dict, lengths) -> dict:
     param_bytes = gen_rec["generation_layout"]["param_bytes"] if gen_rec else None
     model = decode_model(cfg, lay, n, Lp, G, param_bytes)
     rows = case["rows_per_call"]
-    calls = lengths.reshape(-1, rows)
-    xla = {
-        c: [xla_call_seconds(model, x, rates, new_tokens=Lc, cache=c) for x in calls]
-        for c in ("dense", "prefix_shared")
+    built = {
+        k: sampler_generation_seconds(model, lengths, rows, rates, new_tokens=Lc, cache=c)
+        for k, c in BUILT_CACHES.items()
     }
-    paged = generation_seconds(model, lengths, rows, rates)
+    ragged = generation_seconds(model, lengths, rows, rates)
     train = training_seconds(case["train_record"], chip, scale=case.get("train_scale", 1.0))
     mfu = aot.MAXTEXT_MFU.get(chip.name, (None,))[0]
     train_cal = training_seconds(
@@ -320,32 +363,27 @@ def estimate_case(case: dict, lengths) -> dict:
     # the reshard: each chip receives its generation shard less the part it holds (1 / n of it
     # under FSDP over n), at the chip-to-chip bandwidth
     reshard = model.param_bytes * (1 - 1 / n) / chip.link_Bps
-    gen = {
-        "xla_dense": sum(x["seconds"] for x in xla["dense"]),
-        "xla_prefix_shared": sum(x["seconds"] for x in xla["prefix_shared"]),
-        "paged": paged["seconds"],
-    }
+    gen = {k: v["seconds"] for k, v in built.items()} | {"ragged_lse": ragged["seconds"]}
     steps = {k: step_seconds(v, train, reshard) for k, v in gen.items()}
+    headline = built_decode(chip)
     return {
         "name": case["name"],
         "layout": lay.name,
         "rows_per_call": rows,
-        "calls": len(calls),
+        "calls": len(lengths) // rows,
         "today_s": case.get("today_s"),
+        "built": headline,
         "training_s": train,
         "training_maxtext_s": train_cal if mfu else None,
-        "steps_maxtext": step_seconds(gen["paged"], train_cal, reshard) if mfu else None,
+        "steps_maxtext": step_seconds(gen[headline], train_cal, reshard) if mfu else None,
         "reshard_s": reshard,
         "reshard_bytes": model.param_bytes * (1 - 1 / n),
         "generation_s": gen,
         "steps": steps,
-        "split": _split(case, lengths, rates, train, chip),
+        "split": _split(case, lengths, rates, train, chip, BUILT_CACHES[headline]),
         "reads_before": _reads_before(case, cfg),
-        "reads_after": {
-            "xla_dense": _mean_reads(xla["dense"]),
-            "xla_prefix_shared": _mean_reads(xla["prefix_shared"]),
-            "paged": paged["reads"],
-        },
+        "reads_after": {k: _mean_reads(v["calls"]) for k, v in built.items()}
+        | {"ragged_lse": ragged["reads"]},
         "tokens": int(lengths.sum()),
         "longest": int(lengths.max()),
         "mean_length": float(lengths.mean()),
@@ -371,8 +409,9 @@ def _reads_before(case, cfg) -> dict:
     }
 
 
-def _split(case, lengths, rates, train_s, chip) -> dict | None:
-    """k = 1 on a split of the chips (`split_step`): g chips generate with the paged decode in
+def _split(case, lengths, rates, train_s, chip, cache: str) -> dict | None:
+    """k = 1 on a split of the chips (`split_step`): g chips generate with the built ``cache``
+    decode (`sampler_call_seconds`) in
     the planner-style layout (tensor = min(g, kv heads), rows over the rest; no training state
     on them, so the largest call that fits), the others train, their time the compiled
     programs' scaled by chips (compute-bound passes, per-chip activations kept by
@@ -388,7 +427,11 @@ def _split(case, lengths, rates, train_s, chip) -> dict | None:
         t = math.gcd(g, cfg.num_kv_heads)
         model = decode_model(cfg, gl.Layout(g // t, t), g, case["Lp"], case["G"])
         rows = _rows_that_fit(usable, 0.0, model, case["Lp"] + case["Lc"], case["R"], case["R"])
-        return None if rows is None else generation_seconds(model, lengths, rows, rates)["seconds"]
+        if rows is None:
+            return None
+        return sampler_generation_seconds(
+            model, lengths, rows, rates, new_tokens=case["Lc"], cache=cache
+        )["seconds"]
 
     def train_on(c):
         fits = upd["temp"] + upd["output"] + resident * n / c <= usable
@@ -502,18 +545,28 @@ def case_lengths(case: dict, measured: dict, seed: int = 0) -> np.ndarray:
     return draw_lengths(pool, case["R"], seed)
 
 
+LABELS = {
+    "xla_dense": "XLA dense",
+    "xla_prefix_shared": "XLA prefix-shared",
+    "paged": "paged, Pallas TPU kernel (prefix read per row)",
+    "ragged_lse": "ragged kernel, prefix read once per group (needs log-sum-exp output; not built)",
+}
+
+
 def markdown(results: list[dict]) -> str:
-    """The report's tables (seconds per RL step; GB read per decode step per chip)."""
+    """The report's tables (seconds per RL step; GB read per decode step per chip). The bold
+    steps are the chip's built decode (`built_decode`), named in the row."""
     gb = 1e9
     lines = [
         "| slice | generation layout, rows per call | today (aot roofline) | training (4 updates + 2 "
-        "log-prob passes; MaxText MFU) | reshard | generation: layout + XLA dense / + XLA "
-        "prefix-shared / + paged kernel | synchronous (paged; MaxText MFU) | k = 1, same chips "
-        "(paged) | k = 1, split (paged) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "log-prob passes; MaxText MFU) | reshard | generation: layout + "
+        + " / + ".join(LABELS[k] for k in DECODES)
+        + " | built decode | synchronous, built (MaxText MFU) | synchronous, not built (ragged "
+        "kernel) | k = 1, same chips, built | k = 1, split, built |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        g, st, sp = r["generation_s"], r["steps"], r["split"]
+        g, st, sp, b = r["generation_s"], r["steps"], r["split"], r["built"]
         cal = r["training_maxtext_s"]
         lines.append(
             f"| {r['name']} | {r['layout']} ({r['param_bytes_source']} parameter bytes), "
@@ -522,10 +575,10 @@ def markdown(results: list[dict]) -> str:
             + f" | {r['training_s']:.1f}"
             + (f" ({cal:.1f})" if cal else "")
             + f" | {r['reshard_s'] * 1e3:.1f} ms ({r['reshard_bytes'] / gb:.2f} GB) | "
-            f"{g['xla_dense']:.1f} / {g['xla_prefix_shared']:.1f} / {g['paged']:.1f} | "
-            f"**{st['paged']['synchronous']:.1f}**"
+            + " / ".join(f"{g[k]:.1f}" for k in DECODES)
+            + f" | {LABELS[b]} | **{st[b]['synchronous']:.1f}**"
             + (f" ({r['steps_maxtext']['synchronous']:.1f})" if r["steps_maxtext"] else "")
-            + f" | **{st['paged']['k1']:.1f}** | "
+            + f" | {st['ragged_lse']['synchronous']:.1f} | **{st[b]['k1']:.1f}** | "
             + (
                 f"{sp['step']:.1f} ({sp['generate_chips']} generate, {sp['train_chips']} train)"
                 if sp
@@ -537,15 +590,11 @@ def markdown(results: list[dict]) -> str:
         "",
         "GB per decode step per chip: parameters / prompt prefix / completion KV (total)",
         "",
-        "| slice | today | layout + XLA dense | layout + XLA prefix-shared | layout + paged "
-        "kernel |",
-        "|---|---|---|---|---|",
+        "| slice | today | " + " | ".join(f"layout + {LABELS[k]}" for k in DECODES) + " |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
-        cells = [
-            r["reads_before"],
-            *(r["reads_after"][k] for k in ("xla_dense", "xla_prefix_shared", "paged")),
-        ]
+        cells = [r["reads_before"], *(r["reads_after"][k] for k in DECODES)]
         fmt = [
             f"{c['params'] / gb:.2f} / {c['prefix'] / gb:.2f} / {c['completion'] / gb:.2f} "
             f"({sum(c.values()) / gb:.1f})"
@@ -580,8 +629,8 @@ def main(argv=None) -> list[dict]:
             r["tokens_per_s_chip"] = {
                 k: case["R"] * per_row / (v * case["chips"])
                 for k, v in {
-                    "synchronous": r["steps"]["paged"]["synchronous"],
-                    "k1": r["steps"]["paged"]["k1"],
+                    "synchronous": r["steps"][r["built"]]["synchronous"],
+                    "k1": r["steps"][r["built"]]["k1"],
                     "k1_split": (r["split"] or {}).get("step", float("nan")),
                 }.items()
             }

@@ -21,7 +21,7 @@ def _exit_before_training(signum, frame):
     (nothing to flush either: no checkpoint manager exists), so the process leaves at once.
     After the run's own handling has ended (its files closed) a signal changes nothing: ignored."""
     del frame
-    if getattr(sys.modules.get("grpo_jax.train"), "handled_runs_ended", 0):
+    if getattr(sys.modules.get("grpo_jax.preemption"), "handled_runs_ended", 0):
         return
     name = signal.Signals(signum).name
     print(f"{name} before the run started: nothing saved; exiting.", file=sys.stderr, flush=True)
@@ -224,7 +224,7 @@ def main(argv):
     from grpo_jax import checkpointing, train
     from grpo_jax.rewards import failures as reward_failures
 
-    # config_utils.ConfigError (bad config, paths or data: nothing was trained) passes through:
+    # errors.ConfigError (bad config, paths or data: nothing was trained) passes through:
     # one `error:` line, exit 2 (cli.run_absl)
     try:
         try:

@@ -31,6 +31,7 @@ import ml_collections
 
 from grpo_jax import config_schema, config_utils, writers
 from grpo_jax import train as train_lib
+from grpo_jax.errors import ConfigError
 from grpo_jax.rewards import batched
 
 __all__ = ["default_config", "train"]
@@ -49,7 +50,7 @@ def default_config(overrides: dict | None = None) -> ml_collections.ConfigDict:
         if key not in valid:
             close = config_utils.closest_keys(config, key)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise config_utils.ConfigError(f"unknown config key {key!r}{hint}")
+            raise ConfigError(f"unknown config key {key!r}{hint}")
         *parents, leaf = key.split(".")
         node = config
         for p in parents:
@@ -112,7 +113,7 @@ def train(
         config.reward.fns = tuple(names)
         config.reward.weights = tuple(float(w) for w in reward_weights or ())
     elif reward_weights is not None:
-        raise config_utils.ConfigError("reward_weights given without reward_fns")
+        raise ConfigError("reward_weights given without reward_fns")
     return train_lib.train_and_evaluate(
         config, workdir, allow_changes=tuple(allow_changes), reward_callables=callables
     )
@@ -124,7 +125,7 @@ def _table(data, workdir: str, split: str) -> str:
     if isinstance(data, (str, os.PathLike)):
         return os.fspath(data)
     if not isinstance(data, Iterable):
-        raise config_utils.ConfigError(
+        raise ConfigError(
             f"the {split} dataset must be a list of dicts, a datasets.Dataset or a path, "
             f"got {type(data).__name__}"
         )
@@ -133,7 +134,7 @@ def _table(data, workdir: str, split: str) -> str:
         try:
             lines.append(json.dumps(writers.to_jsonable(dict(row)), sort_keys=True) + "\n")
         except (TypeError, ValueError) as e:
-            raise config_utils.ConfigError(
+            raise ConfigError(
                 f"the {split} dataset's row {i} is not a dict of JSON values ({e})"
             ) from None
     digest = hashlib.sha256("".join(lines).encode()).hexdigest()[:12]

@@ -22,7 +22,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 # What a script reports as bad input: one `error:` line and exit 2. `ValueError` covers
-# `config_utils.ConfigError` and `UsageError`; `OSError` a missing, unreadable or unwritable path.
+# `errors.ConfigError` and `UsageError`; `OSError` a missing, unreadable or unwritable path.
 BAD_INPUT = (ValueError, OSError)
 
 _USAGE = """grpo-jax <command> [flags]: the repository's experiments/<command>.py from any directory.

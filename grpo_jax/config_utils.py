@@ -14,11 +14,8 @@ import jax
 import ml_collections
 
 from grpo_jax import advantages, algorithms, config_schema, losses
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import config as model_config_lib
-
-
-class ConfigError(ValueError):
-    """An invalid or incompatible configuration. The message is one line and names the field."""
 
 
 def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:

@@ -25,11 +25,11 @@ from flax import nnx
 
 from grpo_jax import algorithms, sampling, sharding
 from grpo_jax import state as state_lib
-from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import from_config as data_lib
 from grpo_jax.data import pipeline as pipeline_lib
 from grpo_jax.data import templates
 from grpo_jax.envs import from_config as envs_from_config
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import from_config as model_lib
 from grpo_jax.models import lora as lora_lib

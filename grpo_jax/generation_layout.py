@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh
 
 from grpo_jax import sampling, sharding
-from grpo_jax.config_utils import ConfigError
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import from_config as model_lib
 
 TRAINING = "training"  # config value: sample in the training layout (today's behaviour)

@@ -24,6 +24,7 @@ from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
 from grpo_jax import checkpointing, generation_layout, losses, rollout_queue, sampling, sharding
+from grpo_jax import logprobs as logprobs_lib
 from grpo_jax.experiment import Experiment
 from grpo_jax.models import lora as lora_lib
 from grpo_jax.models.transformer import positions_from_mask
@@ -63,7 +64,7 @@ def completion_logprobs(
         and mask (a GRPO group): the prompt is then run once per group (`Decoder.shared_prefix`),
         the same values up to float rounding for less compute. 1 = every row on its own.
       logprob_chunk_size: 0 = project the hidden states to the whole [R, Lc, V] logits
-        (`model.logits`) and take the log-softmax from them; > 0 = `losses.logprobs_from_hidden`
+        (`model.logits`) and take the log-softmax from them; > 0 = `logprobs.logprobs_from_hidden`
         with chunks of this many positions: the LM head, log-softmax and their backward run a
         chunk at a time, so neither the [R, Lc, V] logits nor their gradient ever exist whole
         (the same values up to float rounding; config.algorithm.logprob_chunk_size).
@@ -97,7 +98,7 @@ def completion_logprobs(
     targets = tokens[:, prompt_len:]
     if logprob_chunk_size > 0:
         head, layout = lm_head_of(model)
-        return losses.logprobs_from_hidden(
+        return logprobs_lib.logprobs_from_hidden(
             hidden,
             head,
             targets,
@@ -106,20 +107,20 @@ def completion_logprobs(
             chunk_size=logprob_chunk_size,
             prepare_head=_head_gather(head.shape, layout),
         )
-    return losses.logprobs_from_logits(model.logits(hidden), targets, temperature)
+    return logprobs_lib.logprobs_from_logits(model.logits(hidden), targets, temperature)
 
 
 def lm_head_of(model) -> tuple[jax.Array, str]:
     """The policy's LM head as `Transformer.logits` reads it: `(lm_head [E, V], "ev")` when
     untied, else the tied embedding `(model.embed [V, E], "ve")` (the parameter's dtype; the
-    layout string is `losses.logprobs_from_hidden`'s `head_layout`)."""
+    layout string is `logprobs.logprobs_from_hidden`'s `head_layout`)."""
     if model.lm_head is None:
         return model.model.embed[...], "ve"
     return model.lm_head[...], "ev"
 
 
 def _head_gather(shape, layout: str):
-    """`prepare_head` for `losses.logprobs_from_hidden` under a mesh that shards the head's
+    """`prepare_head` for `logprobs.logprobs_from_hidden` under a mesh that shards the head's
     embedding axis (FSDP): a sharding constraint that gathers that axis (the vocabulary axis
     keeps its tensor-parallel sharding), applied once per pass before the chunk loops. Without
     it the TPU compiler gathered the head inside every chunk's iteration, forward and backward
@@ -643,7 +644,7 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
                 p = lora_lib.combine(p, adapters)
             model = nnx.merge(graphdef, p)
             logits, _ = model(tok[:, :-1], positions_from_mask(msk)[:, :-1], msk[:, :-1])
-            lp = losses.logprobs_from_logits(logits, tok[:, 1:])
+            lp = logprobs_lib.logprobs_from_logits(logits, tok[:, 1:])
             m = tmask[:, 1:]
             return -(lp * m).sum() / jnp.maximum(m.sum(), 1.0)
 

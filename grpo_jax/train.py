@@ -15,6 +15,8 @@ directly. The algorithm (``config.algorithm.name``) is a registered curriculum +
   8. the curriculum learns from the step     curriculum.update    (classifier, controllers)
   9. one metrics row; checkpoint on schedule or on a signal
 
+A SIGTERM / SIGINT stops the job at the next safe point (`grpo_jax.preemption`).
+
 With ``config.rollout.max_staleness`` = k >= 1 (rollouts in flight, `grpo_jax.rollout_queue`)
 steps 1-3 run for the batch of step t + k, from the current parameters, and steps 4-9 for the
 oldest batch in flight, generated at step t - k (`_sample_in_flight`).
@@ -30,8 +32,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
-import sys
 import time
 from typing import Any
 
@@ -48,6 +48,7 @@ from grpo_jax import (
     divergence,
     evaluation,
     gdro,
+    preemption,
     rollout_queue,
     sampling,
     sharding,
@@ -57,6 +58,7 @@ from grpo_jax import (
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import transfer as xfer
 from grpo_jax.envs import episodes
+from grpo_jax.errors import ConfigError
 from grpo_jax.experiment import Experiment, build_experiment
 from grpo_jax.rewards import failures as rewards_failures
 from grpo_jax.rewards import from_config as reward_from_config
@@ -633,131 +635,9 @@ def restore_run(workdir: str, *, need_reward: bool = False, configure=None):
 # ----------------------------------------------------------------------------- the job
 
 
-class _Interrupted(BaseException):
-    """Raised by the signal handler inside an abortable phase (see `_Preempted.abortable`)."""
-
-
 _PENDING_EVAL = "pending_eval_row"  # meta key: a step whose evaluation a signal interrupted
 _REWARD_FAILURES = "reward_failures"  # meta key: `rewards_failures.RewardFailures.state`
 _DIVERGENCE = "divergence"  # meta key: `divergence.DivergenceWatch.state`
-_OWN_CODE = tuple(
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
-    for d in ("grpo_jax", "experiments", "configs")
-)
-
-
-def _own_frame(frame) -> bool:
-    """True when ``frame`` runs this project's code (not JAX's, Orbax's or the stdlib's)."""
-    return frame is not None and frame.f_code.co_filename.startswith(_OWN_CODE)
-
-
-def _quiesce() -> None:
-    """Waits for every dispatched XLA computation to finish (their outputs are the live
-    arrays), so no XLA thread still runs when an interrupted phase unwinds and the process
-    exits (a teardown racing XLA's threads: the crash family of issue #35)."""
-    for x in jax.live_arrays():
-        with contextlib.suppress(Exception):  # deleted or donated meanwhile
-            x.block_until_ready()
-
-
-# runs whose signal handling (`_Preempted`) has ended in this process: a signal after that
-# reaches the caller's handler, which can tell it came after the run (experiments/run.py)
-handled_runs_ended = 0
-
-
-class _Preempted:
-    """SIGTERM / SIGINT -> stop at the next safe point, leaving a consistent checkpoint or none.
-
-    Outside an `abortable` phase the handler only sets ``flag``: the loop finishes the step
-    (generation, rewards, update), checkpoints it and exits. Inside one (the set-up, the warm
-    start and the evaluations: phases that change nothing on disk and are redone exactly on a
-    rerun) it raises `_Interrupted`, but only in this project's own code: when the signal lands
-    inside JAX, Orbax or the standard library (a tracing context, an asyncio loop, a ``finally``
-    of theirs) a trace function (``sys.settrace``, on the main thread, until the raise) raises it
-    at the next line our code executes, so the exception never unwinds a library's internals
-    half-way. (A trace function set before, a debugger's or coverage's, is put back when the
-    phase ends first; CPython unsets tracing when a trace function raises.)
-    """
-
-    _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.flag = False
-        self.signum = None
-        self._old = {}
-        self._abortable = False
-        self._tracing = None  # (previous trace function, frames given a local one)
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else "signal"
-
-    def __enter__(self):
-        for s in self._SIGNALS:
-            try:
-                self._old[s] = signal.signal(s, self._handle)
-            except ValueError:  # not the main thread (e.g. a notebook worker): no handler
-                break
-        return self
-
-    def _handle(self, signum, frame):
-        self.flag = True
-        self.signum = self.signum or signum
-        if not self._abortable or self._tracing is not None:
-            return
-        if _own_frame(frame):
-            self._abortable = False
-            raise _Interrupted()
-        self._raise_at_our_next_line(frame)
-
-    def _raise_at_our_next_line(self, frame):
-        def local(frame, event, arg):
-            if event == "line" and self._abortable:
-                self._stop_tracing()
-                self._abortable = False
-                raise _Interrupted()
-            return local
-
-        def calls(frame, event, arg):
-            return local if _own_frame(frame) else None
-
-        marked = []
-        f = frame
-        while f is not None:  # the frames of ours that the library code will return to
-            if _own_frame(f):
-                f.f_trace, f.f_trace_lines = local, True
-                marked.append(f)
-            f = f.f_back
-        self._tracing = (sys.gettrace(), marked)
-        sys.settrace(calls)
-
-    def _stop_tracing(self):
-        if self._tracing is None:
-            return
-        previous, marked = self._tracing
-        self._tracing = None
-        for f in marked:
-            f.f_trace = None
-        sys.settrace(previous)
-
-    @contextlib.contextmanager
-    def abortable(self):
-        if self.flag:
-            raise _Interrupted()
-        self._abortable = True
-        try:
-            yield
-        finally:
-            self._abortable = False
-            self._stop_tracing()
-
-    def __exit__(self, *exc):
-        global handled_runs_ended
-        handled_runs_ended += 1  # before the old handlers return (experiments/run.py reads it)
-        self._stop_tracing()
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        self._old = {}
 
 
 def _say(message: str) -> None:
@@ -785,7 +665,7 @@ def train_and_evaluate(
       same result as an uninterrupted run).
 
     Raises:
-      config_utils.ConfigError: invalid or incompatible configuration (one-line message).
+      errors.ConfigError: invalid or incompatible configuration (one-line message).
       checkpointing.WorkdirError: the workdir is a file, unwritable, or used by another run.
       checkpointing.CheckpointError: no readable checkpoint, or a save failed (the previous
         checkpoints intact).
@@ -798,7 +678,7 @@ def train_and_evaluate(
     created = not os.path.exists(workdir)
     try:
         return _train_in(config, workdir, tuple(allow_changes), dict(reward_callables or {}))
-    except config_utils.ConfigError:
+    except ConfigError:
         if created and jax.process_index() == 0:
             _remove_unused(workdir)  # a refused new run leaves no workdir behind
         raise
@@ -817,7 +697,7 @@ def _train_in(config, workdir: str, allow_changes: tuple, callables: dict) -> di
     # the signal handler first: a signal during the checks or the lock only sets the flag (the
     # set-up then stops before any work), and the lock is released under it too
     with contextlib.ExitStack() as stack:
-        sig = stack.enter_context(_Preempted())
+        sig = stack.enter_context(preemption.Preemption())
         config_utils.validate(config)
         reward_from_config.check_functions(config, callables)
         checkpointing.probe_writable(workdir)
@@ -835,7 +715,7 @@ class _Job:
 
     config: ml_collections.ConfigDict
     workdir: str
-    sig: _Preempted
+    sig: preemption.Preemption
     exp: Experiment
     ckpt: checkpointing.Checkpointer
     source: Any
@@ -869,10 +749,10 @@ def _start(
 ):
     """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
     and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
-    Returns (job, run state, restored?); raises `_Interrupted` on a signal (nothing saved;
-    ``progress["step"]``: the newest checkpoint's step while restoring, then the restored
-    one's). ``new_workdir``:
-    no config.json before this command, so a failed set-up removes the one it wrote.
+    Returns (job, run state, restored?); raises `preemption.Interrupted` on a signal (nothing
+    saved; ``progress["step"]``: the newest checkpoint's step while restoring, then the
+    restored one's). ``new_workdir``: no config.json before this command, so a failed set-up
+    removes the one it wrote.
     ``callables``: the Python API's reward callables (`train_and_evaluate`)."""
     config_path = os.path.join(workdir, "config.json")  # written by check_workdir
     with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
@@ -883,9 +763,9 @@ def _start(
         except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
             if new_workdir and jax.process_index() == 0 and os.path.exists(config_path):
                 os.remove(config_path)  # nothing ran: the corrected command must run
-            if isinstance(e, config_utils.ConfigError):
+            if isinstance(e, ConfigError):
                 raise
-            raise config_utils.ConfigError(" ".join(str(e).split())) from None
+            raise ConfigError(" ".join(str(e).split())) from None
         ckpt = checkpointing.Checkpointer(
             os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
         )
@@ -903,11 +783,11 @@ def _start(
         progress["step"] = max(ckpt.all_steps(), default=None)  # a signal now: "resuming"
         try:
             restored = ckpt.restore_latest(
-                steps.abstract_run_state(exp), interrupted=lambda: sig.flag
+                steps.abstract_run_state(exp), interrupted=lambda: sig.requested
             )
         except Exception:
-            if sig.flag:  # the signal interrupted the read (nothing was skipped or moved)
-                raise _Interrupted() from None
+            if sig.requested:  # the signal interrupted the read (nothing was skipped or moved)
+                raise preemption.Interrupted() from None
             raise
         if restored is None:
             run, sft_metrics = steps.init_run(exp)
@@ -979,8 +859,9 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
             try:
                 with sig.abortable():
                     ev = job.evaluate(run)
-            except _Interrupted:  # keep the step; its evaluation and row are redone on resume
-                _quiesce()
+            except preemption.Interrupted:
+                # keep the step; its evaluation and row are redone on resume
+                preemption.quiesce()
                 if not saved:
                     job.save(run, {**job.meta, _PENDING_EVAL: writers.to_jsonable(row)})
                 _say(
@@ -1000,10 +881,10 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
                 tok_s=f"{row['tokens_per_s/generate']:.0f}",
             )
         if not saved and (
-            sig.flag or step % config.checkpoint.every_steps == 0 or step == config.steps
+            sig.requested or step % config.checkpoint.every_steps == 0 or step == config.steps
         ):
             job.save(run)
-        if sig.flag:
+        if sig.requested:
             _say(f"{sig.name}: checkpoint written at step {step}; exiting.")
             return True
         return False
@@ -1074,8 +955,8 @@ def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
         job, run, restored = _start(
             config, workdir, allow_changes, sig, stack, progress, new_workdir, callables
         )
-    except _Interrupted:
-        _quiesce()
+    except preemption.Interrupted:
+        preemption.quiesce()
         step = progress.get("step")
         where = "resuming" if step is not None else "the set-up, warm start or first evaluation"
         _say(
@@ -1114,8 +995,8 @@ def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
     try:
         with sig.abortable():  # (already done when the last step ran in this process)
             eval_after = final_eval.get("eval_after") or job.evaluate(run)
-    except _Interrupted:
-        _quiesce()
+    except preemption.Interrupted:
+        preemption.quiesce()
         _say(
             f"{sig.name} during the final evaluation: checkpoint {int(run.train.step)} is "
             "complete; rerun the same command to evaluate it and write the summary; exiting."
@@ -1179,7 +1060,7 @@ def _check_runnable(config, exp: Experiment) -> None:
     k = config.eval.num_samples
     rows = max(config.eval.batch_size // k, 1) * k
     if rows % div:
-        raise config_utils.ConfigError(
+        raise ConfigError(
             f"config.eval: each evaluation call samples max(batch_size // num_samples, 1) * "
             f"num_samples = {rows} rows (batch_size={config.eval.batch_size}, "
             f"num_samples={k}), which do not divide over the mesh's data x fsdp = {div} "

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from grpo_jax.config_utils import ConfigError
+from grpo_jax.errors import ConfigError
 
 
 def to_jsonable(value: Any) -> Any:

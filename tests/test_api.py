@@ -12,7 +12,7 @@ import pytest
 from test_byo import _rows, byo_config, write_char_tokenizer
 
 from grpo_jax import api, rewards, state, train
-from grpo_jax.config_utils import ConfigError
+from grpo_jax.errors import ConfigError
 from grpo_jax.rewards import batched
 from grpo_jax.rewards import from_config as reward_from_config
 

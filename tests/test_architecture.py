@@ -96,10 +96,48 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
     assert cycles(import_graph(pkg)) == [["grpo_jax.a", "grpo_jax.b", "grpo_jax.sub.c"]]
 
 
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each sub-package's modules merged into one node
+    (``grpo_jax.data.arithmetic`` -> ``grpo_jax.data``); top-level modules stay themselves."""
+    packages = {m for m in graph if m.count(".") == 1 and any(k.startswith(m + ".") for k in graph)}
+
+    def node(m):
+        top = ".".join(m.split(".")[:2])
+        return top if top in packages else m
+
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(node(m), set()).update(node(d) for d in deps if node(d) != node(m))
+    return out
+
+
+def test_the_folder_graph_merges_sub_packages():
+    graph = {
+        "grpo_jax.a": {"grpo_jax.sub.c"},
+        "grpo_jax.sub": set(),
+        "grpo_jax.sub.c": {"grpo_jax.sub.d"},
+        "grpo_jax.sub.d": {"grpo_jax.a"},
+    }
+    assert cycles(graph) == [["grpo_jax.a", "grpo_jax.sub.c", "grpo_jax.sub.d"]]
+    assert folder_graph(graph) == {"grpo_jax.a": {"grpo_jax.sub"}, "grpo_jax.sub": {"grpo_jax.a"}}
+    assert cycles(folder_graph(graph)) == [["grpo_jax.a", "grpo_jax.sub"]]
+
+
 def test_no_import_cycles_in_the_package():
     graph = import_graph(ROOT / "grpo_jax")
     assert len(graph) > 30  # the walk saw the package
     assert cycles(graph) == []
+
+
+def test_no_import_cycles_between_the_package_folders():
+    """Sub-packages layer too: none imports (through any of its modules) one that imports it
+    back, e.g. data -> rewards -> models -> data while `CharTokenizer` lived in data."""
+    assert cycles(folder_graph(import_graph(ROOT / "grpo_jax"))) == []
+
+
+def test_the_errors_module_is_a_leaf():
+    """`grpo_jax.errors` imports nothing of the package, so every layer may raise its errors."""
+    assert import_graph(ROOT / "grpo_jax")["grpo_jax.errors"] == set()
 
 
 def test_the_rl_step_has_no_algorithm_name_branches():

@@ -1,4 +1,5 @@
-"""Tests for grpo_jax.data.arithmetic: problems, answers, splits, level mixes, CharTokenizer."""
+"""Tests for grpo_jax.data.arithmetic: problems, answers, splits, level mixes; and its
+character tokenizer, grpo_jax.models.tokenizer.CharTokenizer."""
 
 import collections
 import dataclasses
@@ -13,7 +14,6 @@ from grpo_jax.data.arithmetic import (
     LADDER_MAX,
     LEVELS,
     ArithmeticConfig,
-    CharTokenizer,
     answer_is_correct,
     answer_reward,
     evaluate_expression,
@@ -25,6 +25,7 @@ from grpo_jax.data.arithmetic import (
     mix_mean,
     sft_examples,
 )
+from grpo_jax.models.tokenizer import CharTokenizer
 
 LEVEL_PATTERNS = {
     1: r"\d{1,2}\+\d",

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_jax import steps
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import attention as A
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import get_preset, transformer
@@ -387,7 +388,7 @@ def test_config_attention_impl_reaches_the_model_and_is_validated():
     # the config check's copy of the choices (config_utils does not import the model package)
     assert config_utils.ATTENTION_IMPLS == A.IMPLS
     c.model.attention_impl = "nope"
-    with pytest.raises(config_utils.ConfigError, match="attention_impl"):
+    with pytest.raises(ConfigError, match="attention_impl"):
         config_utils.validate(c)
     # switching the core of a run is allowed on resume (same attention up to rounding)
     assert not config_utils.config_changes(

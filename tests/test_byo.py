@@ -12,9 +12,9 @@ import pytest
 
 from configs import common
 from grpo_jax import experiment, train
-from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import datasets
 from grpo_jax.data import from_config as data_from_config
+from grpo_jax.errors import ConfigError
 from grpo_jax.rewards import from_config as reward_from_config
 
 CHARS = "0123456789+-*=?. abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -1,4 +1,4 @@
-"""Log-probs from the hidden states without the whole logits (`losses.logprobs_from_hidden`).
+"""Log-probs from the hidden states without the whole logits (`logprobs.logprobs_from_hidden`).
 
 Checks: values and gradients (w.r.t. the hidden states and the LM head, tied `[V, E]` and
 untied `[E, V]`) equal the full computation `logprobs_from_logits(hidden @ head)` in float32
@@ -24,7 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_losses import pl
 
-from grpo_jax import losses, steps
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import steps
+from grpo_jax.errors import ConfigError
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.transformer import Transformer, tied_logits
 
@@ -47,14 +49,14 @@ def _full_logits(hidden, head, layout):
 
 def _full(hidden, head, targets, temperature, layout, entropy=False):
     logits = _full_logits(hidden, head, layout)
-    lp = losses.logprobs_from_logits(logits, targets, temperature)
+    lp = logprobs_lib.logprobs_from_logits(logits, targets, temperature)
     if entropy:
-        return lp, losses.entropy_from_logits(logits, temperature)
+        return lp, logprobs_lib.entropy_from_logits(logits, temperature)
     return lp
 
 
 def _chunked(hidden, head, targets, temperature, layout, chunk_size, entropy=False):
-    return losses.logprobs_from_hidden(
+    return logprobs_lib.logprobs_from_hidden(
         hidden,
         head,
         targets,
@@ -217,20 +219,21 @@ def test_masked_garbage_positions_get_exactly_zero_gradient(layout, dtype):
 
 def test_no_gradient_to_temperature_and_argument_errors():
     hidden, head, targets, _ = _inputs(2, 4, 8, 20, "ev", jnp.float32)
-    g = jax.grad(lambda t: jnp.sum(losses.logprobs_from_hidden(hidden, head, targets, t)))(0.7)
+    lp_sum = lambda t: jnp.sum(logprobs_lib.logprobs_from_hidden(hidden, head, targets, t))
+    g = jax.grad(lp_sum)(0.7)
     assert float(g) == 0.0
-    z = losses.logprobs_from_hidden(hidden[:, :0], head, targets[:, :0])
+    z = logprobs_lib.logprobs_from_hidden(hidden[:, :0], head, targets[:, :0])
     assert z.shape == (2, 0) and z.dtype == jnp.float32
     with pytest.raises(ValueError, match="head_layout"):
-        losses.logprobs_from_hidden(hidden, head, targets, head_layout="vv")
+        logprobs_lib.logprobs_from_hidden(hidden, head, targets, head_layout="vv")
     with pytest.raises(ValueError, match="does not match hidden size"):
-        losses.logprobs_from_hidden(hidden, head, targets, head_layout="ve")
+        logprobs_lib.logprobs_from_hidden(hidden, head, targets, head_layout="ve")
     with pytest.raises(ValueError, match="temperature"):
-        losses.logprobs_from_hidden(hidden, head, targets, 0.0)
+        logprobs_lib.logprobs_from_hidden(hidden, head, targets, 0.0)
     with pytest.raises(ValueError, match="chunk_size"):
-        losses.logprobs_from_hidden(hidden, head, targets, chunk_size=0)
+        logprobs_lib.logprobs_from_hidden(hidden, head, targets, chunk_size=0)
     with pytest.raises(AssertionError):
-        losses.logprobs_from_hidden(hidden, head, targets[:, :3])
+        logprobs_lib.logprobs_from_hidden(hidden, head, targets[:, :3])
 
 
 # ----------------------------------------------------------------------------- the model
@@ -398,7 +401,7 @@ def test_config_rejects_a_negative_chunk_size():
     c = arithmetic.get_config("grpo,smoke")
     assert c.algorithm.logprob_chunk_size == 0
     c.algorithm.logprob_chunk_size = -1
-    with pytest.raises(config_utils.ConfigError, match="logprob_chunk_size"):
+    with pytest.raises(ConfigError, match="logprob_chunk_size"):
         config_utils.validate(c)
 
 

@@ -4,6 +4,7 @@ true WSE by hand, the oracle file, the report from hand-made job files, the crit
 pre-registration, resume (settings checks, --max_minutes, a resumed toy run equal to an
 uninterrupted one) and a toy end-to-end run (sweep -> selection -> final seeds -> report)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -387,7 +388,7 @@ def test_report_only_rebuilds_the_report_byte_for_byte(tmp_path):
     runs_dir = tmp_path / "gdro_vs_grpo" / "runs"
     best = {"grpo": 1e-3, "rollout_gdro_sqrt": 1e-4}
     _fake_runs(runs_dir, methods=methods, lrs=lrs, seeds=seeds, val_best=best, test_best=best)
-    kw = dict(
+    plan = compare.ComparisonPlan(
         seeds=list(seeds),
         sweep_seeds=2,
         lrs=lrs,
@@ -398,12 +399,10 @@ def test_report_only_rebuilds_the_report_byte_for_byte(tmp_path):
         last_evals=2,
         oracle_samples=0,
         n_boot=50,
-        command="FAKE",
-        report_only=True,
     )
     out = []
     for _ in range(2):
-        compare.run_comparison(str(tmp_path), **kw)
+        compare.run_comparison(plan, str(tmp_path), command="FAKE", report_only=True)
         out.append([(tmp_path / f).read_bytes() for f in ("gdro_vs_grpo.md", "gdro_vs_grpo.json")])
         time.sleep(0.01)
     assert out[0] == out[1] and b"Generated 2026-01-02 03:04 UTC" in out[0][0]
@@ -421,7 +420,7 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     )
     oracle = tmp_path / "oracle.json"
     oracle.write_text(json.dumps({"p": {str(i): 0.5 if i % 3 == 0 else 0.1 for i in range(32)}}))
-    kw = dict(
+    plan = compare.ComparisonPlan(
         seeds=list(seeds),
         sweep_seeds=2,
         lrs=lrs,
@@ -432,10 +431,8 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
         last_evals=2,
         oracle_json=str(oracle),
         n_boot=200,
-        command="FAKE",
-        report_only=True,
     )
-    res = compare.run_comparison(str(tmp_path), **kw)
+    res = compare.run_comparison(plan, str(tmp_path), command="FAKE", report_only=True)
     assert {m: res["sweep"][m]["chosen"] for m in methods} == val_best
     assert res["setup"]["sweep_seeds"] == [0, 1] and res["setup"]["reuse"]
     # the headline is the chosen lr's test half: GRPO at 1e-3 (not test-best) solves half of
@@ -485,7 +482,7 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
                 z = dict(np.load(path))
                 z["correct"][:, test] = lr != val_best[m]
                 np.savez_compressed(path, **z)
-    again = compare.run_comparison(str(tmp_path), **kw)
+    again = compare.run_comparison(plan, str(tmp_path), command="FAKE", report_only=True)
     assert {m: again["sweep"][m]["chosen"] for m in methods} == val_best
     assert again["sweep"]["grpo"]["scores"] == res["sweep"]["grpo"]["scores"]
 
@@ -496,7 +493,7 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
 @pytest.mark.slow
 def test_toy_comparison_sweep_selection_final_report(tmp_path):
     methods = ("grpo", "prompt_gdro_aw", "rollout_gdro_sqrt")
-    kw = dict(
+    plan = compare.ComparisonPlan(
         seeds=2,
         sweep_seeds=1,
         lrs=(1e-4, 1e-3),
@@ -508,15 +505,9 @@ def test_toy_comparison_sweep_selection_final_report(tmp_path):
         rl_prompts=64,
         oracle_samples=2,
         n_boot=100,
-        command="TOY",
     )
-    res = compare.run_comparison(
-        # jax_cache "": the session's (conftest.py); a path would repoint this process's cache
-        str(tmp_path),
-        workers=1,
-        jax_cache="",
-        **kw,
-    )
+    # jax_cache "": the session's (conftest.py); a path would repoint this process's cache
+    res = compare.run_comparison(plan, str(tmp_path), workers=1, jax_cache="", command="TOY")
     report = (tmp_path / "gdro_vs_grpo.md").read_text()
     for section in (
         "Regenerate: `TOY`",
@@ -579,7 +570,7 @@ def test_toy_comparison_sweep_selection_final_report(tmp_path):
     assert res["wall_seconds"] > 0
     # the report is rebuilt from the saved per-job files without running anything
     (tmp_path / "gdro_vs_grpo.md").unlink()
-    again = compare.run_comparison(str(tmp_path), report_only=True, **kw)
+    again = compare.run_comparison(plan, str(tmp_path), command="TOY", report_only=True)
     assert again["wall_seconds"] == pytest.approx(res["wall_seconds"], rel=0.05)
     assert again["sweep"] == res["sweep"]
     assert "## Headline" in (tmp_path / "gdro_vs_grpo.md").read_text()
@@ -836,11 +827,12 @@ def test_mismatched_settings_one_line_and_nonzero_exit(tmp_path, capsys):
     meta["settings"] = {"steps": 2, "overrides": {"gdro.prompt.apply": "resample"}}
     path.write_text(json.dumps(meta))
     with pytest.raises(compare.SettingsMismatch, match="overrides"):
-        compare.run_comparison(
-            str(tmp_path), seeds=[0, 1, 2], sweep_seeds=2, lrs=(1e-4, 1e-3),
+        plan = compare.ComparisonPlan(
+            seeds=[0, 1, 2], sweep_seeds=2, lrs=(1e-4, 1e-3),
             methods=("grpo", "rollout_gdro_sqrt"), config_arg="heavy_tailed,smoke", steps=2,
-            eval_every=1, last_evals=2, oracle_samples=0, n_boot=50, report_only=True,
+            eval_every=1, last_evals=2, oracle_samples=0, n_boot=50,
         )  # fmt: skip
+        compare.run_comparison(plan, str(tmp_path), report_only=True)
     # through `python -m`: the same line, no traceback
     import subprocess
     import sys
@@ -866,6 +858,59 @@ def test_runner_stops_launching_at_the_deadline(monkeypatch):
     runner = jobs.Runner(1, deadline=2.5)
     left = runner.run([(job, (i,), {}) for i in range(5)], lambda r: done.append(r["i"]))
     assert done == [0, 1, 2] and left == 2  # launched at t = 0, 1, 2; not at t = 3
+
+
+def test_the_command_line_builds_the_plan_from_its_flags(tmp_path, monkeypatch):
+    """Each flag sets the `ComparisonPlan` field of its name (the others keep the plan's
+    defaults); the session's flags go to `run_comparison` beside it."""
+    from experiments.compare import cli
+
+    seen = {}
+    monkeypatch.setattr(
+        cli, "run_comparison", lambda plan, out, **kw: seen.update(plan=plan, out=out, **kw) or {}
+    )
+    recorded = [
+        f"--out={tmp_path}",
+        "--seeds=3,5",
+        "--sweep_seeds=1",
+        "--lrs=1e-4,1e-3",
+        "--methods=grpo,rollout_gdro_sqrt",
+        "--config_arg=heavy_tailed,smoke",
+        "--paper_gdro",
+        "--steps=2",
+        "--eval_every=1",
+        "--last_evals=2",
+        "--oracle_samples=0",
+        "--n_boot=50",
+        "--hard_weights=2:1,5:3",
+        "--criterion",
+        "--workers=3",
+    ]
+    assert compare.main([*recorded, "--max_minutes=5", "--report_only"]) == 0
+    assert seen.pop("plan") == compare.ComparisonPlan(
+        seeds="3,5",
+        sweep_seeds=1,
+        lrs=[1e-4, 1e-3],
+        methods=["grpo", "rollout_gdro_sqrt"],
+        config_arg="heavy_tailed,smoke",
+        paper_gdro=True,
+        steps=2,
+        eval_every=1,
+        last_evals=2,
+        oracle_samples=0,
+        n_boot=50,
+        hard_weights={2: 1.0, 5: 3.0},
+        criterion=True,
+    )
+    assert seen == dict(
+        out=str(tmp_path),
+        workers=3,
+        jax_cache="/tmp/grpo_jax_compare_cache",
+        budget_minutes=90.0,
+        max_minutes=5.0,
+        report_only=True,
+        command="python -m experiments.compare " + " ".join(recorded),
+    )
 
 
 def test_max_minutes_exits_zero_and_says_how_many_remain(tmp_path, capsys):
@@ -901,7 +946,10 @@ def _masked(text: str) -> str:
 
 @pytest.mark.slow
 def test_resume_skips_finished_jobs_and_matches_an_uninterrupted_run(tmp_path, capsys):
-    kw = dict(
+    full = compare.ComparisonPlan(
+        seeds=2,
+        sweep_seeds=1,
+        lrs=(1e-4, 1e-3),
         methods=("grpo", "rollout_gdro_sqrt"),
         config_arg="heavy_tailed,smoke",
         steps=4,
@@ -910,21 +958,20 @@ def test_resume_skips_finished_jobs_and_matches_an_uninterrupted_run(tmp_path, c
         rl_prompts=64,
         oracle_samples=2,
         n_boot=100,
-        command="TOY",
-        workers=1,
-        jax_cache="",  # the session's (conftest.py); a path would repoint this process's cache
     )
-    full = dict(seeds=2, sweep_seeds=1, lrs=(1e-4, 1e-3))
-    ref = compare.run_comparison(str(tmp_path / "ref"), **full, **kw)
+    # jax_cache "": the session's (conftest.py); a path would repoint this process's cache
+    kw = dict(command="TOY", workers=1, jax_cache="")
+    ref = compare.run_comparison(full, str(tmp_path / "ref"), **kw)
     # session 1: a subset (one lr, one seed) of the same jobs
     out = tmp_path / "resumed"
-    compare.run_comparison(str(out), seeds=1, sweep_seeds=1, lrs=(1e-4,), **kw)
+    subset = dataclasses.replace(full, seeds=1, lrs=(1e-4,))
+    compare.run_comparison(subset, str(out), **kw)
     runs = out / "gdro_vs_grpo" / "runs"
     first = {p.name: p.stat().st_mtime_ns for p in runs.iterdir() if p.name != "wall.json"}
     assert "warm_s0_params.pkl" in first and "grpo_lr0.0001_s0.jsonl" in first
     capsys.readouterr()
     # session 2: the whole plan; the finished jobs are loaded, not rerun
-    res = compare.run_comparison(str(out), **full, **kw)
+    res = compare.run_comparison(full, str(out), **kw)
     log = capsys.readouterr().out
     assert "3 jobs done, 5 remaining" in log  # warm s0 + 2 sweep jobs done of 2 + 4 + 2
     assert log.count("this session]") == 4  # 2 sweep jobs at 1e-3 + 2 final jobs (seed 1)
@@ -954,5 +1001,5 @@ def test_resume_skips_finished_jobs_and_matches_an_uninterrupted_run(tmp_path, c
     b = (tmp_path / "ref" / "gdro_vs_grpo.md").read_text()
     assert _masked(a) == _masked(b)
     # a third run has nothing left to do
-    compare.run_comparison(str(out), **full, **kw)
+    compare.run_comparison(full, str(out), **kw)
     assert "8 jobs done, 0 remaining" in capsys.readouterr().out

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from grpo_jax import envs, sampling
-from grpo_jax.data.arithmetic import CharTokenizer
 from grpo_jax.envs.episodes import run_episodes, stop_token_ids
 from grpo_jax.envs.tools import calculate
 from grpo_jax.models import get_preset
+from grpo_jax.models.tokenizer import CharTokenizer
 from grpo_jax.models.transformer import random_params
 
 TOK = CharTokenizer()

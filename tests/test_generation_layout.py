@@ -187,7 +187,7 @@ def test_a_run_sampling_in_a_generation_layout_equals_the_training_layout(tmp_pa
 
 def test_a_bad_generation_layout_is_a_config_error():
     from grpo_jax import steps
-    from grpo_jax.config_utils import ConfigError
+    from grpo_jax.errors import ConfigError
     from grpo_jax.experiment import build_experiment
 
     for bad, match in (

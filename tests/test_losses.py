@@ -1,4 +1,5 @@
-"""Tests for grpo_jax.losses: log-probs, policy loss, KL, aggregation, PPO baseline pieces."""
+"""Tests for grpo_jax.logprobs (log-probs and entropies from logits) and grpo_jax.losses (policy
+loss, KL, aggregation, PPO baseline pieces)."""
 
 import functools
 import math
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 
 MODES = losses.LOSS_AGG_MODES
@@ -33,9 +35,9 @@ PL = jax.jit(
     pl,
     static_argnames=("loss_agg_mode", "ratio_level", "kl_kind", "max_len", "dual_clip"),
 )
-TL = jax.jit(losses.token_logprobs, static_argnames=("chunk_size",))
-EL = jax.jit(losses.entropy_from_logits, static_argnames=("chunk_size",))
-LFL = jax.jit(losses.logprobs_from_logits, static_argnames=("chunk_size",))
+TL = jax.jit(logprobs_lib.token_logprobs, static_argnames=("chunk_size",))
+EL = jax.jit(logprobs_lib.entropy_from_logits, static_argnames=("chunk_size",))
+LFL = jax.jit(logprobs_lib.logprobs_from_logits, static_argnames=("chunk_size",))
 VL = jax.jit(losses.value_loss, static_argnames=("loss_agg_mode", "max_len"))
 
 
@@ -130,12 +132,14 @@ def test_native_16bit_slicing_path(monkeypatch):
 
     def run():  # a fresh function each time: no trace-cache reuse
         return jax.jit(
-            jax.value_and_grad(lambda x: jnp.sum(losses.token_logprobs(x, tokens, chunk_size=3)))
+            jax.value_and_grad(
+                lambda x: jnp.sum(logprobs_lib.token_logprobs(x, tokens, chunk_size=3))
+            )
         )(logits)
 
     ref = run()
-    monkeypatch.setattr(losses, "_INT_VIEW_BACKENDS", ())
-    hlo = jax.jit(lambda x: losses.token_logprobs(x, tokens, chunk_size=3)).lower(logits)
+    monkeypatch.setattr(logprobs_lib, "_INT_VIEW_BACKENDS", ())
+    hlo = jax.jit(lambda x: logprobs_lib.token_logprobs(x, tokens, chunk_size=3)).lower(logits)
     assert "bitcast_convert" not in hlo.as_text()
     out = run()
     np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(ref[0]))
@@ -150,7 +154,7 @@ def test_garbage_logits_at_masked_positions_get_zero_gradient():
     m = jnp.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
 
     def f(x):
-        lp = losses.token_logprobs(x, tokens, chunk_size=4)
+        lp = logprobs_lib.token_logprobs(x, tokens, chunk_size=4)
         return pl(lp, jax.lax.stop_gradient(lp), jnp.array([1.0, -1.0]), m)[0]
 
     val, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(logits))
@@ -190,13 +194,13 @@ def test_entropy_from_logits():
 def test_logprob_argument_errors():
     x, t = jnp.zeros((2, 3, 4)), jnp.zeros((2, 3), jnp.int32)
     with pytest.raises(ValueError, match="temperature"):
-        losses.token_logprobs(x, t, 0.0)
+        logprobs_lib.token_logprobs(x, t, 0.0)
     with pytest.raises(ValueError, match="chunk_size"):
-        losses.token_logprobs(x, t, chunk_size=0)
+        logprobs_lib.token_logprobs(x, t, chunk_size=0)
     with pytest.raises(AssertionError):
-        losses.token_logprobs(x, jnp.zeros((2, 4), jnp.int32))
+        logprobs_lib.token_logprobs(x, jnp.zeros((2, 4), jnp.int32))
     with pytest.raises(AssertionError):
-        losses.logprobs_from_logits(x, t.astype(F32))
+        logprobs_lib.logprobs_from_logits(x, t.astype(F32))
 
 
 # ================================================================ KL estimators

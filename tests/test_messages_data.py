@@ -13,6 +13,7 @@ from test_byo import byo_config, user_files  # noqa: F401 (fixture)
 from grpo_jax import config_utils, experiment, train
 from grpo_jax.data import datasets, templates
 from grpo_jax.data import from_config as data_from_config
+from grpo_jax.errors import ConfigError
 
 CHATML = "<|im_start|>{role}\n{content}<|im_end|>\n"
 
@@ -93,7 +94,7 @@ def test_bad_conversation_row_names_file_and_row(chat_files, tmp_path):
     rows = _chat(3, 0)
     rows[1]["messages"] = [{"role": "user"}]
     cfg = chat_config(chat_files, **{"data.path": _write(tmp_path / "bad.jsonl", rows)})
-    with pytest.raises(config_utils.ConfigError, match=r"bad\.jsonl:2: 'messages' turn 0 \(user\)"):
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2: 'messages' turn 0 \(user\)"):
         experiment.build_experiment(cfg)
 
 
@@ -125,7 +126,7 @@ def test_conversations_render_through_the_chat_template(chat_files):
     ],
 )
 def test_messages_column_config_errors_are_one_line(chat_files, overrides, match):
-    with pytest.raises(config_utils.ConfigError, match=match) as e:
+    with pytest.raises(ConfigError, match=match) as e:
         config_utils.validate(chat_config(chat_files, **overrides))
     assert "\n" not in str(e.value)
 

@@ -5,9 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_jax.data.arithmetic import ArithmeticConfig, CharTokenizer, make_arithmetic
+from grpo_jax.data.arithmetic import ArithmeticConfig, make_arithmetic
 from grpo_jax.data.pipeline import PromptSource, reindex
 from grpo_jax.data.templates import DAPO_SUFFIX, render_prompt
+from grpo_jax.models.tokenizer import CharTokenizer
 
 
 def _examples(n):

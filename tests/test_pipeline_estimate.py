@@ -58,11 +58,35 @@ def test_the_xla_decode_reads_every_row_up_to_its_bucket():
     # 2 completion slots per row (the cache grows to Lp + Lc - 1 = 4 slots at once), the
     # prompt slots of every row (dense) or of each group once (prefix-shared, G = 2)
     m = pe.DecodeModel(param_bytes=10, kv_slot_bytes=1, prompt_len=2, group_size=2, data=1)
-    dense = pe.xla_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="dense", buckets=1)
+    dense = pe.sampler_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="dense", buckets=1)
     assert dense["steps"] == 2 and dense["seconds"] == pytest.approx(2 * (10 + 4 + 4))
-    shared = pe.xla_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="prefix_shared", buckets=1)
+    shared = pe.sampler_call_seconds(
+        m, [3, 3], RATES, new_tokens=3, cache="prefix_shared", buckets=1
+    )
     assert shared["seconds"] == pytest.approx(2 * (10 + 2 + 4))
-    # the paged read of the same call: 1 then 2 filled slots per row, the prefix once
+    # the ragged kernel that is not built (log-sum-exp output): 1 then 2 filled slots per
+    # row, the prefix once per group
     assert pe.call_seconds(m, [3, 3], RATES)["seconds"] == pytest.approx(
         (10 + 2 + 2) + (10 + 2 + 4)
     )
+
+
+def test_the_built_paged_kernel_reads_the_shared_prefix_once_per_row():
+    # one group of G = 2 rows, prompts of 2 slots, 3 new tokens. The Pallas TPU kernel reads
+    # each row's pages: pages of 1 slot, step 1 reads (2 prompt + 1 own) slots per row, step 2
+    # (2 + 2): 10 + 6 and 10 + 8 = 34 bytes; a prefix read once per group would be 30
+    m = pe.DecodeModel(param_bytes=10, kv_slot_bytes=1, prompt_len=2, group_size=2, data=1)
+    out = pe.sampler_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="paged", page_size=1)
+    assert out["steps"] == 2 and out["seconds"] == pytest.approx(34)
+    assert out["reads"] == pytest.approx({"params": 10, "prefix": 4, "completion": 3})
+    # pages of 4 slots: each row reads its one page (4 slots) at both steps: 20 + 2 x 2 x 4
+    out = pe.sampler_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="paged", page_size=4)
+    assert out["seconds"] == pytest.approx(36)
+    assert out["reads"] == pytest.approx({"params": 10, "prefix": 4, "completion": 4})
+
+
+def test_the_headline_is_the_chips_built_decode():
+    from experiments import aot
+
+    assert pe.built_decode(aot.CHIPS["v5p"]) == "paged"  # the Pallas TPU kernel
+    assert pe.built_decode(aot.CHIPS["h100"]) == "xla_prefix_shared"

@@ -12,6 +12,7 @@ from test_train import smoke_config
 
 from grpo_jax import algorithms, config_utils, steps, train
 from grpo_jax.algorithms.ppo import PPO, PPOState
+from grpo_jax.errors import ConfigError
 from grpo_jax.experiment import build_experiment
 from grpo_jax.state import Batch, MasterWeightsState
 
@@ -198,7 +199,7 @@ def test_on_policy_batches_carry_the_policys_logprobs_only_where_read():
     ],
 )
 def test_kl_in_choices_are_validated(algorithm, kl_in, match):
-    with pytest.raises(config_utils.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         config_utils.validate(smoke_config(algorithm, **{"algorithm.kl_in": kl_in}))
 
 

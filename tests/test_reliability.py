@@ -33,7 +33,9 @@ from workdirs import tensorboard_events
 
 from grpo_jax import checkpointing, config_utils, experiment, rewards, steps, train, writers
 from grpo_jax.data import arithmetic
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import from_config as model_from_config
+from grpo_jax.models import tokenizer as tokenizer_lib
 from grpo_jax.state import Batch
 
 _LOG_LINE = re.compile(r"^[IWEF]\d{4} ")  # absl / glog lines (orbax, jax) on stderr
@@ -507,7 +509,7 @@ def test_bad_rows_skipped_are_counted(tmp_path, monkeypatch):
     )
     # the data path under test, without loading real weights: the character tokenizer
     monkeypatch.setattr(
-        model_from_config, "load_tokenizer", lambda config: arithmetic.CharTokenizer()
+        model_from_config, "load_tokenizer", lambda config: tokenizer_lib.CharTokenizer()
     )
     exp = experiment.build_experiment(cfg)
     try:
@@ -840,12 +842,12 @@ def test_config_drift_is_refused_with_the_diff_unless_allowed(tmp_path):
     config_utils.check_workdir(cfg, str(tmp_path))
     _fake_checkpoint(tmp_path, 3, cfg)
     changed = smoke_config("grpo", **{"reward.format_reward": 0.5, "algorithm.kl_coef": 0.1})
-    with pytest.raises(config_utils.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         config_utils.check_workdir(changed, str(tmp_path))
     line = str(e.value)
     assert "algorithm.kl_coef: 0.0 -> 0.1; reward.format_reward: 0.0 -> 0.5" in line
     assert "--allow_changes=algorithm.kl_coef,reward.format_reward" in line and "\n" not in line
-    with pytest.raises(config_utils.ConfigError, match="algorithm.kl_coef"):  # both must be named
+    with pytest.raises(ConfigError, match="algorithm.kl_coef"):  # both must be named
         config_utils.check_workdir(changed, str(tmp_path), allow_changes=["reward"])
     # every safe field at once is not a different run
     safe = smoke_config(
@@ -865,7 +867,7 @@ def test_config_drift_is_refused_with_the_diff_unless_allowed(tmp_path):
     # with config.json gone, the copy in the newest checkpoint is compared
     os.remove(tmp_path / "config.json")
     other = smoke_config("grpo", **{"optimizer.learning_rate": 0.5})
-    with pytest.raises(config_utils.ConfigError, match="optimizer.learning_rate: 0.0001 -> 0.5"):
+    with pytest.raises(ConfigError, match="optimizer.learning_rate: 0.0001 -> 0.5"):
         config_utils.check_workdir(other, str(tmp_path))
     assert not (tmp_path / "config.json").exists()
     allowed = config_utils.check_workdir(
@@ -921,7 +923,7 @@ def test_values_that_cannot_run_are_refused_before_any_work(field, value):
         cfg.model.overrides[field.split(".")[-1]] = value
     else:
         cfg = smoke_config("grpo", **{field: value})
-    with pytest.raises(config_utils.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         config_utils.validate(cfg)
     assert f"config.{field}" in str(e.value) and "\n" not in str(e.value)
 
@@ -929,7 +931,7 @@ def test_values_that_cannot_run_are_refused_before_any_work(field, value):
 def test_evaluation_batches_that_do_not_divide_over_the_mesh_are_refused_at_start(tmp_path):
     cfg = smoke_config("grpo", **{"eval.batch_size": 3, "eval.num_samples": 3})
     cfg.mesh.num_devices, cfg.mesh.data = 2, 2
-    with pytest.raises(config_utils.ConfigError, match="config.eval: .* = 3 rows"):
+    with pytest.raises(ConfigError, match="config.eval: .* = 3 rows"):
         train.train_and_evaluate(cfg, str(tmp_path))
     assert not (tmp_path / "config.json").exists() and not (tmp_path / "checkpoints").exists()
 
@@ -1175,7 +1177,7 @@ def test_a_field_added_since_an_older_run_is_its_default_on_resume(tmp_path):
     del old["env"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert config_utils.check_workdir(smoke_config("grpo"), str(tmp_path)) == []
-    with pytest.raises(config_utils.ConfigError, match=r"env.name: '' -> 'calculator'"):
+    with pytest.raises(ConfigError, match=r"env.name: '' -> 'calculator'"):
         config_utils.check_workdir(
             smoke_config("grpo", **{"env.name": "calculator"}), str(tmp_path)
         )

@@ -17,8 +17,8 @@ from test_byo import REWARD_MODULE, _rows, _write_jsonl, byo_config, write_char_
 from test_train import REPO, smoke_config
 
 from grpo_jax import divergence, train
-from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import from_config as data_from_config
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import from_config as model_from_config
 from grpo_jax.rewards import failures
 from grpo_jax.rewards import from_config as reward_from_config

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import sharding, train, writers
-from grpo_jax.config_utils import ConfigError
+from grpo_jax.errors import ConfigError
 from grpo_jax.rewards import from_config as reward_from_config
 from grpo_jax.rewards import model as rm
 from tests.test_train import smoke_config

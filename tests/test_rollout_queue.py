@@ -15,6 +15,7 @@ from workdirs import differences as workdir_differences
 from grpo_jax import config_utils, steps, train, writers
 from grpo_jax import rollout_queue as rq
 from grpo_jax import transfer as xfer
+from grpo_jax.errors import ConfigError
 from grpo_jax.experiment import build_experiment
 from grpo_jax.state import Batch, RunState
 
@@ -179,5 +180,5 @@ def test_a_run_without_rollouts_in_flight_keeps_its_checkpoint_tree():
     ],
 )
 def test_max_staleness_config_errors(overrides, match):
-    with pytest.raises(config_utils.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         config_utils.validate(smoke_config("grpo", **overrides))

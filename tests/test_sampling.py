@@ -204,7 +204,7 @@ def test_prefill_once_per_group_gives_the_same_rollouts():
 
 def _token_logprobs(logits, tokens, temperature):
     try:
-        from grpo_jax.losses import token_logprobs
+        from grpo_jax.logprobs import token_logprobs
 
         return token_logprobs(logits, tokens, temperature)
     except ImportError:

@@ -19,6 +19,7 @@ from test_sampling_prefix import CFG, GD, PARAMS, PROMPTS, _assert_same_rollouts
 
 from grpo_jax import config_utils, experiment
 from grpo_jax.config_schema import base_config
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import attention
 from grpo_jax.models.paged_cache import PagedDecodeCache
 from grpo_jax.models.transformer import DecodeCache, random_params
@@ -211,10 +212,10 @@ def test_paged_config_is_validated_and_reaches_both_samplers():
     assert (train.decode_cache, evaluation.decode_cache) == ("paged", "paged")
     assert (train.page_size, evaluation.page_size) == (8, 8)
     c.rollout.page_size = 0
-    with pytest.raises(config_utils.ConfigError, match="rollout.page_size"):
+    with pytest.raises(ConfigError, match="rollout.page_size"):
         config_utils.validate(c)
     c.rollout.page_size, c.rollout.decode_slots = 8, 4
-    with pytest.raises(config_utils.ConfigError, match="decode_slots=0"):
+    with pytest.raises(ConfigError, match="decode_slots=0"):
         config_utils.validate(c)
     with pytest.raises(ValueError, match="static batching"):
         SamplingConfig(max_new_tokens=4, decode_slots=4, decode_cache="paged")

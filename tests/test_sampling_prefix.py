@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grpo_jax import config_utils, experiment, sharding
 from grpo_jax.config_schema import base_config
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import get_preset
 from grpo_jax.models.transformer import (
     DECODE_CACHES,
@@ -125,10 +126,10 @@ def test_prefix_shared_refuses_continuous_batching_and_unknown_layouts():
     c.rollout.decode_cache = "prefix_shared"
     config_utils.validate(c)  # static batching: accepted
     c.rollout.decode_slots = 8
-    with pytest.raises(config_utils.ConfigError, match="decode_slots=0"):
+    with pytest.raises(ConfigError, match="decode_slots=0"):
         config_utils.validate(c)
     c.rollout.decode_slots, c.rollout.decode_cache = 0, "bogus"
-    with pytest.raises(config_utils.ConfigError, match="rollout.decode_cache='bogus'"):
+    with pytest.raises(ConfigError, match="rollout.decode_cache='bogus'"):
         config_utils.validate(c)
 
 

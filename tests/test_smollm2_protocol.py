@@ -52,8 +52,7 @@ def test_two_step_comparison_smoke_on_smollm2(tmp_path):
     # the smoke's sizes: every stage (warm start, before evaluation, 2 RL steps per method, the
     # final evaluation, selection, report) at the least compute; none of the checks below
     # depends on them
-    res = compare.run_comparison(
-        str(tmp_path),
+    plan = compare.ComparisonPlan(
         seeds=1,
         sweep_seeds=1,
         lrs=(1e-5,),
@@ -65,6 +64,10 @@ def test_two_step_comparison_smoke_on_smollm2(tmp_path):
         rl_prompts=32,
         oracle_samples=0,
         n_boot=50,
+    )
+    res = compare.run_comparison(
+        plan,
+        str(tmp_path),
         workers=1,
         jax_cache="",  # the session's (conftest.py): this test's programs may be cached already
         command="SMOKE",

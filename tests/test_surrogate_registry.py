@@ -8,6 +8,7 @@ import pytest
 from test_train import smoke_config
 
 from grpo_jax import config_utils, losses, train, writers
+from grpo_jax.errors import ConfigError
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def _register_tripled():
 
 def test_registered_name_is_a_config_choice_and_duplicates_are_refused(registry):
     cfg = smoke_config("grpo", **{"algorithm.policy_loss_type": "tripled"})
-    with pytest.raises(config_utils.ConfigError, match="config.algorithm.policy_loss_type="):
+    with pytest.raises(ConfigError, match="config.algorithm.policy_loss_type="):
         config_utils.validate(cfg)
     _register_tripled()
     config_utils.validate(cfg)

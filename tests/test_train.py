@@ -15,6 +15,7 @@ import pytest
 
 from configs import arithmetic, common
 from grpo_jax import algorithms, config_utils, steps, train, writers
+from grpo_jax.errors import ConfigError
 from grpo_jax.state import Batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +178,7 @@ def test_incompatible_workdir_is_refused_unless_overwrite(tmp_path):
     config_utils.check_workdir(cfg, str(tmp_path))
     other = smoke_config("grpo")
     other.optimizer.learning_rate = 0.5
-    with pytest.raises(config_utils.ConfigError, match="optimizer.learning_rate"):
+    with pytest.raises(ConfigError, match="optimizer.learning_rate"):
         config_utils.check_workdir(other, str(tmp_path))
     other.steps = 99  # resumable fields alone do not count as a different run
     cfg.steps = 99
@@ -197,7 +198,7 @@ def test_incompatible_workdir_is_refused_unless_overwrite(tmp_path):
 )
 def test_bad_config_values_raise_one_line_errors(field, value, match):
     cfg = smoke_config("rollout_gdro", **{field: value})
-    with pytest.raises(config_utils.ConfigError, match=match) as e:
+    with pytest.raises(ConfigError, match=match) as e:
         config_utils.validate(cfg)
     assert "\n" not in str(e.value)
 
@@ -228,7 +229,7 @@ def test_mesh_that_does_not_match_the_devices_is_a_config_error(tmp_path):
 
     cfg = smoke_config("grpo")
     cfg.mesh.num_devices, cfg.mesh.data = 1, 2
-    with pytest.raises(config_utils.ConfigError, match="needs 2 devices"):
+    with pytest.raises(ConfigError, match="needs 2 devices"):
         build_experiment(cfg)
 
 
@@ -297,7 +298,7 @@ def test_dynamic_sampling_keeps_informative_groups_first_then_fills():
 
 def test_dynamic_sampling_with_rollout_gdro_is_a_config_error():
     cfg = smoke_config("rollout_gdro", **{"algorithm.dynamic_sampling": True})
-    with pytest.raises(config_utils.ConfigError, match="dynamic_sampling"):
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
         config_utils.validate(cfg)
 
 
@@ -336,7 +337,7 @@ def test_generate_batch_size_must_divide_the_rollouts():
     from grpo_jax.experiment import build_experiment
 
     cfg = smoke_config("grpo", **{"rollout.generate_batch_size": 7})
-    with pytest.raises(config_utils.ConfigError, match="generate_batch_size"):
+    with pytest.raises(ConfigError, match="generate_batch_size"):
         build_experiment(cfg, with_data=False)
 
 
@@ -411,7 +412,7 @@ def test_micro_batch_size_must_divide_the_mini_batch():
     from grpo_jax.experiment import build_experiment
 
     cfg = smoke_config("grpo", **{"algorithm.micro_batch_size": 5})
-    with pytest.raises(config_utils.ConfigError, match="micro_batch_size"):
+    with pytest.raises(ConfigError, match="micro_batch_size"):
         build_experiment(cfg, with_data=False)
 
 
@@ -544,7 +545,7 @@ def test_shared_prompt_forward_config_errors(algorithm, overrides, match):
     cfg = smoke_config(algorithm, **{"algorithm.shared_prompt_forward": True, **overrides})
     if "algorithm.micro_batch_size" in overrides:
         assert cfg.rollout.rollouts_per_prompt > 2
-    with pytest.raises(config_utils.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         build_experiment(cfg, with_data=False)
 
 

@@ -7,7 +7,8 @@ import types
 import pytest
 
 from configs import arithmetic
-from grpo_jax import config_utils, train, writers
+from grpo_jax import train, writers
+from grpo_jax.errors import ConfigError
 
 
 class _FakeRun:
@@ -79,7 +80,7 @@ def test_run_logs_every_row_and_samples_and_resumes_the_same_wandb_run(tmp_path,
 
 def test_wandb_project_without_wandb_is_one_line_config_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
-    with pytest.raises(config_utils.ConfigError, match="pip install wandb") as e:
+    with pytest.raises(ConfigError, match="pip install wandb") as e:
         writers.MetricsWriter(str(tmp_path), tensorboard=False, wandb={"project": "p"})
     assert "\n" not in str(e.value) and "wandb_project" in str(e.value)
 

@@ -57,6 +57,7 @@ def main(argv=None):
     import optax
     import run_grpo_jax
 
+    from grpo_jax import logprobs as logprobs_lib
     from grpo_jax import losses, steps
     from grpo_jax.experiment import build_experiment
     from grpo_jax.models.transformer import positions_from_mask
@@ -106,7 +107,7 @@ def main(argv=None):
         positions = positions_from_mask(mask)
         h, _ = model(tokens[:, :-1], positions[:, :-1], mask[:, :-1], return_hidden=True)
         logits = model.logits(h[:, prompt_len - 1 :])
-        return losses.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
+        return logprobs_lib.logprobs_from_logits(logits, tokens[:, prompt_len:], temperature)
 
     def loss_fn(params, logprob_fn=steps.completion_logprobs):  # as in the update (steps.py)
         lps = logprob_fn(exp.graphdef, params, tokens, mask, lp, T)

@@ -51,9 +51,10 @@ every job whose files exist and whose recorded settings match (a mismatch is an 
 the file and field), so ``--max_minutes`` splits a long run over sessions; ``--report_only``
 rebuilds the report from the files alone.
 
-Modules: `plan` (methods, configs, seeds, plan, wall estimate), `jobs` (warm start / RL jobs,
-job files, worker pool), `statistics`, `diagnostics`, `report` (figures, markdown), `cli`
-(`run_comparison`, ``main``).
+Modules: `plan` (methods, configs, seeds, a study's settings `ComparisonPlan`, the job plan,
+wall estimate), `jobs` (warm start / RL jobs, job files, worker pool), `statistics`,
+`diagnostics`, `report` (figures, markdown), `cli` (`run_comparison(ComparisonPlan(...),
+out_dir)`, ``main``).
 """
 
 from experiments.compare.cli import estimate_only, main, run_comparison
@@ -87,6 +88,7 @@ from experiments.compare.plan import (
     PAPER,
     PASS_K,
     REPORT_NAME,
+    ComparisonPlan,
     apply_overrides,
     estimate_wall,
     eval_steps,
@@ -125,6 +127,7 @@ __all__ = [
     "P_STRATA_EDGES",
     "P_STRATA_LABELS",
     "REPORT_NAME",
+    "ComparisonPlan",
     "SettingsMismatch",
     "apply_overrides",
     "arm_diagnostics",

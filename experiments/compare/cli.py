@@ -13,7 +13,6 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,12 +23,12 @@ from experiments.compare.plan import (
     DEFAULT_CONFIG,
     DEFAULT_LRS,
     EXTRA_PASS_K,
-    HARD_WEIGHTS,
     MECHANISM_METHODS,
     METHODS,
     METRICS,
     PASS_K,
     REPORT_NAME,
+    ComparisonPlan,
     estimate_wall,
     eval_steps,
     method_config,
@@ -61,13 +60,17 @@ class _Ctx:
     methods: list
     lrs: list
     seeds: list
-    plan: dict
+    plan: dict  # the job plan (`plan_jobs`)
     cfg0: object
     when: list
     k: int
     job_kw: dict  # rl_job keywords except lr
     want_oracle: int
-    opts: dict  # the remaining run_comparison arguments
+    study: ComparisonPlan
+    workers: int
+    jax_cache: str
+    budget_minutes: float
+    max_minutes: float
     wall0: float
 
     def log(self, msg):
@@ -84,40 +87,25 @@ class _Ctx:
 
 
 def _context(
-    out_dir,
-    *,
-    seeds,
-    sweep_seeds,
-    lrs,
-    methods,
-    last_evals,
-    select_metric,
-    oracle_json,
-    oracle_samples,
-    **kw,
+    study: ComparisonPlan, out_dir: str, *, workers, jax_cache, budget_minutes, max_minutes
 ) -> _Ctx:
-    """Validates the arguments and plans the jobs.
+    """Validates the plan and plans the jobs.
 
     Raises:
       ValueError: no GRPO baseline, unknown method or metric, bad seeds / lrs / last_evals.
     """
     wall0 = time.perf_counter()
-    methods = ordered_methods(list(methods))
-    if select_metric not in METRICS:
-        raise ValueError(f"select_metric {select_metric!r}: choose from {METRICS}")
-    lrs = [float(x) for x in lrs]
+    methods = ordered_methods(list(study.methods))
+    if study.select_metric not in METRICS:
+        raise ValueError(f"select_metric {study.select_metric!r}: choose from {METRICS}")
+    lrs = [float(x) for x in study.lrs]
     if not lrs or len({f"{x:.3g}" for x in lrs}) != len(lrs):
         raise ValueError(f"lrs must be non-empty and distinct (to 3 digits); got {lrs}")
-    seeds = parse_seeds(seeds)
+    seeds = parse_seeds(study.seeds)
     if not seeds:
         raise ValueError("seeds must not be empty")
-    plan = plan_jobs(seeds, sweep_seeds, methods, lrs)
-    job_kw = {k: kw.pop(k) for k in ("config_arg", "steps", "rl_prompts", "paper_gdro")}
-    job_kw.update(
-        prompts_per_step=kw.pop("prompts_per_step"),
-        eval_every=kw.pop("eval_every"),
-        token_budget=int(kw.pop("token_budget", 0)),
-    )
+    plan = plan_jobs(seeds, study.sweep_seeds, methods, lrs)
+    job_kw = study.job_settings()
     if job_kw["token_budget"] < 0:
         raise ValueError(f"token_budget={job_kw['token_budget']} must be >= 0 (0 = steps)")
     not_config = ("eval_every", "token_budget")
@@ -125,12 +113,12 @@ def _context(
         "grpo", seeds[0], **{k: v for k, v in job_kw.items() if k not in not_config}
     )
     when = eval_steps(cfg0.steps, job_kw["eval_every"])
-    if not 1 <= last_evals <= len(when):
-        raise ValueError(f"last_evals={last_evals} must be in 1..{len(when)} (evals at {when})")
-    if oracle_json and job_kw["rl_prompts"]:  # fail now, not after the runs
-        diag_lib.load_oracle(oracle_json, job_kw["rl_prompts"])
+    last = study.last_evals
+    if not 1 <= last <= len(when):
+        raise ValueError(f"last_evals={last} must be in 1..{len(when)} (evals at {when})")
+    if study.oracle_json and job_kw["rl_prompts"]:  # fail now, not after the runs
+        diag_lib.load_oracle(study.oracle_json, job_kw["rl_prompts"])
     fig_dir = os.path.join(out_dir, REPORT_NAME)
-    kw.update(last_evals=last_evals, select_metric=select_metric, oracle_json=oracle_json)
     return _Ctx(
         out_dir=out_dir,
         runs_dir=os.path.join(fig_dir, "runs"),
@@ -143,8 +131,12 @@ def _context(
         when=when,
         k=int(cfg0.eval.num_samples),
         job_kw=job_kw,
-        want_oracle=0 if oracle_json else int(oracle_samples),
-        opts=kw,
+        want_oracle=0 if study.oracle_json else int(study.oracle_samples),
+        study=study,
+        workers=workers,
+        jax_cache=jax_cache,
+        budget_minutes=budget_minutes,
+        max_minutes=max_minutes,
         wall0=wall0,
     )
 
@@ -210,8 +202,8 @@ def _choose(ctx, store) -> dict | None:
     for m, lr, s in _sweep_jobs(ctx):
         sweep[m][lr][s] = store.load(m, lr, s)
     num = len(np.asarray(store.load(None, None, ctx.plan["warm_seeds"][0])["levels"]))
-    o = ctx.opts
-    return choose_lrs(sweep, num, ctx.plan["sweep_seeds"], o["select_metric"], o["last_evals"])
+    st = ctx.study
+    return choose_lrs(sweep, num, ctx.plan["sweep_seeds"], st.select_metric, st.last_evals)
 
 
 def _status(ctx, store) -> tuple[int, int, float | None]:
@@ -229,7 +221,7 @@ def _status(ctx, store) -> tuple[int, int, float | None]:
     eta = None
     if secs:
         w = [store.seconds(*j) for j in warm_done] or secs
-        eta = estimate_wall(np.mean(w), np.mean(secs), left_warm, left_rl, ctx.opts["workers"])
+        eta = estimate_wall(np.mean(w), np.mean(secs), left_warm, left_rl, ctx.workers)
     return len(warm_done) + len(rl_done), left_warm + left_rl, eta
 
 
@@ -241,9 +233,8 @@ class _Session:
 
     def __init__(self, ctx: _Ctx, store: _Store, estimate: float | None):
         self.ctx, self.store, self.estimate = ctx, store, estimate
-        o = ctx.opts
-        deadline = ctx.wall0 + 60 * o["max_minutes"] if o["max_minutes"] else None
-        self.runner = jobs_lib.Runner(o["workers"], o["jax_cache"], deadline)
+        deadline = ctx.wall0 + 60 * ctx.max_minutes if ctx.max_minutes else None
+        self.runner = jobs_lib.Runner(ctx.workers, ctx.jax_cache, deadline)
         self.n_rl = ctx.plan["n_sweep"] + ctx.plan["n_final"]
         self.rl_done = 0
 
@@ -265,15 +256,15 @@ class _Session:
         if self.estimate is None:
             elapsed = time.perf_counter() - ctx.wall0
             rest = self.n_rl - 1
-            self.estimate = elapsed + estimate_wall(0, r["seconds"], 0, rest, ctx.opts["workers"])
+            self.estimate = elapsed + estimate_wall(0, r["seconds"], 0, rest, ctx.workers)
             ctx.log(
                 f"ESTIMATE: total wall ~{self.estimate / 60:.0f} min (elapsed {elapsed / 60:.1f} "
-                f"min + {rest} RL jobs x {r['seconds']:.0f}s / {ctx.opts['workers']} workers; "
+                f"min + {rest} RL jobs x {r['seconds']:.0f}s / {ctx.workers} workers; "
                 "the first job includes compiles)"
             )
-            if self.estimate > 60 * ctx.opts["budget_minutes"]:
+            if self.estimate > 60 * ctx.budget_minutes:
                 ctx.log(
-                    f"WARNING: the estimate exceeds the {ctx.opts['budget_minutes']:.0f}-min "
+                    f"WARNING: the estimate exceeds the {ctx.budget_minutes:.0f}-min "
                     "budget (fewer --steps, --seeds or --lrs, or more --workers)"
                 )
 
@@ -333,7 +324,7 @@ def _wall(ctx, *, session: float | None, estimate) -> tuple[float, float | None]
         return float(prev.get("wall_seconds", float("nan"))), prev.get("estimate_seconds")
     total = float(prev.get("wall_seconds", 0.0)) + session
     est = prev.get("estimate_seconds") or estimate
-    rec = {"wall_seconds": total, "workers": ctx.opts["workers"], "estimate_seconds": est}
+    rec = {"wall_seconds": total, "workers": ctx.workers, "estimate_seconds": est}
     rec["sessions"] = int(prev.get("sessions", 1 if prev else 0)) + 1
     # when and where the jobs ran: the report reads these, so --report_only rebuilds it as is
     rec["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -354,8 +345,8 @@ def _load_all(ctx, store) -> tuple[dict, dict, dict, dict]:
         for m in ctx.methods
     }
     num = len(np.asarray(warm[ctx.plan["warm_seeds"][0]]["levels"]))
-    o = ctx.opts
-    chosen = choose_lrs(sweep, num, ctx.plan["sweep_seeds"], o["select_metric"], o["last_evals"])
+    st = ctx.study
+    chosen = choose_lrs(sweep, num, ctx.plan["sweep_seeds"], st.select_metric, st.last_evals)
     runs = {}
     for m in ctx.methods:
         lr = chosen[m][0]
@@ -369,7 +360,7 @@ def _load_all(ctx, store) -> tuple[dict, dict, dict, dict]:
 def _true_p(ctx, runs, warm) -> tuple:
     """(p_for_seed, oracle text) of the RL pool's true success rates."""
     seeds, methods = ctx.seeds, ctx.methods
-    oracle_json, want = ctx.opts["oracle_json"], ctx.want_oracle
+    oracle_json, want = ctx.study.oracle_json, ctx.want_oracle
     pool = next(
         (
             runs[m][s]["pool_problems"]
@@ -411,7 +402,7 @@ def _true_p(ctx, runs, warm) -> tuple:
 
 def _gains(ctx, scores, levels) -> tuple[dict, dict]:
     """Headline gains (pooled) and per-level pass@k gains vs GRPO."""
-    n_boot = ctx.opts["n_boot"]
+    n_boot = ctx.study.n_boot
     gains, by_level = {}, {}
     for m in ctx.methods[1:]:
         gains[m] = {
@@ -436,7 +427,7 @@ def _gains_by_start(ctx, scores, before) -> dict:
     of correct samples in ``before [S, N, k]``; `statistics.gains_by_start`): ``{"share":
     {label: share of cells}, method: {label: gain or None}}``."""
     rate = np.asarray(before, np.float64).mean(axis=2)  # [S, N]
-    n_boot = min(ctx.opts["n_boot"], 2000)
+    n_boot = min(ctx.study.n_boot, 2000)
     out = {}
     for m in ctx.methods[1:]:
         by = gains_by_start(
@@ -451,8 +442,8 @@ def _mix_gains(ctx, correct_test, levels) -> dict:
     """pass@k (k in `EXTRA_PASS_K`, k <= samples) on the training mix (pooled) and the hard mix
     (``hard_weights``), with paired bootstrap gains vs GRPO (GRPO: its own score only)."""
     ks = [k for k in EXTRA_PASS_K if k <= ctx.k]
-    hw = {int(l): float(w) for l, w in ctx.opts["hard_weights"].items()}
-    last, n_boot = ctx.opts["last_evals"], ctx.opts["n_boot"]
+    hw = {int(l): float(w) for l, w in ctx.study.hard_weights.items()}
+    last, n_boot = ctx.study.last_evals, ctx.study.n_boot
     sc = {
         m: {k: per_problem_scores(c, "pass_at_k", last, pass_k=k) for k in ks}
         for m, c in correct_test.items()
@@ -469,7 +460,7 @@ def _mix_gains(ctx, correct_test, levels) -> dict:
 
 def _test_statistics(ctx, runs, warm) -> dict:
     """Tables, gains and curves on the test half."""
-    seeds, last = ctx.seeds, ctx.opts["last_evals"]
+    seeds, last = ctx.seeds, ctx.study.last_evals
     levels_all = np.asarray(warm[seeds[0]]["levels"])
     _, test_idx = split_heldout(len(levels_all))
     levels = levels_all[test_idx]
@@ -503,7 +494,7 @@ def _test_statistics(ctx, runs, warm) -> dict:
 
 
 def _setup(ctx, num_prompts, num_eval) -> dict:
-    c, o, plan = ctx.cfg0, ctx.opts, ctx.plan
+    c, o, plan = ctx.cfg0, ctx.study, ctx.plan
     val_idx, test_idx = split_heldout(num_eval)
     return {
         "config_arg": ctx.job_kw["config_arg"],
@@ -514,8 +505,8 @@ def _setup(ctx, num_prompts, num_eval) -> dict:
         "sweep_mode": plan["mode"],
         "reuse": any(s in ctx.seeds for s in plan["sweep_seeds"]),
         "lrs": ctx.lrs,
-        "select_metric": o["select_metric"],
-        "last_evals": o["last_evals"],
+        "select_metric": o.select_metric,
+        "last_evals": o.last_evals,
         "eval_steps": ctx.when,
         "steps": c.steps,
         "prompts_per_step": c.rollout.prompts_per_step,
@@ -530,9 +521,9 @@ def _setup(ctx, num_prompts, num_eval) -> dict:
         "split": "even held-out index -> validation, odd -> test",
         "sft_steps": c.sft.steps,
         "visits_per_prompt": c.steps * c.rollout.prompts_per_step / num_prompts,
-        "oracle_json": o["oracle_json"],
+        "oracle_json": o.oracle_json,
         "oracle_samples": ctx.want_oracle,
-        "hard_weights": {str(k): v for k, v in o["hard_weights"].items()},
+        "hard_weights": {str(k): v for k, v in o.hard_weights.items()},
         "python": platform.python_version(),
     }
 
@@ -575,7 +566,7 @@ def _budget_spent(jobs) -> dict:
 
 def _results(ctx, warm, sweep, chosen, runs) -> dict:
     """Every number of the report."""
-    o = ctx.opts
+    o = ctx.study
     num_prompts = int(runs["grpo"][ctx.seeds[0]]["num_prompt_ids"])
     stats = _test_statistics(ctx, runs, warm)
     num_eval = stats.pop("num_eval")
@@ -589,10 +580,10 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
         # from runs/wall.json (the last session that ran jobs), so a rebuild is byte for byte
         "date": record.get("date") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": record.get("cpus") or os.cpu_count(),
-        "workers": o["workers"],
+        "workers": ctx.workers,
         "k": ctx.k,
         "pass_k": min(PASS_K, ctx.k),
-        "n_boot": o["n_boot"],
+        "n_boot": o.n_boot,
         "setup": _setup(ctx, num_prompts, num_eval),
         "sweep": {
             m: {
@@ -607,7 +598,7 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
         "compute_to_grpo": compute_to_grpo_level(runs, num_eval, min(PASS_K, ctx.k)),
         "timing": _timing(ctx, warm, sweep, runs),
         "oracle_text": oracle_text,
-        "preregistration": _read(o["preregistration"]),
+        "preregistration": _read(o.preregistration),
     }
     with warnings.catch_warnings():  # nanmean of all-NaN diagnostics (e.g. no informative rollout)
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -616,7 +607,7 @@ def _results(ctx, warm, sweep, chosen, runs) -> dict:
         results["diagnostics_text"] = report_lib.diagnostics_table(results)
         results["arm_text"] = report_lib.arm_table(results)
     results["verdict"] = report_lib.verdict(results)
-    if o["criterion"]:
+    if o.criterion:
         results["criterion"] = report_lib.criterion(results)
     return results
 
@@ -660,70 +651,40 @@ def _write_outputs(ctx, results, warm, command) -> str:
 
 
 def run_comparison(
+    plan: ComparisonPlan,
     out_dir: str,
     *,
-    seeds: Sequence[int] | int = 10,
-    sweep_seeds: Sequence[int] | int = 3,
-    lrs: Sequence[float] = DEFAULT_LRS,
-    methods: Sequence[str] = tuple(METHODS),
-    config_arg: str = "heavy_tailed",
-    paper_gdro: bool = False,
-    steps: int = 80,
-    prompts_per_step: int = 0,
-    rl_prompts: int = 512,
-    eval_every: int = 20,
-    token_budget: int = 0,
-    last_evals: int = 3,
-    select_metric: str = "pass_at_k",
-    oracle_json: str = "",
-    oracle_samples: int = 16,
     workers: int = 1,
-    n_boot: int = 2000,
     jax_cache: str = "",
     budget_minutes: float = 90.0,
-    command: str = "",
-    report_only: bool = False,
     max_minutes: float = 0.0,
-    hard_weights: dict | None = None,
-    preregistration: str = "",
-    criterion: bool = False,
+    report_only: bool = False,
+    command: str = "",
 ) -> dict:
-    """Sweep -> lr selection on validation -> final seeds -> report on test (package docstring),
-    resuming from the job files in ``<out_dir>/gdro_vs_grpo/runs/``.
+    """Sweep -> lr selection on validation -> final seeds -> report on test (package docstring)
+    of ``plan``, resuming from the job files in ``<out_dir>/gdro_vs_grpo/runs/``.
+
+    How this session runs it: ``workers`` processes; ``jax_cache``, the JAX persistent
+    compilation cache directory ('' = the process's own); a warning when the estimated wall
+    exceeds ``budget_minutes``; no new job launched after ``max_minutes`` (0 = no limit);
+    ``report_only``: the report from the job files alone; ``command``: the command line the
+    report records.
 
     Writes ``gdro_vs_grpo.md``, ``gdro_vs_grpo.json`` and ``gdro_vs_grpo/`` into ``out_dir``;
     returns the results dict (``runs``: the final jobs, method -> seed -> job), or, when
     ``max_minutes`` stopped the run first, ``{"finished": False, "remaining": N}``.
 
     Raises:
-      ValueError: bad arguments. jobs.SettingsMismatch: a job file of other settings.
+      ValueError: a bad plan. jobs.SettingsMismatch: a job file of other settings.
       FileNotFoundError: ``report_only`` with a missing job file.
     """
     ctx = _context(
+        plan,
         out_dir,
-        seeds=seeds,
-        sweep_seeds=sweep_seeds,
-        lrs=lrs,
-        methods=methods,
-        last_evals=last_evals,
-        select_metric=select_metric,
-        oracle_json=oracle_json,
-        oracle_samples=oracle_samples,
-        config_arg=config_arg,
-        steps=steps,
-        rl_prompts=rl_prompts,
-        paper_gdro=paper_gdro,
-        prompts_per_step=prompts_per_step,
-        eval_every=eval_every,
-        token_budget=token_budget,
         workers=workers,
-        n_boot=n_boot,
         jax_cache=jax_cache,
         budget_minutes=budget_minutes,
         max_minutes=max_minutes,
-        criterion=criterion,
-        hard_weights=dict(HARD_WEIGHTS if hard_weights is None else hard_weights),
-        preregistration=preregistration,
     )
     os.makedirs(ctx.runs_dir, exist_ok=True)
     store = _Store(ctx)
@@ -770,19 +731,18 @@ def run_comparison(
     return results
 
 
-def estimate_only(
-    *, seeds, sweep_seeds, lrs, methods, workers: int, jax_cache: str = "", **job_kw
-) -> float:
-    """Times one warm start and one GRPO RL job (first lr) in this process and returns the
-    extrapolated wall seconds of the whole comparison (`estimate_wall`)."""
+def estimate_only(study: ComparisonPlan, *, workers: int, jax_cache: str = "") -> float:
+    """Times one warm start and one GRPO RL job (first lr) of ``study`` in this process and
+    returns the extrapolated wall seconds of the whole comparison (`estimate_wall`)."""
     jobs_lib.enable_compilation_cache(jax_cache)
-    seeds = parse_seeds(seeds)
-    plan = plan_jobs(seeds, sweep_seeds, methods, lrs)
-    oracle_samples = job_kw.pop("oracle_samples")
+    seeds = parse_seeds(study.seeds)
+    plan = plan_jobs(seeds, study.sweep_seeds, study.methods, study.lrs)
+    oracle_samples = 0 if study.oracle_json else study.oracle_samples
+    job_kw = study.job_settings()
     w = jobs_lib.warm_start_job(
         seeds[0], job_kw["config_arg"], job_kw["paper_gdro"], oracle_samples, job_kw["rl_prompts"]
     )
-    r = jobs_lib.rl_job("grpo", seeds[0], w["params"], lr=float(lrs[0]), **job_kw)
+    r = jobs_lib.rl_job("grpo", seeds[0], w["params"], lr=float(study.lrs[0]), **job_kw)
     n_rl = plan["n_sweep"] + plan["n_final"]
     est = estimate_wall(w["seconds"], r["seconds"], plan["n_warm"], n_rl, workers)
     print(
@@ -883,43 +843,42 @@ def main(argv=None) -> int:
         lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
     except ValueError as e:
         raise cli.UsageError(f"--sweep_seeds={args.sweep_seeds} / --lrs={args.lrs}: {e}") from None
-    methods = [m for m in args.methods.split(",") if m.strip()]
     config_arg = args.config_arg
     if args.config != DEFAULT_CONFIG:
         config_arg = f"{args.config}:{config_arg}"
-    job_kw = dict(
+    plan = ComparisonPlan(
+        seeds=args.seeds,
+        sweep_seeds=sweep_seeds,
+        lrs=lrs,
+        methods=[m for m in args.methods.split(",") if m.strip()],
         config_arg=config_arg,
-        steps=args.steps,
-        rl_prompts=args.rl_prompts,
         paper_gdro=args.paper_gdro,
+        steps=args.steps,
         prompts_per_step=args.prompts_per_step,
+        rl_prompts=args.rl_prompts,
         eval_every=args.eval_every,
         token_budget=args.token_budget,
-    )
-    common = dict(seeds=args.seeds, sweep_seeds=sweep_seeds, lrs=lrs, methods=methods)
-    if args.estimate_only:
-        oracle = 0 if args.oracle_json else args.oracle_samples
-        kw = dict(workers=args.workers, jax_cache=args.jax_cache, oracle_samples=oracle)
-        estimate_only(**common, **kw, **job_kw)
-        return 0
-    res = run_comparison(
-        args.out,
-        **common,
         last_evals=args.last_evals,
         select_metric=args.select_metric,
         oracle_json=args.oracle_json,
         oracle_samples=args.oracle_samples,
-        workers=args.workers,
         n_boot=args.n_boot,
-        jax_cache=args.jax_cache,
-        budget_minutes=args.budget_minutes,
-        command=_command(argv),
-        report_only=args.report_only,
-        max_minutes=args.max_minutes,
         hard_weights=parse_level_weights(args.hard_weights),
         preregistration=args.preregistration,
         criterion=args.criterion,
-        **job_kw,
+    )
+    if args.estimate_only:
+        estimate_only(plan, workers=args.workers, jax_cache=args.jax_cache)
+        return 0
+    res = run_comparison(
+        plan,
+        args.out,
+        workers=args.workers,
+        jax_cache=args.jax_cache,
+        budget_minutes=args.budget_minutes,
+        max_minutes=args.max_minutes,
+        report_only=args.report_only,
+        command=_command(argv),
     )
     if not res.get("finished", True):
         print(

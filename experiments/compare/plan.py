@@ -1,7 +1,9 @@
-"""What a comparison runs: the methods, their configs, the seeds, the job plan and its wall time."""
+"""What a comparison runs: the methods, their configs, the seeds, the study's settings
+(`ComparisonPlan`), the job plan and its wall time."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -92,6 +94,62 @@ METRICS = ("pass_at_k", "mean_at_k")
 PASS_K = 8  # the paper's pass@8, estimated from all evaluation samples (Chen et al. 2021)
 EXTRA_PASS_K = (1, 8, 32)  # the compact table's pass@k (those with k <= samples)
 HARD_WEIGHTS = {2: 1.0, 3: 2.0, 4: 3.0, 5: 4.0}  # level -> weight of the hard-weighted mix
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparisonPlan:
+    """What one comparison runs and reports (`cli.run_comparison`): built by
+    ``python -m experiments.compare`` from its flags (same names, same defaults but
+    ``methods``), by tests directly. Checked when the comparison starts (``ValueError``).
+
+    ``seeds``: the final paired seeds, N (= 0..N-1), a list, or the flag's text ('3,5' / '5,');
+    ``sweep_seeds``: the lr-sweep seeds, N (= the first N final seeds) or a list; ``lrs``: the
+    sweep's learning rates; ``methods``: names of `METHODS` (GRPO among them).
+    ``config_arg``: the config argument after the algorithm (``get_config('<algo>,<arg>')``;
+    ``'file.py:arg'`` for another config file); ``steps`` / ``prompts_per_step``: RL steps and
+    P (0 = the config's); ``rl_prompts``: the RL pool, the first N problems; ``eval_every``:
+    evaluate every N RL steps; ``token_budget``: generated tokens per RL run (0 = ``steps``
+    steps). ``last_evals``: a run's score is the mean of its last N evaluations, on
+    ``select_metric`` (`METRICS`) to choose each method's lr on validation. ``oracle_json``
+    (``{"p": {"<prompt id>": p}}``) or, without it, ``oracle_samples`` samples per RL prompt
+    (0 = skip) give the true success rates. ``n_boot``: bootstrap replicates; ``hard_weights``:
+    level -> weight of the hard-weighted mix; ``preregistration``: a markdown file included
+    verbatim near the report's top; ``criterion``: evaluate the pre-registered criterion.
+    """
+
+    seeds: Sequence[int] | int | str = 10
+    sweep_seeds: Sequence[int] | int = 3
+    lrs: Sequence[float] = DEFAULT_LRS
+    methods: Sequence[str] = tuple(METHODS)
+    config_arg: str = "heavy_tailed"
+    paper_gdro: bool = False
+    steps: int = 80
+    prompts_per_step: int = 0
+    rl_prompts: int = 512
+    eval_every: int = 20
+    token_budget: int = 0
+    last_evals: int = 3
+    select_metric: str = "pass_at_k"
+    oracle_json: str = ""
+    oracle_samples: int = 16
+    n_boot: int = 2000
+    hard_weights: Mapping[int, float] = dataclasses.field(
+        default_factory=lambda: dict(HARD_WEIGHTS)
+    )
+    preregistration: str = ""
+    criterion: bool = False
+
+    def job_settings(self) -> dict:
+        """The keywords of every RL job but ``lr`` (`jobs.rl_job`, `jobs.rl_settings`)."""
+        return {
+            "config_arg": self.config_arg,
+            "steps": self.steps,
+            "rl_prompts": self.rl_prompts,
+            "paper_gdro": self.paper_gdro,
+            "prompts_per_step": self.prompts_per_step,
+            "eval_every": self.eval_every,
+            "token_budget": int(self.token_budget),
+        }
 
 
 def label(method: str) -> str:

@@ -1,14 +1,13 @@
 """Datasets, prompt pipeline, prompt templates and the synthetic arithmetic task.
 
-Modules: `arithmetic` (task + `CharTokenizer`), `pipeline` (`PromptSource`), `templates`
-(`render_prompt`, `DAPO_SUFFIX`), `datasets` (the JSONL layouts), `builders` (TFDS);
-`load` / `load_with_stats` read a split through either.
+Modules: `arithmetic` (the task; its tokenizer is `models.tokenizer.CharTokenizer`), `pipeline`
+(`PromptSource`), `templates` (`render_prompt`, `DAPO_SUFFIX`), `datasets` (the JSONL layouts),
+`builders` (TFDS); `load` / `load_with_stats` read a split through either.
 """
 
 from grpo_jax.data import datasets
 from grpo_jax.data.arithmetic import (
     ArithmeticConfig,
-    CharTokenizer,
     answer_is_correct,
     format_prompt,
     make_arithmetic,
@@ -19,7 +18,6 @@ from grpo_jax.data.templates import DAPO_SUFFIX, render_prompt
 
 __all__ = [
     "ArithmeticConfig",
-    "CharTokenizer",
     "DAPO_SUFFIX",
     "PromptSource",
     "answer_is_correct",

@@ -1,7 +1,8 @@
-"""Synthetic arithmetic task with five difficulty levels and a character tokenizer.
+"""Synthetic arithmetic task with five difficulty levels.
 
 The task exists so that the whole GRPO / GDRO stack can be trained and tested end to end on a CPU
-with a tiny character-level transformer (2 layers, width 64-128, vocabulary of 51 symbols).
+with a tiny character-level transformer (2 layers, width 64-128, vocabulary of 51 symbols:
+`grpo_jax.models.tokenizer.CharTokenizer`).
 
 Prompt / completion format (keep it exactly; `format_prompt` and `sft_examples` produce it)::
 
@@ -61,7 +62,6 @@ from grpo_jax.rewards.extract import integer_answer_is_correct as answer_is_corr
 
 __all__ = [
     "ArithmeticConfig",
-    "CharTokenizer",
     "LADDER_MAX",
     "LEVELS",
     "answer_is_correct",
@@ -443,76 +443,3 @@ def sft_examples(examples: Sequence[dict]) -> list[tuple[str, str]]:
     The trainer appends EOS after the completion tokens.
     """
     return [(format_prompt(ex["problem"]), str(ex["answer"])) for ex in examples]
-
-
-# --------------------------------------------------------------------------------------------
-# Character tokenizer.
-# --------------------------------------------------------------------------------------------
-_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-_CHARS = "0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz"
-
-
-class CharTokenizer:
-    """Character-level tokenizer with the same protocol as the HF tokenizer wrapper.
-
-    Vocabulary (51 ids): 0 ``<pad>``, 1 ``<bos>``, 2 ``<eos>``, 3 ``<unk>``, then one id per
-    character of ``"0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz"`` (digits are ids 4..13).
-    Characters outside the vocabulary encode to ``<unk>`` (upper case is *not* folded).
-
-    `encode` does not add BOS or EOS (``add_bos=True`` prepends BOS); `decode` drops special
-    tokens by default (HF's ``skip_special_tokens``) and does not stop at EOS unless asked
-    (``stop_at_eos=True``): the trainer cuts completions at EOS via the completion mask.
-    """
-
-    pad_id: int = 0
-    bos_id: int | None = 1
-    eos_id: int = 2
-    unk_id: int = 3
-    eos_ids: tuple[int, ...] = (2,)
-
-    def __init__(self):
-        self._itos = list(_SPECIALS) + list(_CHARS)
-        self._stoi = {c: i for i, c in enumerate(_CHARS, start=len(_SPECIALS))}
-        self.vocab_size = len(self._itos)
-
-    def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        """Token ids of `text` (one per character), optionally with BOS first."""
-        ids = [self._stoi.get(c, self.unk_id) for c in text]
-        return ([self.bos_id] + ids) if add_bos else ids
-
-    def decode(
-        self, ids: Sequence[int], skip_special_tokens: bool = True, stop_at_eos: bool = False
-    ) -> str:
-        """Text of `ids`. Special tokens are dropped (or rendered as ``<eos>`` etc. when
-        ``skip_special_tokens=False``); with ``stop_at_eos`` decoding stops at the first EOS."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if stop_at_eos and i in self.eos_ids:
-                break
-            if i < len(_SPECIALS):
-                if not skip_special_tokens:
-                    out.append(self._itos[i])
-                continue
-            if i >= self.vocab_size:
-                raise ValueError(f"token id {i} out of range [0, {self.vocab_size})")
-            out.append(self._itos[i])
-        return "".join(out)
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict],
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-        **unused,
-    ) -> str | list[int]:
-        """Trivial chat template: the content of the last user message (no markup)."""
-        del add_generation_prompt, unused
-        user = [m["content"] for m in messages if m.get("role") == "user"]
-        if not user:
-            raise ValueError("apply_chat_template: no user message")
-        text = user[-1]
-        return self.encode(text) if tokenize else text
-
-    def __len__(self) -> int:
-        return self.vocab_size

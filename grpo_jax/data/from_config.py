@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-from grpo_jax.config_utils import ConfigError
 from grpo_jax.data import arithmetic, datasets, load_with_stats, pipeline, templates
+from grpo_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -15,9 +15,9 @@ An environment is one class and one registration line::
 
 from __future__ import annotations
 
-from grpo_jax import config_utils
 from grpo_jax.envs import tools  # noqa: F401  (registers the built-in environments)
 from grpo_jax.envs.base import _ENVIRONMENTS, Environment, EnvStep, register_environment
+from grpo_jax.errors import ConfigError
 from grpo_jax.rewards.custom import resolve_callable
 
 
@@ -25,13 +25,13 @@ def make_environment(spec: str, **kwargs) -> Environment:
     """An environment by registered name or ``module:Class``.
 
     Raises:
-      config_utils.ConfigError: an unknown name or an unimportable class (one line).
+      errors.ConfigError: an unknown name or an unimportable class (one line).
     """
     if spec in _ENVIRONMENTS:
         return _ENVIRONMENTS[spec](**kwargs)
     if ":" in spec:
         return resolve_callable(spec, "environment")(**kwargs)
-    raise config_utils.ConfigError(
+    raise ConfigError(
         f"env.name={spec!r}: not a registered environment ({', '.join(sorted(_ENVIRONMENTS))}) "
         "nor module:Class"
     )

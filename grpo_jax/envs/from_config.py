@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from grpo_jax import sampling
-from grpo_jax.config_utils import ConfigError
 from grpo_jax.envs import episodes, make_environment
+from grpo_jax.errors import ConfigError
 
 
 def environment(config, tokenizer, train: sampling.SamplingConfig):

@@ -2,7 +2,7 @@
 
 Submodules: config (ModelConfig, PRESETS, get_preset), transformer (Transformer, CriticModel,
 KVCache, init_cache), loading (load_hf_checkpoint, load_gguf, save_hf_checkpoint, gguf_to_hf),
-tokenizer (Tokenizer).
+tokenizer (Tokenizer, CharTokenizer).
 """
 
 from grpo_jax.models.config import PRESETS, ModelConfig, get_preset

@@ -7,8 +7,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from grpo_jax.config_utils import ConfigError
-from grpo_jax.data import arithmetic
+from grpo_jax.errors import ConfigError
 from grpo_jax.models import attention as attention_lib
 from grpo_jax.models import config as model_config_lib
 from grpo_jax.models import loading, transformer
@@ -26,7 +25,7 @@ def load_tokenizer(config):
     mc = config.model
     own = mc.tokenizer
     if config.data.name == "arithmetic" and not (own or mc.hf_checkpoint or mc.gguf_path):
-        return arithmetic.CharTokenizer()
+        return tokenizer_lib.CharTokenizer()
     field = "tokenizer" if own else "hf_checkpoint" if mc.hf_checkpoint else "gguf_path"
     try:
         if own or mc.hf_checkpoint:

@@ -1,6 +1,6 @@
 """Tokenizer wrapper around `tokenizers.Tokenizer` (HF checkpoint directory or GGUF vocab).
 
-Protocol shared with the arithmetic char tokenizer (grpo_jax.data.arithmetic):
+Protocol shared with `CharTokenizer` (below, the arithmetic task's character vocabulary):
   encode(text) -> list[int]; decode(ids) -> str (stops at nothing; the caller cuts);
   pad_id: int; eos_ids: tuple[int, ...]; bos_id: int | None; vocab_size: int;
   apply_chat_template(messages, add_generation_prompt=True) -> str.
@@ -370,3 +370,74 @@ class Tokenizer:
             cfg["chat_template"] = self.chat_template
         with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, ensure_ascii=False)
+
+
+# The arithmetic task's character vocabulary (no checkpoint: the built-in tokenizer).
+_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+_CHARS = "0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz"
+
+
+class CharTokenizer:
+    """Character-level tokenizer with the same protocol as the HF tokenizer wrapper.
+
+    Vocabulary (51 ids): 0 ``<pad>``, 1 ``<bos>``, 2 ``<eos>``, 3 ``<unk>``, then one id per
+    character of ``"0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz"`` (digits are ids 4..13).
+    Characters outside the vocabulary encode to ``<unk>`` (upper case is *not* folded).
+
+    `encode` does not add BOS or EOS (``add_bos=True`` prepends BOS); `decode` drops special
+    tokens by default (HF's ``skip_special_tokens``) and does not stop at EOS unless asked
+    (``stop_at_eos=True``): the trainer cuts completions at EOS via the completion mask.
+    """
+
+    pad_id: int = 0
+    bos_id: int | None = 1
+    eos_id: int = 2
+    unk_id: int = 3
+    eos_ids: tuple[int, ...] = (2,)
+
+    def __init__(self):
+        self._itos = list(_SPECIALS) + list(_CHARS)
+        self._stoi = {c: i for i, c in enumerate(_CHARS, start=len(_SPECIALS))}
+        self.vocab_size = len(self._itos)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Token ids of `text` (one per character), optionally with BOS first."""
+        ids = [self._stoi.get(c, self.unk_id) for c in text]
+        return ([self.bos_id] + ids) if add_bos else ids
+
+    def decode(
+        self, ids: Sequence[int], skip_special_tokens: bool = True, stop_at_eos: bool = False
+    ) -> str:
+        """Text of `ids`. Special tokens are dropped (or rendered as ``<eos>`` etc. when
+        ``skip_special_tokens=False``); with ``stop_at_eos`` decoding stops at the first EOS."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if stop_at_eos and i in self.eos_ids:
+                break
+            if i < len(_SPECIALS):
+                if not skip_special_tokens:
+                    out.append(self._itos[i])
+                continue
+            if i >= self.vocab_size:
+                raise ValueError(f"token id {i} out of range [0, {self.vocab_size})")
+            out.append(self._itos[i])
+        return "".join(out)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **unused,
+    ) -> str | list[int]:
+        """Trivial chat template: the content of the last user message (no markup)."""
+        del add_generation_prompt, unused
+        user = [m["content"] for m in messages if m.get("role") == "user"]
+        if not user:
+            raise ValueError("apply_chat_template: no user message")
+        text = user[-1]
+        return self.encode(text) if tokenize else text
+
+    def __len__(self) -> int:
+        return self.vocab_size

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from grpo_jax import sharding
-from grpo_jax.config_utils import ConfigError
+from grpo_jax.errors import ConfigError
 from grpo_jax.rewards import RewardConfig, RewardFn, batched, custom
 from grpo_jax.rewards import model as model_lib
 
