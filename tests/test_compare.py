@@ -601,6 +601,44 @@ def test_paired_bootstrap_level_mix_by_hand():
     assert same["gain"] == same["lo"] == same["hi"] == 0
 
 
+def test_training_mix_is_the_rl_pools_level_mix_when_the_test_half_is_uniform():
+    from types import SimpleNamespace
+
+    from configs import arithmetic as arith_cfg
+    from experiments.compare import cli as compare_cli
+
+    uniform = np.repeat([2, 3, 4, 5], 3)  # the test half: equal counts per d
+    # `,pool`: RL mix 0.5 / 0.05 / 0.35 / 0.1 over d = 2..5 differs from the uniform test half
+    pool = arith_cfg.get_config("grpo,pool")
+    tw = compare_cli._training_weights(pool, uniform)
+    assert tw == pytest.approx({2: 0.5, 3: 0.05, 4: 0.35, 5: 0.1})
+    # `,long`: uniform RL mix over the same d: the pooled test half is the training mix
+    assert compare_cli._training_weights(arith_cfg.get_config("grpo,long"), uniform) is None
+    # the train column is then the weighted per-level mean, by hand: per-level means of one seed,
+    # one evaluation, one sample: d2 1.0, d3 0.0, d4 2/3, d5 1/3 (method); GRPO all 1/3 except d2
+    a = np.array([1, 1, 1, 0, 0, 0, 1, 1, 0, 1, 0, 0], float)
+    b = np.array([0, 1, 0, 0, 1, 0, 1, 0, 0, 0, 0, 1], float)
+    ctx = SimpleNamespace(
+        k=1,
+        cfg0=pool,
+        methods=["grpo", "m"],
+        study=SimpleNamespace(hard_weights={5: 1.0}, last_evals=1, n_boot=50),
+    )
+    correct = {"grpo": b[None, None, :, None], "m": a[None, None, :, None]}
+    mix = compare_cli._mix_gains(ctx, correct, uniform)
+    assert mix["train_weights"] == pytest.approx(tw)
+    want_m = 0.5 * 1 + 0.05 * 0 + 0.35 * 2 / 3 + 0.1 * 1 / 3
+    want_b = 0.5 * 1 / 3 + 0.05 * 1 / 3 + 0.35 * 1 / 3 + 0.1 * 1 / 3
+    got = mix["gains"]["m"]["train"]["1"]
+    assert got["mean"] == pytest.approx(want_m) and got["base"] == pytest.approx(want_b)
+    assert mix["gains"]["m"]["hard"]["1"]["mean"] == pytest.approx(1 / 3)  # d = 5 only
+    # a testbed whose test half is the training mix keeps the pooled mean and no new key
+    ctx.cfg0 = arith_cfg.get_config("grpo,long")
+    pooled = compare_cli._mix_gains(ctx, correct, uniform)
+    assert "train_weights" not in pooled
+    assert pooled["gains"]["m"]["train"]["1"]["mean"] == pytest.approx(a.mean())
+
+
 def test_per_problem_pass_at_1_and_32():
     rng = np.random.default_rng(2)
     c = rng.random((2, 5, 32)) < 0.2

@@ -48,6 +48,7 @@ from experiments.compare.statistics import (
     safe_bootstrap,
 )
 from grpo_jax import cli
+from grpo_jax.data.arithmetic import ArithmeticConfig
 
 
 @dataclasses.dataclass
@@ -438,24 +439,42 @@ def _gains_by_start(ctx, scores, before) -> dict:
     return out
 
 
+def _training_weights(cfg, levels) -> dict[int, float] | None:
+    """The RL pool's level mix ``{level: weight}`` when the test half's level shares differ from
+    it (``,pool``: test uniform over d, RL 0.5 / 0.05 / 0.35 / 0.1), else None (the pooled test
+    half already is the training mix: every earlier testbed)."""
+    a = ArithmeticConfig(**cfg.data.arithmetic.to_dict())
+    w = {int(l): float(x) for l, x in zip(a.levels, a.train_weights())}
+    present, counts = np.unique(np.asarray(levels), return_counts=True)
+    share = counts / counts.sum()
+    if np.allclose(share, [w.get(int(l), 0.0) for l in present], rtol=0, atol=1e-9):
+        return None
+    return w
+
+
 def _mix_gains(ctx, correct_test, levels) -> dict:
-    """pass@k (k in `EXTRA_PASS_K`, k <= samples) on the training mix (pooled) and the hard mix
-    (``hard_weights``), with paired bootstrap gains vs GRPO (GRPO: its own score only)."""
+    """pass@k (k in `EXTRA_PASS_K`, k <= samples) on the training mix and the hard mix
+    (``hard_weights``), with paired bootstrap gains vs GRPO (GRPO: its own score only). The
+    training mix is the pooled test half, or its per-level means weighted by the RL pool's level
+    mix where the two differ (`_training_weights`, recorded as ``train_weights``)."""
     ks = [k for k in EXTRA_PASS_K if k <= ctx.k]
     hw = {int(l): float(w) for l, w in ctx.study.hard_weights.items()}
+    tw = _training_weights(ctx.cfg0, levels)
     last, n_boot = ctx.study.last_evals, ctx.study.n_boot
     sc = {
         m: {k: per_problem_scores(c, "pass_at_k", last, pass_k=k) for k in ks}
         for m, c in correct_test.items()
     }
-    mixes = {"train": {}, "hard": {"levels": levels, "level_weights": hw}}
+    train = {} if tw is None else {"levels": levels, "level_weights": tw}
+    mixes = {"train": train, "hard": {"levels": levels, "level_weights": hw}}
     out = {}
     for m in ctx.methods:
         out[m] = {
             name: {str(k): safe_bootstrap(sc[m][k], sc["grpo"][k], n_boot=n_boot, **kw) for k in ks}
             for name, kw in mixes.items()
         }
-    return {"ks": ks, "hard_weights": hw, "gains": out}
+    res = {"ks": ks, "hard_weights": hw, "gains": out}
+    return res if tw is None else {**res, "train_weights": tw}
 
 
 def _test_statistics(ctx, runs, warm) -> dict:

@@ -611,12 +611,20 @@ def _section_mixes(r) -> list[str]:
     weights = ", ".join(f"level {l}: {w:g}" for l, w in hw.items())
     cols = [(name, kk) for name in ("train", "hard") for kk in ks]
     head = {"train": "training mix", "hard": "hard mix"}
+    tw = mix.get("train_weights")
+    train = (
+        "Training mix = pooled over the test problems (their level mix is the training one)"
+        if tw is None
+        else "Training mix = per-level means combined with the RL pool's level weights "
+        + ", ".join(f"level {l}: {w:g}" for l, w in tw.items())
+        + " (the test half's level mix differs from it, so the pooled headline above is not "
+        "the training mix)"
+    )
     L = [
         "## pass@k on the training mix and a hard-weighted mix (test half)\n",
         "Each cell: score (%, mean over seeds) / relative gain vs GRPO [paired bootstrap 95% CI]. "
-        "Training mix = pooled over the test problems (their level mix is the training one); hard "
-        f"mix = per-level means combined with weights {weights} (`mix_mean`). pass@k unbiased "
-        f"from the {r['k']} samples (k <= samples only).\n",
+        f"{train}; hard mix = per-level means combined with weights {weights} (`mix_mean`). "
+        f"pass@k unbiased from the {r['k']} samples (k <= samples only).\n",
         "| method | " + " | ".join(f"{head[n]} pass@{kk}" for n, kk in cols) + " |",
         "|---|" + "---|" * len(cols),
     ]
