@@ -28,6 +28,8 @@ STD_KINDS = ("unbiased", "population")
 SCALES = ("group", "batch", "none")
 _DEFAULT_SCALE = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}
 NONFINITE_MODES = ("raise", "mask")
+# the AdvantageConfig fields `config.algorithm` holds (the others are the caller's choice)
+CONFIG_FIELDS = ("estimator", "std", "advantage_clip", "scale_rewards")
 
 
 def _is_traced(x) -> bool:
@@ -55,12 +57,16 @@ def _check_finite_eagerly(rewards, segment_ids, num_segments: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-    """The options of `compute` (frozen, hashable).
+    """The options of `compute` (frozen, hashable). The one home of these fields' defaults:
+    `config.algorithm` is generated from them (`grpo_jax.config_schema`), same names.
 
     estimator: "grpo" | "dr_grpo" | "rloo". std: "unbiased" | "population". eps: >= 0, added
-    to the standard deviation. clip: None or > 0, advantages clipped to [-clip, clip].
-    scale: None (the estimator's own: "group" for grpo, "none" otherwise) | "group" | "batch"
-    | "none". nonfinite: "raise" | "mask" (see `compute`).
+    to the standard deviation. advantage_clip: > 0, advantages clipped to [-c, c]; 0 (default; None
+    too) = off, as in TRL and verl, so `compute`'s guarantees below hold; the GDRO paper's
+    +-5 is `configs/dapo_qwen3.py`'s (under group scaling `|A| <= (n - 1) / sqrt(n)`: a cap
+    of 5 binds only groups of 27 or more). scale_rewards: None (the estimator's
+    own: "group" for grpo, "none" otherwise) | "group" | "batch" | "none" (TRL's name).
+    nonfinite: "raise" | "mask" (see `compute`).
 
     Raises:
       ValueError: in `__post_init__`, one line "field=value ..." for a bad choice or range.
@@ -69,53 +75,41 @@ class AdvantageConfig:
     estimator: str = "grpo"
     std: str = "unbiased"
     eps: float = 1e-6
-    clip: float | None = None
-    scale: str | None = None
+    advantage_clip: float | None = 0.0
+    scale_rewards: str | None = None
     nonfinite: str = "raise"
-
-    # config.algorithm field -> AdvantageConfig field
-    CONFIG_FIELDS = {
-        "estimator": "estimator",
-        "std": "std",
-        "advantage_clip": "clip",
-        "scale_rewards": "scale",
-    }
 
     def __post_init__(self):
         for name, choices in (
             ("estimator", ESTIMATORS),
             ("std", STD_KINDS),
             ("nonfinite", NONFINITE_MODES),
-            ("scale", (None, *SCALES)),
+            ("scale_rewards", (None, *SCALES)),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}")
         if not _is_traced(self.eps) and not float(self.eps) >= 0:
             raise ValueError(f"eps={self.eps!r} must be >= 0")
-        if self.clip is not None and not _is_traced(self.clip) and not float(self.clip) > 0:
-            raise ValueError(f"clip={self.clip!r} must be > 0 or None")
+        c = self.advantage_clip
+        if c is not None and not _is_traced(c) and not float(c) >= 0:
+            raise ValueError(f"advantage_clip={c!r} must be >= 0 (0 turns it off)")
 
     @property
     def resolved_scale(self) -> str:
-        """`scale`, or the estimator's own when None."""
-        return _DEFAULT_SCALE[self.estimator] if self.scale is None else self.scale
+        """`scale_rewards`, or the estimator's own when None."""
+        s = self.scale_rewards
+        return _DEFAULT_SCALE[self.estimator] if s is None else s
 
     @classmethod
     def from_config(cls, algorithm, **overrides) -> AdvantageConfig:
-        """From a `config.algorithm` section (`estimator`, `std`, `advantage_clip` with 0 = off,
-        `scale_rewards`), then `overrides`. Raises ValueError naming the config's field."""
-        kw = {f: algorithm[k] for k, f in cls.CONFIG_FIELDS.items() if k in algorithm}
-        if not kw.get("clip"):
-            kw["clip"] = None
+        """From a `config.algorithm` section (the fields it has of `estimator`, `std`,
+        `advantage_clip`, `scale_rewards`), then `overrides`. Raises ValueError naming the
+        field."""
+        kw = {k: algorithm[k] for k in CONFIG_FIELDS if k in algorithm}
         try:
             return cls(**{**kw, **overrides})
         except ValueError as e:
-            msg = str(e)
-            for key, field in cls.CONFIG_FIELDS.items():
-                if msg.startswith(field + "=") and field not in overrides:
-                    msg = key + msg[len(field) :]
-            hint = " (0 turns it off)" if msg.startswith("advantage_clip=") else ""
-            raise ValueError(msg + hint) from None
+            raise ValueError(str(e)) from None
 
 
 def _checked_inputs(rewards, segment_ids, num_segments, cfg: AdvantageConfig):
@@ -155,16 +149,16 @@ def compute(
     - `"dr_grpo"` (Dr. GRPO Eq. 3): `A = r - m`.
     - `"rloo"` (RLOO Eq. 4): `A = r - mean of the other n - 1 members = n / (n - 1) * (r - m)`.
 
-    `scale` overrides the division of the centred advantage `c` (`r - m` for grpo/dr_grpo,
+    `scale_rewards` overrides the division of the centred advantage `c` (`r - m` for grpo/dr_grpo,
     the leave-one-out difference for rloo): `"group"`: `A = c / (s_g + eps)` (the group's
     std); `"batch"`: `A = c / (s_B + eps)` with `s_B` the std (`std` kind) of the raw rewards
     of *all* grouped finite rows of the batch (TRL `scale_rewards="batch"`: group mean, batch
     std); `"none"`: `A = c` (Dr. GRPO). `None` (default) keeps each estimator's own: `"group"`
-    for grpo, `"none"` for dr_grpo and rloo. So `estimator="grpo", scale="batch"` is TRL's
-    batch scaling and `estimator="grpo", scale="none"` equals `"dr_grpo"`. `s_B` is a batch
+    for grpo, `"none"` for dr_grpo and rloo. So `estimator="grpo", scale_rewards="batch"` is TRL's
+    batch scaling and `estimator="grpo", scale_rewards="none"` equals `"dr_grpo"`. `s_B` is a batch
     statistic: compute it on the whole batch (all prompts' groups), not per micro-batch.
 
-    Then optionally `A <- clip(A, -clip, clip)`. Guarantees:
+    Then, with `advantage_clip = c > 0`, `A <- clip(A, -c, c)`. Guarantees:
 
     - A group whose (finite) rewards are all exactly equal gives `A = 0` for all its members
       (decided by `max == min`, so float round-off in the mean cannot produce `±1e-3`-sized
@@ -192,7 +186,7 @@ def compute(
         other values mark padding rows.
       num_segments: static Python int, number of groups `P` (upper bound on segment ids).
       cfg: `AdvantageConfig`: `estimator`, `std` (used by group and batch scaling), `eps`,
-        `clip`, `nonfinite`, `scale` (each as above).
+        `advantage_clip`, `nonfinite`, `scale_rewards` (each as above).
 
     Returns:
       `(advantages, stats)`: `advantages [R]` float32; `stats` a dict of scalar jnp arrays:
@@ -206,7 +200,7 @@ def compute(
       ValueError: bad `num_segments`, or a non-finite reward with `nonfinite="raise"` and concrete inputs.
       AssertionError: (chex) wrong ranks/shapes/dtypes of `rewards` or `segment_ids`.
     """
-    estimator, std, eps, clip = cfg.estimator, cfg.std, cfg.eps, cfg.clip
+    estimator, std, eps, clip = cfg.estimator, cfg.std, cfg.eps, cfg.advantage_clip
     scale = cfg.resolved_scale
     rewards, segment_ids, num_segments = _checked_inputs(rewards, segment_ids, num_segments, cfg)
     r = rewards.astype(jnp.float32)
@@ -247,7 +241,7 @@ def compute(
 
     keep = ok & informative[seg_c]
     adv = jnp.where(keep, adv, 0.0)
-    if clip is not None:
+    if _is_traced(clip) or clip:  # 0 / None = off
         num_clipped = jnp.sum(jnp.abs(adv) > clip).astype(jnp.int32)
         adv = jnp.clip(adv, -clip, clip)
     else:

@@ -1,8 +1,12 @@
 """The config schema: every field a run reads, with its default and a comment.
 
-`base_config()` is the one home of the defaults (the files in ``configs/`` start from it and
-change what their experiment needs); `upgrade(saved)` reads a workdir's ``config.json`` written
-by an older version: fields it lacks take today's defaults, so code reads every field directly.
+`base_config()` is the dict the CLI edits (the files in ``configs/`` start from it and change
+what their experiment needs). Every field has one default: the fields of the pure functions'
+option dataclasses (`losses.PolicyLossConfig`, `advantages.AdvantageConfig`, the GDRO
+classifier and controllers, the field's curricula) are generated from those dataclasses
+(`DATACLASS_FIELDS`; their docs are there), the rest are written here. `upgrade(saved)` reads a
+workdir's ``config.json`` written by an older version: fields it lacks take today's defaults, so
+code reads every field directly.
 
 Sections: model, data, rollout, algorithm, gdro, ppo, optimizer, sft, mesh, checkpoint, eval,
 logging, reward. Units are in the names (`*_steps`, `*_tokens`, `*_per_step`, `*_s`).
@@ -10,8 +14,59 @@ logging, reward. Units are in the names (`*_steps`, `*_tokens`, `*_per_step`, `*
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import ml_collections
 from ml_collections import config_dict
+
+from grpo_jax import advantages, gdro, losses
+from grpo_jax.algorithms import field
+
+# (section path, option dataclass, its fields the section leaves out: set by the builder)
+DATACLASS_FIELDS = (
+    ("algorithm", losses.PolicyLossConfig, ("max_len",)),
+    ("algorithm", advantages.AdvantageConfig, ("eps", "nonfinite")),
+    ("gdro.classifier", gdro.ClassifierConfig, ()),
+    ("gdro.prompt", gdro.PromptGDROConfig, ()),
+    ("gdro.rollout", gdro.RolloutGDROConfig, ("n_bar", "mu_0")),
+    ("curricula.learnability", field.LearnabilityConfig, ()),
+    ("curricula.filter", field.FilterConfig, ()),
+    ("curricula.greso", field.GRESOConfig, ()),
+)
+
+
+def _add_dataclass_fields(section: ml_collections.ConfigDict, cls, skip=()) -> None:
+    """Adds ``cls``'s fields (less ``skip``) to ``section`` with their defaults; a None default
+    becomes a typed placeholder (``float | None`` -> a float field that may be None).
+
+    Raises:
+      ValueError: a field is already in ``section`` (a second home for its default).
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if f.name in section:
+            raise ValueError(
+                f"config field {f.name!r} is written in the schema and in {cls.__name__}: its "
+                f"default has one home, the dataclass"
+            )
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
+        if default is None:
+            kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]
+            section[f.name] = config_dict.placeholder(kinds[0])
+        else:
+            section[f.name] = default
+
+
+def _section(c: ml_collections.ConfigDict, path: str) -> ml_collections.ConfigDict:
+    for key in path.split("."):
+        c = c[key]
+    return c
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -28,6 +83,8 @@ def base_config() -> ml_collections.ConfigDict:
     _training_fields(c)
     _evaluation_and_logging_fields(c)
     _reward_fields(c)
+    for path, cls, skip in DATACLASS_FIELDS:
+        _add_dataclass_fields(_section(c, path), cls, skip)
     return c
 
 
@@ -149,20 +206,12 @@ def _env_fields(c: ml_collections.ConfigDict) -> None:
 
 
 def _algorithm_fields(c: ml_collections.ConfigDict) -> None:
-    """The algorithm, its loss and advantage options, DAPO's options."""
+    """The algorithm and the update's options; the loss's and the advantages' own options
+    (clip range, KL, surrogate, estimator, ...) come from `DATACLASS_FIELDS`."""
     c.algorithm = ml_collections.ConfigDict()
     # a name registered in grpo_jax.algorithms: grpo | prompt_gdro | rollout_gdro | ppo | dapo |
     # online_filter | learnability | greso
     c.algorithm.name = "grpo"
-    c.algorithm.estimator = "grpo"  # advantage estimator: grpo | dr_grpo | rloo
-    c.algorithm.std = "unbiased"  # group std for grpo: unbiased | population
-    c.algorithm.advantage_clip = 5.0  # clip advantages to [-c, c] (0 = off)
-    c.algorithm.epsilon_low = 0.2  # PPO clip, lower side
-    c.algorithm.epsilon_high = 0.28  # PPO clip, upper side (DAPO clip-higher)
-    c.algorithm.dual_clip = 0.0  # dual-clip constant c > 1 for A < 0 (0 = off)
-    c.algorithm.loss_agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    c.algorithm.kl_coef = 0.0  # KL-to-reference coefficient (0 skips the reference pass)
-    c.algorithm.kl_kind = "k3"  # k1 | k2 | k3
     # where the KL is paid (once): None = the learner's default (ppo: reward, others: loss) |
     # reward (per-token reward penalty; ppo only) | loss (a term of the policy loss)
     c.algorithm.kl_in = config_dict.placeholder(str)
@@ -173,115 +222,33 @@ def _algorithm_fields(c: ml_collections.ConfigDict) -> None:
     # positions per chunk of the LM head + log-softmax in the log-prob passes and the update: the
     # [R, Lc, V] logits and their gradient never exist whole (same values; 0 = whole logits)
     c.algorithm.logprob_chunk_size = 0
-    # the policy objective (grpo_jax.losses.policy_loss): clip (PPO/GRPO) | cispo (MiniMax-M1:
-    # clipped, detached IS weight x advantage x log-prob) | sapo (a sigmoid gate, no hard clip)
-    c.algorithm.policy_loss_type = "clip"
-    c.algorithm.ratio_level = "token"  # importance ratio per token | sequence (GSPO)
-    c.algorithm.cispo_epsilon_low = config_dict.placeholder(float)  # CISPO: None = no lower bound
-    c.algorithm.cispo_epsilon_high = 0.28  # CISPO: IS weight capped at 1 + this
-    c.algorithm.sapo_tau_pos = 1.0  # SAPO: gate temperature for A > 0
-    c.algorithm.sapo_tau_neg = 1.05  # SAPO: gate temperature for A <= 0
-    # KL term times the live importance ratio pi/pi_old (TRL's use_bias_correction_kl)
-    c.algorithm.kl_ratio_correction = False
-    # advantage scaling: None = the estimator's own (grpo: group std) | group | batch | none
-    c.algorithm.scale_rewards = config_dict.placeholder(str)
     c.algorithm.overlong_filtering = False  # DAPO: truncated completions drop out of the loss
     c.algorithm.overlong_penalty_factor = 0.0  # DAPO soft overlong punishment (0 = off)
     c.algorithm.overlong_cache_tokens = 0  # DAPO L_cache: the penalty ramps over the last N tokens
-    # truncated importance sampling cap on exp(old - sampler) log-probs (0 = off; verl uses 2)
-    c.algorithm.tis_cap = 0.0
     c.algorithm.reward_scale = "pm1"  # pm1 (+1/-1, paper) | 01
     c.algorithm.dynamic_sampling = False  # DAPO: drop all-equal groups and re-sample
     c.algorithm.dynamic_sampling_max_rounds = 3  # extra generation rounds when dynamic sampling
 
-    # GDRO controllers: each subsection holds the fields of the dataclass it builds
-    # (grpo_jax.gdro.ClassifierConfig / PromptGDROConfig / RolloutGDROConfig; docs there).
-
 
 def _gdro_fields(c: ml_collections.ConfigDict) -> None:
-    """The GDRO classifier and controllers (docs/gdro.md)."""
+    """The GDRO classifier and controllers (docs/gdro.md) and the field's pass-rate curricula
+    (grpo_jax.algorithms.field; read only by their algorithm): each subsection holds the fields
+    of the dataclass it builds (`DATACLASS_FIELDS`; docs there). Each section's `mode`:
+    corrected (default) | paper; every switch left at None takes its mode's value; the
+    classifier's `delta` left at None takes the curriculum's own margin."""
     c.gdro = ml_collections.ConfigDict()
     c.gdro.classifier = ml_collections.ConfigDict()
-    # bin edges (B = len + 1 bins)
-    c.gdro.classifier.edges = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-    c.gdro.classifier.history = 50  # H: visits kept per prompt
-    # hysteresis margin (-1 = the curriculum's own: 0.03 for Prompt-GDRO, 0 otherwise)
-    c.gdro.classifier.delta = -1.0
-    c.gdro.classifier.unseen_bin = 0  # bin of never-seen prompts
-    # Each section's `mode`: corrected (default) | paper; "paper" reproduces the paper / released
-    # code, and every switch left at None takes its mode's value (docs/gdro.md has the table).
-    c.gdro.classifier.mode = "corrected"
-    # per-visit statistic: success_rate (window pass@1) | any_correct (paper) | pass_at_k
-    c.gdro.classifier.statistic = config_dict.placeholder(str)
-    c.gdro.classifier.pass_k = 4  # k for the pass_at_k statistic
-    # never-seen prompts in their own state (True) or in unseen_bin (paper: False)
-    c.gdro.classifier.separate_unseen = config_dict.placeholder(bool)
     c.gdro.prompt = ml_collections.ConfigDict()
-    # exponential-weights step size (eta_q; 0 = GRPO). With the failure-rate signal the tilt
-    # between bins is at most exp(eta): 0.65 barely acts (reports/gdro_first_run/gdro_vs_grpo.md)
-    c.gdro.prompt.eta = 0.65
-    c.gdro.prompt.gamma = 0.01  # uniform mixing
-    c.gdro.prompt.beta = 0.12  # EMA rate of bin scores
-    c.gdro.prompt.share_floor = 1e-3  # floor on a bin's batch share in Eq. 12's debiasing
-    c.gdro.prompt.weight_cap = 15.0  # cap on per-rollout advantage weights
-    c.gdro.prompt.score_clip = 0.0  # clip C on scores before exp (0 = none)
-    c.gdro.prompt.apply = "advantage_weight"  # advantage_weight | resample
-    c.gdro.prompt.mode = "corrected"  # corrected | paper
-    # loss signal: failure_rate (corrected) | surrogate_loss (paper; 0 at ratio 1, needs >= 2
-    # mini-batches per step) | informative (share of the bin's rollouts in informative groups)
-    c.gdro.prompt.signal = config_dict.placeholder(str)
-    # Eq. 12's division of a bin's mean signal by its batch share (paper: True)
-    c.gdro.prompt.share_division = config_dict.placeholder(bool)
-    # weights mean 1 over rollouts with non-zero advantage (paper: over all rollouts)
-    c.gdro.prompt.renormalise_informative = config_dict.placeholder(bool)
-    # resample: bins drawn in proportion to population x weight, so eta = 0 is uniform
-    # (paper mode: bins drawn with q itself)
-    c.gdro.prompt.population_weighted = config_dict.placeholder(bool)
     c.gdro.rollout = ml_collections.ConfigDict()
-    # bandit | sqrt (bins' success rates) | shrunk (per-prompt counts shrunk to a Beta prior)
-    c.gdro.rollout.allocator = "bandit"
-    c.gdro.rollout.n_min = 2  # fewest rollouts per prompt (>= 2)
-    c.gdro.rollout.n_max = 12  # most rollouts per prompt
-    c.gdro.rollout.eta = 0.65  # bandit step size (eta_n)
-    c.gdro.rollout.gamma = 0.01  # bandit uniform mixing
-    c.gdro.rollout.ema_decay = 0.4  # EMA decay of arm scores
-    c.gdro.rollout.alpha_mu = 0.05  # dual-ascent step on the price mu
-    c.gdro.rollout.v_floor = 0.01  # variance floor (sqrt allocator, variance feedback)
-    c.gdro.rollout.mode = "corrected"  # corrected | paper
-    # loss signal: failure_rate (corrected) | surrogate_loss (paper)
-    c.gdro.rollout.signal = config_dict.placeholder(str)
-    # bandit feedback: variance (per-rollout variance, depends on n) | loss (paper)
-    c.gdro.rollout.feedback = config_dict.placeholder(str)
-    # arm choice weighted by each bin's prompt count (paper: unweighted)
-    c.gdro.rollout.count_weighted_dp = config_dict.placeholder(bool)
-    # shrunk allocator: objective informative (expected informative groups) | variance (Neyman)
-    c.gdro.rollout.objective = "informative"
-    c.gdro.rollout.evidence_decay = 0.8  # per-visit decay of a prompt's success/trial counts
-    c.gdro.rollout.min_trials = 8.0  # prompts with fewer (decayed) trials keep >= n_bar rollouts
-    c.gdro.rollout.prior_strength = 0.0  # a + b of the Beta prior (0 = fitted to the pool)
-
-    # the field's pass-rate curricula (grpo_jax.algorithms.field; read only by their algorithm)
     c.curricula = ml_collections.ConfigDict()
     c.curricula.learnability = ml_collections.ConfigDict()  # algorithm.name = learnability
-    c.curricula.learnability.uniform_mix = 0.0  # eps: q = (1 - eps) p(1-p) / sum + eps / N
-    c.curricula.learnability.unseen_p = 0.5  # pass rate assumed for a never-seen prompt
     c.curricula.filter = ml_collections.ConfigDict()  # algorithm.name = online_filter
-    c.curricula.filter.low = 0.25  # keep groups with estimated pass rate in [low, high]
-    c.curricula.filter.high = 0.75
-    c.curricula.filter.estimate = "group"  # group (the group's share correct) | window
     c.curricula.greso = ml_collections.ConfigDict()  # algorithm.name = greso
-    c.curricula.greso.p_init = 0.5  # exploration probability at the start (easy and hard)
-    c.curricula.greso.p_min = 0.05  # its floor
-    c.curricula.greso.delta = 0.01  # its step per RL step
-    c.curricula.greso.target = 0.125  # wanted share of zero-variance groups of each kind
-    c.curricula.greso.max_draws = 8  # candidate batches of P per step before filling
-
-    # PPO's critic (grpo_jax.algorithms.ppo.PPO; only read when algorithm.name = ppo)
 
 
 def _training_fields(c: ml_collections.ConfigDict) -> None:
     """PPO's critic, the optimizer, the SFT warm start, mesh, checkpoints."""
-    c.ppo = ml_collections.ConfigDict()
+    c.ppo = ml_collections.ConfigDict()  # PPO's critic (read only when algorithm.name = ppo)
     c.ppo.gamma = 1.0  # GAE discount
     c.ppo.lam = 0.95  # GAE lambda
     c.ppo.value_clip = 0.2  # value-loss clip range
@@ -396,7 +363,8 @@ def upgrade(saved: dict) -> ml_collections.ConfigDict:
     Every field of `base_config()` the saved dict lacks takes its default; the saved values win
     everywhere else. Fields the schema does not know (a removed option, a section of your own)
     are kept as saved. Sequences saved as JSON lists come back as tuples where the default is
-    one, so the result compares equal to the config that wrote it.
+    one, so the result compares equal to the config that wrote it. Older spellings are read as
+    today's: ``gdro.classifier.delta`` < 0 ("the curriculum's own") is None.
 
     Args:
       saved: nested dict (JSON-decoded).
@@ -404,6 +372,9 @@ def upgrade(saved: dict) -> ml_collections.ConfigDict:
     """
     config = base_config()
     _merge(config, saved)
+    classifier = config.get("gdro", {}).get("classifier", {})
+    if isinstance(classifier.get("delta"), (int, float)) and classifier["delta"] < 0:
+        classifier.delta = None
     return config
 
 

@@ -188,6 +188,12 @@ def _masked_mean(x, m):
 # ----------------------------------------------------------------------------------------------
 
 
+def _on(value) -> bool:
+    """An off-able option (`dual_clip`, `tis_cap`) is on: non-zero, or traced (a jitted caller
+    passing it as an argument has it on)."""
+    return not _concrete(value) or bool(value)
+
+
 def _number(name, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> None:
     """Raises ValueError "name=value must be a number in [lo, hi)" unless value is in range
     (traced values pass: they are checked where they are concrete)."""
@@ -208,12 +214,13 @@ def _number(name, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> N
 class PolicyLossConfig:
     """The options of `policy_loss` (frozen and hashable: a static argument of `jax.jit`).
 
-    Fields mirror `config.algorithm` (`from_config`), where 0 means "off" for `dual_clip` and
-    `tis_cap`:
+    The one home of these fields' defaults: `config.algorithm` is generated from them
+    (`grpo_jax.config_schema`) and read back with `from_config`.
       policy_loss_type: a registered surrogate (`SURROGATES`: "clip", "cispo", "sapo", ...).
       epsilon_low, epsilon_high: the clip range `[1 - epsilon_low, 1 + epsilon_high]` of
-        "clip" (DAPO clip-higher when `epsilon_high > epsilon_low`); `epsilon_low` in [0, 1).
-      dual_clip: None or `c > 1` ("clip" only; Ye et al. 2020, Eq. 5).
+        "clip"; `epsilon_low` in [0, 1). Defaults 0.2 / 0.28: DAPO's clip-higher (Yu et al.
+        2025, Sec. 3.1), which every run of the CLI has used; 0.2 / 0.2 is PPO's symmetric clip.
+      dual_clip: 0 (off) or `c > 1` ("clip" only; Ye et al. 2020, Eq. 5).
       ratio_level: "token" or "sequence" (GSPO Eq. 7: the row's mean log-ratio per token).
       loss_agg_mode: one of `LOSS_AGG_MODES` (see `aggregate_loss`).
       max_len: `T_max` of "seq-mean-token-sum-norm" (None: the batch's `T`).
@@ -221,8 +228,9 @@ class PolicyLossConfig:
       kl_kind: "k1" | "k2" | "k3" (`kl`).
       kl_ratio_correction: the KL times the live importance ratio (TRL's
         `use_bias_correction_kl`; tests/test_kl_ratio_trl.py).
-      tis_cap: None or `C > 0`: truncated importance sampling against the sampler's log-probs
-        (Yao et al. 2025; verl's default C = 2); given iff `sampler_logprobs` is.
+      tis_cap: 0 (off) or `C > 0`: truncated importance sampling against the sampler's
+        log-probs (Yao et al. 2025; verl's default C = 2); on iff `sampler_logprobs` is given.
+      (None is read as 0 for `dual_clip` and `tis_cap`.)
       cispo_epsilon_low, cispo_epsilon_high: CISPO's weight range `[1 - low, 1 + high]`
         (low None: no lower bound, the paper's setting; high >= 0).
       sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures (> 0) for `A > 0` / `A <= 0`.
@@ -234,21 +242,24 @@ class PolicyLossConfig:
 
     policy_loss_type: str = "clip"
     epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    dual_clip: float | None = None
+    epsilon_high: float = 0.28
+    dual_clip: float = 0.0
     ratio_level: str = "token"
     loss_agg_mode: str = "token-mean"
     max_len: int | None = None
     kl_coef: float = 0.0
     kl_kind: str = "k3"
     kl_ratio_correction: bool = False
-    tis_cap: float | None = None
+    tis_cap: float = 0.0
     cispo_epsilon_low: float | None = None
     cispo_epsilon_high: float = 0.28
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
 
     def __post_init__(self):
+        for name in ("dual_clip", "tis_cap"):  # 0 = off; None (the older spelling) too
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, 0.0)
         for name, choices in (
             ("policy_loss_type", tuple(SURROGATES)),
             ("ratio_level", RATIO_LEVELS),
@@ -266,11 +277,10 @@ class PolicyLossConfig:
         _number("sapo_tau_neg", self.sapo_tau_neg, 0, lo_open=True)
         if self.cispo_epsilon_low is not None:
             _number("cispo_epsilon_low", self.cispo_epsilon_low, 0, 1, hi_open=True)
-        if self.tis_cap is not None:
-            _number("tis_cap", self.tis_cap, 0, lo_open=True)
+        _number("tis_cap", self.tis_cap, 0)
         if self.max_len is not None and not (isinstance(self.max_len, int) and self.max_len > 0):
             raise ValueError(f"max_len={self.max_len!r} must be a positive integer or None")
-        if self.dual_clip is not None:
+        if _on(self.dual_clip):
             _number("dual_clip", self.dual_clip, 1, lo_open=True)
             if self.policy_loss_type != "clip":
                 raise ValueError(
@@ -281,11 +291,10 @@ class PolicyLossConfig:
     @classmethod
     def from_config(cls, algorithm, **overrides) -> PolicyLossConfig:
         """From a `config.algorithm` section (`ml_collections.ConfigDict` or any mapping): the
-        fields it has (`dual_clip`/`tis_cap` 0 -> None), then `overrides`. Raises ValueError as
-        `__post_init__` (saying that 0 turns `dual_clip`/`tis_cap` off)."""
+        fields it has, then `overrides`. Raises ValueError as `__post_init__` (saying that 0
+        turns `dual_clip`/`tis_cap` off)."""
         kw = {f.name: algorithm[f.name] for f in dataclasses.fields(cls) if f.name in algorithm}
         off = ("dual_clip", "tis_cap")
-        kw.update({k: None for k in off if k in kw and not kw[k]})
         try:
             return cls(**{**kw, **overrides})
         except ValueError as e:
@@ -336,7 +345,7 @@ def clip_surrogate(x: SurrogateInputs, cfg: PolicyLossConfig):
     a, r = x.advantages, x.ratio
     lo, hi = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
     pg = jnp.maximum(-a * r, -a * jnp.clip(r, lo, hi))
-    if cfg.dual_clip is not None:
+    if _on(cfg.dual_clip):
         pg = jnp.where(a < 0, jnp.minimum(pg, -cfg.dual_clip * a), pg)
     r = lax.stop_gradient(r)
     return pg, ((a > 0) & (r > hi)) | ((a < 0) & (r < lo))
@@ -521,7 +530,7 @@ def _checked_policy_inputs(
     """`policy_loss`'s argument checks; returns (logprobs, old_logprobs, advantages) as arrays."""
     if ref_logprobs is None and _concrete(cfg.kl_coef) and float(cfg.kl_coef) != 0.0:
         raise ValueError(f"kl_coef = {cfg.kl_coef} needs ref_logprobs")
-    if (sampler_logprobs is None) != (cfg.tis_cap is None):
+    if (sampler_logprobs is None) == _on(cfg.tis_cap):
         raise ValueError(
             "truncated importance sampling needs both sampler_logprobs and tis_cap (got "
             f"sampler_logprobs {'None' if sampler_logprobs is None else 'given'}, "

@@ -125,7 +125,7 @@ def test_empty_group_is_not_counted():
 
 def test_clip():
     r = [1.0] + [0.0] * 9  # A_0 = 0.9/0.316 = 2.85
-    a, stats = adv(r, [0] * 10, 1, estimator="grpo", clip=1.5)
+    a, stats = adv(r, [0] * 10, 1, estimator="grpo", advantage_clip=1.5)
     ref = reference(r, [0] * 10, 1, "grpo")
     np.testing.assert_allclose(a, np.clip(ref, -1.5, 1.5), rtol=1e-5)
     assert a[0] == pytest.approx(1.5) and stats["num_clipped"] == 1
@@ -176,10 +176,18 @@ def test_bad_arguments():
         {"std": "sample"},
         {"nonfinite": "ignore"},
         {"eps": -1.0},
-        {"clip": 0.0},
+        {"advantage_clip": -1.0},
+        {"scale_rewards": "prompt"},
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=next(iter(kw))):
             compute(r, s, 1, **kw)
+    # 0 (and None) turn the clip off: the default, as in TRL and verl
+    r8 = jnp.array([1.0] + [0.0] * 29)  # one success in 30: A = 29 / sqrt(30) > 5
+    for off in (0.0, None):
+        a, stats = compute(r8, jnp.zeros(30, jnp.int32), 1, advantage_clip=off)
+        assert float(a[0]) == pytest.approx(29 / np.sqrt(30), rel=1e-4)
+        assert int(stats["num_clipped"]) == 0
+    assert advantages.AdvantageConfig().advantage_clip == 0.0
     with pytest.raises(ValueError, match="num_segments"):
         compute(r, s, 1.5)
     with pytest.raises(AssertionError):
@@ -279,19 +287,19 @@ def test_scale_hand_values():
     var 2.8 / 4 = .7, population 2.8 / 5 = .56 (TRL scale_rewards="batch")."""
     r, s = [1.0, 0.0, 2.0, 0.0, 1.0], [0, 0, 1, 1, 1]
     c = np.array([0.5, -0.5, 1.0, -1.0, 0.0])
-    a, _ = adv(r, s, 2, scale="batch")
+    a, _ = adv(r, s, 2, scale_rewards="batch")
     np.testing.assert_allclose(a, c / (math.sqrt(0.7) + 1e-6), rtol=1e-6)
-    a, _ = adv(r, s, 2, scale="batch", std="population")
+    a, _ = adv(r, s, 2, scale_rewards="batch", std="population")
     np.testing.assert_allclose(a, c / (math.sqrt(0.56) + 1e-6), rtol=1e-6)
-    a, _ = adv(r, s, 2, scale="none")
+    a, _ = adv(r, s, 2, scale_rewards="none")
     np.testing.assert_allclose(a, c, rtol=1e-6)
     # group stds: sqrt(.5) and 1 (unbiased)
-    a, _ = adv(r, s, 2, scale="group")
+    a, _ = adv(r, s, 2, scale_rewards="group")
     np.testing.assert_allclose(
         a, c / (np.array([1, 1, 0, 0, 0]) * math.sqrt(0.5) + [0, 0, 1, 1, 1] + 1e-6), rtol=1e-6
     )
     # rloo centring (n / (n - 1) (r - m): x2 and x1.5) divided by the batch std
-    a, _ = adv(r, s, 2, estimator="rloo", scale="batch")
+    a, _ = adv(r, s, 2, estimator="rloo", scale_rewards="batch")
     np.testing.assert_allclose(a, c * [2, 2, 1.5, 1.5, 1.5] / (math.sqrt(0.7) + 1e-6), rtol=1e-6)
 
 
@@ -302,11 +310,12 @@ def test_scale_default_is_the_estimator_own(estimator):
     r = rng.normal(size=seg.size)
     own = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}[estimator]
     np.testing.assert_array_equal(
-        adv(r, seg, 3, estimator=estimator)[0], adv(r, seg, 3, estimator=estimator, scale=own)[0]
+        adv(r, seg, 3, estimator=estimator)[0],
+        adv(r, seg, 3, estimator=estimator, scale_rewards=own)[0],
     )
     # grpo with no scaling is dr_grpo
     np.testing.assert_array_equal(
-        adv(r, seg, 3, scale="none")[0], adv(r, seg, 3, estimator="dr_grpo")[0]
+        adv(r, seg, 3, scale_rewards="none")[0], adv(r, seg, 3, estimator="dr_grpo")[0]
     )
 
 
@@ -315,14 +324,14 @@ def test_batch_scale_with_padding_nonfinite_singletons_and_unequal_groups():
     masked non-finite rows excluded); uninformative groups still get exact zeros."""
     r = np.array([1.0, 0.0, 9.0, 2.0, 0.0, 1.0, np.nan, 7.0, 4.0, 4.0, 4.0])
     s = np.array([0, 0, -1, 1, 1, 1, 1, 2, 3, 3, 3])  # padding row 2, NaN in group 1, singleton 2
-    a, stats = adv(r, s, 4, scale="batch", nonfinite="mask")
+    a, stats = adv(r, s, 4, scale_rewards="batch", nonfinite="mask")
     pool = np.array([1.0, 0.0, 2.0, 0.0, 1.0, 7.0, 4.0, 4.0, 4.0])
     sd = np.std(pool, ddof=1)
     expect = np.array([0.5, -0.5, 0, 1.0, -1.0, 0.0, 0, 0, 0, 0, 0]) / (sd + 1e-6)
     np.testing.assert_allclose(a, expect, rtol=1e-6, atol=1e-7)
     assert stats["num_zero_std_groups"] == 1 and stats["num_singleton_groups"] == 1
     # a batch whose rewards are all equal: zeros, not NaN
-    a, _ = adv([3.0] * 4, [0, 0, 1, 1], 2, scale="batch")
+    a, _ = adv([3.0] * 4, [0, 0, 1, 1], 2, scale_rewards="batch")
     np.testing.assert_array_equal(a, 0.0)
 
 
@@ -332,8 +341,8 @@ def test_property_batch_scale(data, scale, shift):
     """Group sums are zero, A is invariant to r -> scale * r + shift, and equals the group
     centring divided by one batch-wide constant."""
     r, s, p = data
-    a, _ = adv(r, s, p, scale="batch")
-    b, _ = adv(scale * r + shift, s, p, scale="batch")
+    a, _ = adv(r, s, p, scale_rewards="batch")
+    b, _ = adv(scale * r + shift, s, p, scale_rewards="batch")
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-3)
     for g in range(p):
         assert abs(a[s == g].sum()) < 1e-4
@@ -346,10 +355,10 @@ def test_property_batch_scale(data, scale, shift):
 def test_scale_under_jit_and_bad_value():
     r = jnp.array([1.0, 0.0, 2.0, 0.0, 1.0])
     s = jnp.array([0, 0, 1, 1, 1])
-    f = jax.jit(functools.partial(compute, num_segments=2, scale="batch", nonfinite="mask"))
-    np.testing.assert_allclose(f(r, s)[0], adv(r, s, 2, scale="batch")[0], rtol=1e-6)
+    f = jax.jit(functools.partial(compute, num_segments=2, scale_rewards="batch", nonfinite="mask"))
+    np.testing.assert_allclose(f(r, s)[0], adv(r, s, 2, scale_rewards="batch")[0], rtol=1e-6)
     with pytest.raises(ValueError, match="scale"):
-        compute(r, s, 2, scale="prompt")
+        compute(r, s, 2, scale_rewards="prompt")
 
 
 # ---------------------------------------------------------------- DAPO overlong penalty

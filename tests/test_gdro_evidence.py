@@ -190,7 +190,7 @@ def test_shrunk_config_validation_names_the_field():
             gdro.RolloutGDROConfig(allocator="shrunk", **kwargs)
     with pytest.raises(ValueError, match="num_prompts"):
         gdro.rollout_gdro_init(SHRUNK, 10)
-    assert gdro.RolloutGDROConfig(prior_strength=0.0).prior_strength is None
+    assert gdro.RolloutGDROConfig(prior_strength=None).prior_strength == 0.0  # 0 = fitted
 
 
 def test_update_diagnostics_report_the_posterior_expectations():

@@ -337,8 +337,9 @@ def test_clip_fraction_regression_ratio_half(a, clipped):
 
 def test_clip_higher_and_dual_clip():
     lp, old, a, m = _one_token_rows([1.25], [1.0])
-    np.testing.assert_allclose(PL(lp, old, a, m)[0], -1.2, rtol=1e-6)
-    np.testing.assert_allclose(PL(lp, old, a, m, epsilon_high=0.28)[0], -1.25, rtol=1e-6)
+    np.testing.assert_allclose(PL(lp, old, a, m, epsilon_high=0.2)[0], -1.2, rtol=1e-6)
+    # the default is DAPO's clip-higher 0.28: the ratio 1.25 is not clipped
+    np.testing.assert_allclose(PL(lp, old, a, m)[0], -1.25, rtol=1e-6)
     lp, old, a, m = _one_token_rows([5.0, 2.0, 0.1], [-1.0, -1.0, -1.0])
     _, aux = PL(lp, old, a, m)
     np.testing.assert_allclose(aux["per_rollout_loss"], [5.0, 2.0, 0.8], rtol=1e-6)
@@ -346,7 +347,10 @@ def test_clip_higher_and_dual_clip():
     np.testing.assert_allclose(aux["per_rollout_loss"], [3.0, 2.0, 0.8], rtol=1e-6)
     # dual clip leaves positive advantages alone
     lp, old, a, m = _one_token_rows([5.0], [1.0])
-    np.testing.assert_allclose(PL(lp, old, a, m, dual_clip=3.0)[0], -1.2, rtol=1e-6)
+    np.testing.assert_allclose(PL(lp, old, a, m, dual_clip=3.0)[0], -1.28, rtol=1e-6)
+    # dual_clip 0 is off (the config's spelling), as None is
+    _, aux = PL(*_one_token_rows([5.0], [-1.0]), dual_clip=0.0)
+    np.testing.assert_allclose(aux["per_rollout_loss"], [5.0], rtol=1e-6)
 
 
 def test_per_token_advantages_for_ppo():
@@ -372,14 +376,14 @@ def test_sequence_level_ratio():
     m = jnp.array([[1, 1, 0]])
     a = jnp.array([1.0])
     # rho_seq = exp(mean(0.1, 0.3)) = exp(0.2) = 1.2214 > 1.2: clipped with epsilon_high 0.2
-    loss, aux = PL(lp, old, a, m, ratio_level="sequence")
+    loss, aux = PL(lp, old, a, m, ratio_level="sequence", epsilon_high=0.2)
     np.testing.assert_allclose(loss, -1.2, rtol=1e-6)
     assert float(aux["clip_fraction"]) == 1.0
     loss, aux = PL(lp, old, a, m, ratio_level="sequence", epsilon_high=0.3)
     np.testing.assert_allclose(loss, -math.exp(0.2), rtol=1e-6)
     np.testing.assert_allclose(aux["ratio_mean"], math.exp(0.2), rtol=1e-6)
     # token level for comparison: mean(-exp(.1), -clip(exp(.3)) = -1.2)
-    loss, _ = PL(lp, old, a, m)
+    loss, _ = PL(lp, old, a, m, epsilon_high=0.2)
     np.testing.assert_allclose(loss, (-math.exp(0.1) - 1.2) / 2, rtol=1e-6)
 
 

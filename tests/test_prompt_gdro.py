@@ -313,7 +313,7 @@ def test_config_validation_names_the_field(kwargs, field):
 def test_config_defaults_and_configdict():
     c = gdro.PromptGDROConfig()
     assert (c.eta, c.gamma, c.beta, c.weight_cap, c.share_floor) == (0.65, 0.01, 0.12, 15.0, 1e-3)
-    assert (c.apply, c.signal, c.score_clip) == ("advantage_weight", "failure_rate", None)
+    assert (c.apply, c.signal, c.score_clip) == ("advantage_weight", "failure_rate", 0.0)
     assert (c.share_division, c.renormalise_informative, c.mode) == (False, True, "corrected")
     section = ml_collections.ConfigDict(dict(eta=0.5, apply="resample"))
     assert gdro.PromptGDROConfig(**section) == gdro.PromptGDROConfig.from_dict(section)

@@ -116,7 +116,7 @@ class Curriculum:
     # False when group sizes vary between prompts (shared-prompt forward and DAPO dynamic
     # sampling need equal groups).
     fixed_group_size = True
-    # the classifier's hysteresis margin when config.gdro.classifier.delta < 0 ("default")
+    # the classifier's hysteresis margin when config.gdro.classifier.delta is None
     hysteresis = 0.0
     # True: after generation the step keeps only the groups `keep_groups` accepts and samples
     # more rounds until it has P (DAPO dynamic sampling and its relatives; grpo_jax/train.py)
@@ -139,7 +139,7 @@ class Curriculum:
     def config_kwargs(cls, config) -> dict:
         """The dataclass fields this curriculum takes from the config (override to add)."""
         kwargs = config.gdro.classifier.to_dict()
-        if kwargs.get("delta", 0.0) < 0:
+        if kwargs.get("delta") is None:
             kwargs["delta"] = cls.hysteresis
         return {"classifier_config": gdro.ClassifierConfig.from_dict(kwargs)}
 

@@ -87,8 +87,9 @@ class ClassifierConfig:
       edges: inner bin edges ``a_1 < ... < a_{B-1}``, each in (0, 1); ``B = len(edges) + 1`` bins,
         bin 0 = lowest success rate (hardest). Default 0.1 ... 0.9 (B = 10, paper Eq. 11).
       history: ``H``, visits kept per prompt (paper: 50; 100 for runs with >= 6 bins).
-      delta: hysteresis margin in success-rate units (paper: 0.03 for Prompt-GDRO, 0 for
-        Rollout-GDRO). Must be in [0, 0.5).
+      delta: hysteresis margin in success-rate units, in [0, 0.5). None (default): the
+        curriculum's own margin, `Curriculum.hysteresis` (Prompt-GDRO 0.03 and 0 for
+        Rollout-GDRO, as the paper; 0 for the others); a classifier built alone reads None as 0.
       unseen_bin: bin of never-visited prompts when ``separate_unseen=False`` (paper: 0, i.e.
         ``p_hat = 0``); unused otherwise.
       statistic: per-visit statistic: ``"success_rate"`` (default: fraction of the visit's
@@ -110,7 +111,7 @@ class ClassifierConfig:
 
     edges: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     history: int = 50
-    delta: float = 0.03
+    delta: float | None = None
     unseen_bin: int = 0
     statistic: str | None = None
     pass_k: int = 4
@@ -120,7 +121,7 @@ class ClassifierConfig:
     def __post_init__(self):
         edges = tuple(float(e) for e in self.edges)
         object.__setattr__(self, "edges", edges)
-        object.__setattr__(self, "delta", float(self.delta))
+        object.__setattr__(self, "delta", float(self.delta or 0.0))
         _resolve_mode(
             self,
             {"statistic": ("success_rate", "any_correct"), "separate_unseen": (True, False)},

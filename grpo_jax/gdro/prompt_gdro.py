@@ -66,7 +66,8 @@ class PromptGDROConfig:
       beta: EMA rate of the bin scores (0.12), in (0, 1].
       share_floor: floor on a bin's batch share in the Eq. 12 division (1e-3), > 0; used only
         with ``share_division``.
-      score_clip: ``C``, scores clipped to [-C, C] before the exponential; None or 0 = no clip.
+      score_clip: ``C``, scores clipped to [-C, C] before the exponential; 0 = no clip (None
+        is read as 0).
       weight_cap: cap on the per-rollout advantage weights (15), >= 1.
       apply: ``"advantage_weight"`` (paper) or ``"resample"``.
       signal: loss signal, ``"failure_rate"`` (default: ``1 - correct``), ``"surrogate_loss"``
@@ -94,7 +95,7 @@ class PromptGDROConfig:
     gamma: float = 0.01
     beta: float = 0.12
     share_floor: float = 1e-3
-    score_clip: float | None = None
+    score_clip: float = 0.0
     weight_cap: float = 15.0
     apply: str = "advantage_weight"
     signal: str | None = None
@@ -117,9 +118,7 @@ class PromptGDROConfig:
             object.__setattr__(self, name, bool(getattr(self, name)))
         for name in ("eta", "gamma", "beta", "share_floor", "weight_cap"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        if self.score_clip is not None:
-            c = float(self.score_clip)
-            object.__setattr__(self, "score_clip", None if c == 0 else c)
+        object.__setattr__(self, "score_clip", float(self.score_clip or 0.0))
         self.validate()
 
     def validate(self) -> None:
@@ -131,9 +130,9 @@ class PromptGDROConfig:
             raise ValueError(f"PromptGDROConfig.beta must be in (0, 1]; got {self.beta}")
         if not self.share_floor > 0:
             raise ValueError(f"PromptGDROConfig.share_floor must be > 0; got {self.share_floor}")
-        if self.score_clip is not None and not self.score_clip > 0:
+        if not self.score_clip >= 0:
             raise ValueError(
-                f"PromptGDROConfig.score_clip must be > 0 or None; got {self.score_clip}"
+                f"PromptGDROConfig.score_clip must be >= 0 (0 = no clip); got {self.score_clip}"
             )
         if not self.weight_cap >= 1.0:
             raise ValueError(f"PromptGDROConfig.weight_cap must be >= 1; got {self.weight_cap}")
@@ -226,11 +225,7 @@ def _informative(bins, advantages, informative):
 
 
 def _q_from_present(config: PromptGDROConfig, score: jax.Array, present: jax.Array) -> jax.Array:
-    s = (
-        score
-        if config.score_clip is None
-        else jnp.clip(score, -config.score_clip, config.score_clip)
-    )
+    s = score if not config.score_clip else jnp.clip(score, -config.score_clip, config.score_clip)
     logits = jnp.where(present, config.eta * s, -jnp.inf)
     soft = jax.nn.softmax(jnp.where(jnp.any(present), logits, 0.0))
     n_active = jnp.maximum(jnp.sum(present), 1).astype(jnp.float32)

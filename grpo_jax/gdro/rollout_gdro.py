@@ -129,8 +129,8 @@ class RolloutGDROConfig:
         the policy moves), in (0, 1].
       min_trials: ``shrunk`` only: prompts whose (decayed) trials are below this keep at least
         ``n_bar`` rollouts (little evidence: no reason to take rollouts away) (8.0), >= 0.
-      prior_strength: ``shrunk`` only: fixed ``a + b`` of the Beta prior; None (default) = fitted
-        by moments (``evidence.fit_beta_prior``).
+      prior_strength: ``shrunk`` only: fixed ``a + b`` of the Beta prior; 0 (default) = fitted
+        by moments (``evidence.fit_beta_prior``; None is read as 0).
       mode: ``"corrected"`` (default) or ``"paper"``: the value of every switch left at None.
 
     Raises:
@@ -154,7 +154,7 @@ class RolloutGDROConfig:
     objective: str = "informative"
     evidence_decay: float = 0.8
     min_trials: float = 8.0
-    prior_strength: float | None = None
+    prior_strength: float = 0.0
     mode: str = "corrected"
 
     def __post_init__(self):
@@ -176,9 +176,7 @@ class RolloutGDROConfig:
             object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("evidence_decay", "min_trials"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        if self.prior_strength is not None:
-            k = float(self.prior_strength)
-            object.__setattr__(self, "prior_strength", None if k == 0 else k)
+        object.__setattr__(self, "prior_strength", float(self.prior_strength or 0.0))
         self.validate()
 
     def validate(self) -> None:
@@ -223,9 +221,10 @@ class RolloutGDROConfig:
             )
         if not self.min_trials >= 0:
             raise ValueError(f"RolloutGDROConfig.min_trials must be >= 0; got {self.min_trials}")
-        if self.prior_strength is not None and not self.prior_strength > 0:
+        if not self.prior_strength >= 0:
             raise ValueError(
-                f"RolloutGDROConfig.prior_strength must be > 0 or None; got {self.prior_strength}"
+                f"RolloutGDROConfig.prior_strength must be >= 0 (0 = fitted); got "
+                f"{self.prior_strength}"
             )
 
     @property
@@ -342,7 +341,7 @@ def shrunk_posterior(config: RolloutGDROConfig, state: RolloutGDROState, prompt_
     each of ``prompt_ids`` (``evidence.fit_beta_prior`` over every prompt with >= 1 trial)."""
     s = np.asarray(state.successes, np.float64)
     t = np.asarray(state.trials, np.float64)
-    prior = evidence.fit_beta_prior(s, t, strength=config.prior_strength)
+    prior = evidence.fit_beta_prior(s, t, strength=config.prior_strength or None)
     ids = np.asarray(prompt_ids, np.int64)
     a, b = evidence.posterior(s[ids], t[ids], prior)
     return prior, a, b
