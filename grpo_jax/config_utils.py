@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from grpo_jax import advantages, algorithms, config_schema, losses
+from grpo_jax import algorithms, config_schema
 from grpo_jax.errors import ConfigError
 from grpo_jax.models import config as model_config_lib
 
@@ -135,11 +135,10 @@ def _validate_algorithm(config) -> None:
     a = config.algorithm
     _validate_staleness(config, algo)
 
-    try:
-        losses.PolicyLossConfig.from_config(a)
-        advantages.AdvantageConfig.from_config(a)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"config.algorithm.{e}") from None
+    try:  # the option dataclasses' own checks (loss, advantages, GDRO, curricula), once
+        config_schema.typed(config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if a.overlong_penalty_factor < 0:
         raise ConfigError("config.algorithm.overlong_penalty_factor must be >= 0")
     kl_in = a.get("kl_in")

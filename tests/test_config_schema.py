@@ -1,56 +1,59 @@
-"""One home per setting: the config fields the pure functions' option dataclasses also hold are
-generated from those dataclasses (`grpo_jax.config_schema.DATACLASS_FIELDS`), so the command
-line and a notebook calling the functions get the same defaults."""
+"""One typed config that is the schema (issue 43): `RunConfig`'s section dataclasses hold every
+default once (the pure functions' option dataclasses are sections themselves), the CLI's
+ConfigDict is generated from them and read back by `typed`, validated once."""
 
 import dataclasses
+import json
 
 import ml_collections
 import pytest
 
+from configs import arithmetic as arithmetic_config
+from configs import dapo_qwen3, gsm8k_smollm2
 from grpo_jax import advantages, algorithms, config_schema, gdro, losses
 from grpo_jax.algorithms import field
 
 
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+def _leaves(cls, prefix=""):
+    """(dotted CLI path, declared default, owning dataclass) of every leaf field of ``cls``."""
+    out = []
+    for f, hint in config_schema._leaf_fields(cls):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            skip = f.metadata.get("skip", ())
+            sub = prefix if f.metadata.get("flatten") else f"{prefix}{f.name}."
+            out += [x for x in _leaves(hint, sub) if x[0].rsplit(".", 1)[-1] not in skip]
+        else:
+            out.append((prefix + f.name, config_schema._default(f), cls))
+    return out
 
 
-def _section(config, path):
+def _get(c, path):
     for key in path.split("."):
-        config = config[key]
-    return config
+        c = c[key]
+    return c
 
 
-def test_every_option_dataclass_field_is_in_its_section_with_the_dataclass_default():
+def test_every_field_has_one_default_and_the_cli_dict_holds_it():
     c = config_schema.base_config()
-    for path, cls, skip in config_schema.DATACLASS_FIELDS:
-        section = _section(c, path)
-        for f in dataclasses.fields(cls):
-            if f.name in skip:
-                assert f.name not in section, f"{path}.{f.name}"
-            else:
-                assert section[f.name] == _default(f), f"{path}.{f.name}"
+    leaves = _leaves(config_schema.RunConfig)
+    paths = [p for p, _, _ in leaves]
+    assert len(paths) == len(set(paths)), "a CLI name with two homes"
+    for path, default, owner in leaves:
+        value = _get(c, path)
+        want = ml_collections.ConfigDict(default) if isinstance(default, dict) else default
+        assert value == want, f"{path}: {value!r} vs {owner.__name__}'s {default!r}"
+    flat = json.loads(json.dumps(c.to_dict()))
 
+    def count(d):
+        return sum(count(v) if isinstance(v, dict) and v else 1 for v in d.values())
 
-def test_the_default_sections_build_the_default_dataclasses():
-    c = config_schema.base_config()
-    assert losses.PolicyLossConfig.from_config(c.algorithm) == losses.PolicyLossConfig()
-    assert advantages.AdvantageConfig.from_config(c.algorithm) == advantages.AdvantageConfig()
-    for path, cls in (
-        ("gdro.classifier", gdro.ClassifierConfig),
-        ("gdro.prompt", gdro.PromptGDROConfig),
-        ("gdro.rollout", gdro.RolloutGDROConfig),
-        ("curricula.learnability", field.LearnabilityConfig),
-        ("curricula.filter", field.FilterConfig),
-        ("curricula.greso", field.GRESOConfig),
-    ):
-        assert cls.from_dict(_section(c, path)) == cls(), path
+    assert count(flat) == len(leaves)  # nothing in the dict that no dataclass declares
 
 
 def test_a_default_written_in_the_schema_too_is_refused():
     section = ml_collections.ConfigDict({"epsilon_high": 0.2})
     with pytest.raises(ValueError, match="epsilon_high.*one home"):
-        config_schema._add_dataclass_fields(section, losses.PolicyLossConfig)
+        config_schema._fill_flat(section, losses.PolicyLossConfig, None, ())
 
 
 def test_the_values_that_won_where_the_two_homes_disagreed():
@@ -60,31 +63,83 @@ def test_the_values_that_won_where_the_two_homes_disagreed():
     # advantages unclipped (TRL, verl; `compute`'s zero-sum guarantee); the paper's +-5 is set
     # by configs/dapo_qwen3.py
     assert advantages.AdvantageConfig().advantage_clip == c.algorithm.advantage_clip == 0.0
+    assert dapo_qwen3.get_config("8b,grpo").algorithm.advantage_clip == 5.0
     # "off" is 0 in both homes, not 0 in one and None in the other
     assert (c.algorithm.dual_clip, c.algorithm.tis_cap) == (0.0, 0.0)
     assert (c.gdro.prompt.score_clip, c.gdro.rollout.prior_strength) == (0.0, 0.0)
     assert gdro.PromptGDROConfig(score_clip=None).score_clip == 0.0
 
 
+CONFIGS = [
+    ("base", config_schema.base_config),
+    *[
+        (f"arithmetic:{a}", lambda a=a: arithmetic_config.get_config(a))
+        for a in ("grpo", "prompt_gdro", "rollout_gdro,paper_gdro", "ppo", "grpo,pool", "greso")
+    ],
+    ("dapo_qwen3:rollout_gdro", lambda: dapo_qwen3.get_config("8b,rollout_gdro")),
+    ("gsm8k_smollm2", lambda: gsm8k_smollm2.get_config()),
+]
+
+
+@pytest.mark.parametrize("name,make", CONFIGS, ids=[n for n, _ in CONFIGS])
+def test_typed_round_trips_and_equals_what_the_builders_build(name, make):
+    c = make()
+    run = config_schema.typed(c)
+    # dict -> typed -> dict -> typed is a fixed point (the switches stay resolved)
+    again = config_schema.to_config_dict(run)
+    assert config_schema.typed(again) == run
+    assert config_schema.typed(json.loads(json.dumps(c.to_dict()))) == run  # config.json
+    # every plain field comes back as written
+    for path, _, owner in _leaves(config_schema.RunConfig):
+        if owner.__module__ == config_schema.__name__:
+            assert _get(again, path) == _get(c, path), path
+    # the option dataclasses the run builds from the dict are the typed ones
+    assert losses.PolicyLossConfig.from_config(c.algorithm) == run.algorithm.loss
+    assert advantages.AdvantageConfig.from_config(c.algorithm) == run.algorithm.advantage
+    curriculum = algorithms.get(c.algorithm.name).curriculum
+    assert curriculum.config_kwargs(c)["classifier_config"] == run.gdro.classifier
+    assert gdro.PromptGDROConfig.from_dict(c.gdro.prompt) == run.gdro.prompt
+    assert field.GRESOConfig.from_dict(c.curricula.greso) == run.curricula.greso
+
+
 def test_the_classifier_margin_is_the_curriculum_own_unless_set():
     c = config_schema.base_config()
     assert c.gdro.classifier.delta is None and gdro.ClassifierConfig().delta == 0.0
-    own = {"prompt_gdro": 0.03, "rollout_gdro": 0.0, "learnability": 0.0}
-    for name, delta in own.items():
-        curriculum = algorithms.get(name).curriculum
-        assert curriculum.config_kwargs(c)["classifier_config"].delta == delta, name
-    c.gdro.classifier.delta = 0.05
-    for name in own:
-        curriculum = algorithms.get(name).curriculum
-        assert curriculum.config_kwargs(c)["classifier_config"].delta == 0.05, name
+    for name, margin in {"prompt_gdro": 0.03, "rollout_gdro": 0.0, "learnability": 0.0}.items():
+        c.algorithm.name = name
+        c.gdro.classifier.delta = None
+        assert config_schema.typed(c).gdro.classifier.delta == margin, name
+        c.gdro.classifier.delta = 0.05
+        assert config_schema.typed(c).gdro.classifier.delta == 0.05, name
+
+
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        ("algorithm.epsilon_low", 2.0, r"^config\.algorithm\.epsilon_low=2\.0 must be"),
+        ("algorithm.scale_rewards", "rows", r"^config\.algorithm\.scale_rewards='rows'"),
+        ("gdro.prompt.eta", -1.0, r"^config\.gdro\.prompt: PromptGDROConfig\.eta must be >= 0"),
+        ("gdro.classifier.edges", (0.5, 0.2), r"^config\.gdro\.classifier: .*increasing"),
+        ("curricula.greso.p_min", 2.0, r"^config\.curricula\.greso: "),
+    ],
+)
+def test_typed_names_the_field(path, value, message):
+    c = config_schema.base_config()
+    section, key = path.rsplit(".", 1)
+    _get(c, section)[key] = value
+    with pytest.raises(ValueError, match=message):
+        config_schema.typed(c)
 
 
 def test_an_older_workdir_config_reads_as_today():
     # before the one-home schema the classifier's "curriculum's own" margin was spelled -1
     old = config_schema.upgrade({"gdro": {"classifier": {"delta": -1.0}}})
     assert old.gdro.classifier.delta is None
-    assert (
-        config_schema.upgrade({"gdro": {"classifier": {"delta": 0.05}}}).gdro.classifier.delta
-        == 0.05
-    )
+    kept = config_schema.upgrade({"gdro": {"classifier": {"delta": 0.05}}})
+    assert kept.gdro.classifier.delta == 0.05
     assert config_schema.upgrade({}).to_dict() == config_schema.base_config().to_dict()
+    # a section of the user's own is kept in the dict and left out of the typed config
+    mine = config_schema.upgrade({"mine": {"x": 1}})
+    assert mine.mine.x == 1 and config_schema.typed(mine) == config_schema.typed(
+        config_schema.base_config()
+    )
