@@ -283,9 +283,8 @@ class EvalSection:
     """The held-out evaluation protocol."""
 
     every_steps: int = 0  # evaluate every N RL steps (0 = only before and after)
-    datasets: tuple[str, ...] = (
-        "arithmetic",
-    )  # held-out sets (presets, or "custom": data.eval_path)
+    # held-out sets (presets, or "custom": data.eval_path)
+    datasets: tuple[str, ...] = ("arithmetic",)
     max_examples: int = 200  # problems per held-out set (0 = all)
     num_samples: int = 8  # samples per problem (k of pass@k, mean@k)
     temperature: float = 0.6  # paper protocol

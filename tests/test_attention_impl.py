@@ -42,16 +42,22 @@ def _check(mask, q, k, v, tol, **kw):
     T = q.shape[1]
     dense = mask.dense(T)
     rows = dense.any(-1)  # [B, T]
-    ref = A.einsum_attention(q, k, v, dense)
-    out = A.blockwise_attention(q, k, v, mask, **kw)
+    w = jnp.asarray(np.random.default_rng(9).normal(size=q.shape), jnp.float32)
+    w = w * rows[..., None, None]
+
+    @jax.jit  # one program per case, as the model runs it (eagerly: ~140 tiny compiles)
+    def both(q, k, v, w):
+        ref = A.einsum_attention(q, k, v, dense)
+        out = A.blockwise_attention(q, k, v, mask, **kw)
+        g_ref = _grads(lambda q, k, v: A.einsum_attention(q, k, v, dense), q, k, v, w)
+        g = _grads(lambda q, k, v: A.blockwise_attention(q, k, v, mask, **kw), q, k, v, w)
+        return ref, out, g_ref, g
+
+    ref, out, g_ref, g = both(q, k, v, w)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert bool(jnp.isfinite(out.astype(jnp.float32)).all())
     diff = jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)).max((-1, -2))
     assert float(jnp.where(rows, diff, 0).max()) <= tol
-    w = jnp.asarray(np.random.default_rng(9).normal(size=q.shape), jnp.float32)
-    w = w * rows[..., None, None]
-    g_ref = _grads(lambda q, k, v: A.einsum_attention(q, k, v, dense), q, k, v, w)
-    g = _grads(lambda q, k, v: A.blockwise_attention(q, k, v, mask, **kw), q, k, v, w)
     for a, b, name in zip(g_ref, g, "qkv"):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         assert bool(jnp.isfinite(b).all()), name
@@ -172,9 +178,11 @@ def test_lse_merge_equals_attention_over_concatenated_keys():
         return A.attend_shared_prefix(qc, kp, vp, pm, kc, vc, cm, "blockwise")
 
     args = (qc, kp, vp, kc, vc)
+    merged, reference = jax.jit(merged), jax.jit(reference)  # one program each, not ~100 eager
     np.testing.assert_allclose(merged(*args), reference(*args), atol=F32_TOL)
     w = f(R, Lc, H, D)
-    loss = lambda fn: jax.grad(lambda *a: (fn(*a) * w).sum(), tuple(range(5)))(*args)
+    grads = lambda fn: jax.jit(jax.grad(lambda *a: (fn(*a) * w).sum(), tuple(range(5))))
+    loss = lambda fn: grads(fn)(*args)
     for a, b in zip(loss(reference), loss(merged)):
         np.testing.assert_allclose(a, b, atol=F32_TOL)
 

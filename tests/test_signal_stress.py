@@ -26,6 +26,7 @@ matching the signal its one line names; never a signal death (a negative status,
 traceback.
 """
 
+import json
 import os
 import re
 import resource
@@ -270,8 +271,8 @@ class _Hammer(threading.Thread):
                 time.sleep(0.05)
                 continue
             workdir, _ = target
-            if not os.path.exists(os.path.join(workdir, "config.json")):
-                time.sleep(0.05)
+            if _lock_holder(workdir) != target[1].proc.pid:  # not before the run holds the lock
+                time.sleep(0.05)  # (a rerun's workdir has config.json before its run starts)
                 continue
             self.idle.clear()
             try:
@@ -285,6 +286,15 @@ class _Hammer(threading.Thread):
                 self.results.append((rc, inv.out, inv.err))
             finally:
                 self.idle.set()
+
+
+def _lock_holder(workdir) -> int | None:
+    """The pid written in ``<workdir>/.lock`` (None: no lock file, released, or mid-write)."""
+    try:
+        with open(os.path.join(workdir, ".lock")) as f:
+            return int(json.loads(f.read())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _hammer_problems(rc, out, err) -> list[str]:

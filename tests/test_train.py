@@ -131,11 +131,29 @@ def test_resume_after_sigterm_reproduces_uninterrupted_run(tmp_path, algorithm, 
     assert samples and (interrupted / "samples.jsonl").read_text() == samples
 
 
+def _warm_start_once(monkeypatch):
+    """Runs of one test whose warm starts are the same (same seed, model, data and `sft`) share
+    the first one's result (the warm start is not what these tests check)."""
+    done = {}
+    real = steps.supervised_warmstart
+
+    def once(exp, params):
+        key = json.dumps([exp.config.seed, exp.config.sft.to_dict(), exp.config.model.to_dict()])
+        key += json.dumps(exp.config.data.to_dict(), default=str)
+        if key not in done:
+            done[key] = real(exp, params)
+        warm, metrics = done[key]
+        return jax.tree.map(jnp.copy, warm), dict(metrics)  # a run may donate its buffers
+
+    monkeypatch.setattr(steps, "supervised_warmstart", once)
+
+
 @pytest.mark.slow
-def test_prompt_gdro_at_step_size_zero_is_grpo(tmp_path):
+def test_prompt_gdro_at_step_size_zero_is_grpo(tmp_path, monkeypatch):
     """eta = 0, either way of applying the weights: the same prompts, weights and updates as GRPO
     (the bins' own diagnostics and the classifier's hysteresis margin differ, nothing that
-    trains). One GRPO reference for both."""
+    trains). One GRPO reference for both, one warm start for all three."""
+    _warm_start_once(monkeypatch)
     # a pool of 16: prompts recur from step 3 on, so the controllers have bins to weigh; some
     # groups are informative after 150 warm-start steps
     common = {"steps": 4, "sft.steps": 150, "rollout.rollouts_per_prompt": 8}
