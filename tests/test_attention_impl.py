@@ -134,20 +134,19 @@ def test_fully_masked_rows_are_finite_with_finite_gradients():
     q, k, v = _qkv(2, 12, 12, 4, 2, 8)
     km = jnp.asarray(np.stack([np.zeros(12, bool), np.arange(12) >= 5]))  # row 0: all padding
     mask = A.Mask(km, offset=0)
-    o, lse = A.blockwise_attention(q, k, v, mask, block_q=4, block_k=4, return_lse=True)
+    with_lse = jax.jit(
+        lambda q: A.blockwise_attention(q, k, v, mask, block_q=4, block_k=4, return_lse=True)
+    )
+    o, lse = with_lse(q)
     assert bool(jnp.isfinite(o).all()) and bool(jnp.isfinite(lse).all())
     np.testing.assert_array_equal(o[0], 0.0)
     np.testing.assert_array_equal(o[1, :5], 0.0)  # the left-padding queries of row 1
     assert float(lse[0].max()) <= A._NEG_INF / 2
     w = jnp.ones_like(q)
     attend = lambda q, k, v: A.blockwise_attention(q, k, v, mask, block_q=4, block_k=4)
-    for g in _grads(attend, q, k, v, w):
+    for g in jax.jit(lambda q, k, v: _grads(attend, q, k, v, w))(q, k, v):
         assert bool(jnp.isfinite(g).all())
-    g_lse = jax.grad(
-        lambda q: A.blockwise_attention(q, k, v, mask, block_q=4, block_k=4, return_lse=True)[
-            1
-        ].sum()
-    )(q)
+    g_lse = jax.jit(jax.grad(lambda q: with_lse(q)[1].sum()))(q)
     assert bool(jnp.isfinite(g_lse).all())
 
 
@@ -259,19 +258,23 @@ def test_model_kv_cache_prefill_and_decode_blockwise_equal_einsum():
     toks = jax.random.randint(jax.random.key(0), (B, Lp + 1), 1, 100)
     pm = _left_padded(B, Lp + 1, [0, 3])
     pos = transformer.positions_from_mask(pm)
+    from flax import nnx
+
     outs = {}
     for impl in ("einsum", "blockwise"):
         g, p = _model_case(impl, 1)
-        from flax import nnx
-
-        model = nnx.merge(g, p)
-        cfg = model.config
+        cfg = nnx.merge(g, p).config
         res = []
         for init in (transformer.init_cache, transformer.init_decode_cache):
-            cache = init(cfg, B, Lp + 4)
-            lg1, cache = model(toks[:, :Lp], pos[:, :Lp], pm[:, :Lp], cache=cache)
-            lg2, _ = model(toks[:, Lp:], pos[:, Lp:], pm[:, Lp:], cache=cache)
-            res.append((lg1, lg2))
+
+            @jax.jit  # as the sampler runs it (eagerly: ~120 op-by-op compiles per case)
+            def prefill_and_decode(p, cache, g=g):
+                model = nnx.merge(g, p)
+                lg1, cache = model(toks[:, :Lp], pos[:, :Lp], pm[:, :Lp], cache=cache)
+                lg2, _ = model(toks[:, Lp:], pos[:, Lp:], pm[:, Lp:], cache=cache)
+                return lg1, lg2
+
+            res.append(prefill_and_decode(p, init(cfg, B, Lp + 4)))
         outs[impl] = res
     rows = pm[:, :Lp]  # real prompt positions
     for (a1, a2), (b1, b2) in zip(outs["einsum"], outs["blockwise"]):
@@ -331,8 +334,10 @@ def test_splash_kernel_interpreted_matches_einsum():
         dense = mask.dense(T)
         rows = dense.any(-1)
         qt = q[:, :T]
-        ref = A.einsum_attention(qt, k, v, dense)
-        out = A.splash_attention(qt, k, v, mask, interpret=True)
+        ref = jax.jit(A.einsum_attention)(qt, k, v, dense)
+        out = jax.jit(lambda q, k, v, mask=mask: A.splash_attention(q, k, v, mask, interpret=True))(
+            qt, k, v
+        )
         diff = jnp.abs(out - ref).max((-1, -2))
         assert float(jnp.where(rows, diff, 0).max()) <= F32_TOL
         assert bool(jnp.isfinite(out).all())
@@ -340,9 +345,11 @@ def test_splash_kernel_interpreted_matches_einsum():
     dense = mask.dense(37)
     w = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
     w = w * dense.any(-1)[..., None, None]
-    g_ref = _grads(lambda q, k, v: A.einsum_attention(q, k, v, dense), q, k, v, w)
-    g = _grads(lambda q, k, v: A.splash_attention(q, k, v, mask, interpret=True), q, k, v, w)
-    for a, b in zip(g_ref, g):
+    g_ref = jax.jit(lambda q, k, v: _grads(lambda *a: A.einsum_attention(*a, dense), q, k, v, w))
+    g = jax.jit(
+        lambda q, k, v: _grads(lambda *a: A.splash_attention(*a, mask, interpret=True), q, k, v, w)
+    )
+    for a, b in zip(g_ref(q, k, v), g(q, k, v)):
         np.testing.assert_allclose(a, b, atol=F32_TOL)
 
 

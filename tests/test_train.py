@@ -481,10 +481,14 @@ def test_shared_prompt_forward_equals_the_per_row_forward_values_and_gradients()
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     P, G, Lp, Lc = 3, 4, 6, 5
     tokens, mask = _grouped_batch(P, G, Lp, Lc)
-    lp = lambda p, g: steps.completion_logprobs(graphdef, p, tokens, mask, Lp, 0.7, group_size=g)
+    # jitted, as the update runs them (eagerly: ~230 op-by-op compiles)
+    lp = jax.jit(
+        lambda p, g: steps.completion_logprobs(graphdef, p, tokens, mask, Lp, 0.7, group_size=g),
+        static_argnums=1,
+    )
     np.testing.assert_allclose(lp(params, G), lp(params, 1), rtol=1e-5, atol=1e-5)
     w = jnp.asarray(np.random.default_rng(1).normal(size=(P * G, Lc)), jnp.float32) * mask[:, Lp:]
-    grads = [jax.grad(lambda p, g=g: jnp.sum(w * lp(p, g)))(params) for g in (1, G)]
+    grads = [jax.jit(jax.grad(lambda p, g=g: jnp.sum(w * lp(p, g))))(params) for g in (1, G)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), *grads)
     # micro-batches of whole groups (3 chunks of one group each)
     chunked = steps.chunked_completion_logprobs(
