@@ -196,6 +196,18 @@ class AlgorithmSection:
         advantages.AdvantageConfig, flatten=True, skip=("eps", "nonfinite")
     )
 
+    def __getattr__(self, name: str):
+        """The flattened fields read as in the CLI dict: ``run.algorithm.kl_coef`` is
+        ``run.algorithm.loss.kl_coef``."""
+        for part in ("loss", "advantage"):
+            try:
+                section = object.__getattribute__(self, part)
+            except AttributeError:  # not initialised yet (copy, unpickling)
+                break
+            if name in {f.name for f in dataclasses.fields(section)}:
+                return getattr(section, name)
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
 
 @_frozen
 class GDROSection:

@@ -112,8 +112,12 @@ def _validate_algorithm(config) -> None:
             "(the names registered in grpo_jax.algorithms)"
         )
     algo = algorithms.get(name)
-    try:
-        algo.curriculum.config_kwargs(config)
+    try:  # the option dataclasses' own checks (loss, advantages, GDRO, curricula), once
+        run = config_schema.typed(config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:  # what the curriculum derives from them (e.g. Rollout-GDRO's n_bar in its range)
+        algo.curriculum.config_kwargs(run)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config.gdro: {e}") from None
     if config.rollout.rollouts_per_prompt < 2:
@@ -135,10 +139,6 @@ def _validate_algorithm(config) -> None:
     a = config.algorithm
     _validate_staleness(config, algo)
 
-    try:  # the option dataclasses' own checks (loss, advantages, GDRO, curricula), once
-        config_schema.typed(config)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     if a.overlong_penalty_factor < 0:
         raise ConfigError("config.algorithm.overlong_penalty_factor must be >= 0")
     kl_in = a.get("kl_in")

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from grpo_jax import algorithms, sampling, sharding
+from grpo_jax import algorithms, config_schema, sampling, sharding
 from grpo_jax import state as state_lib
 from grpo_jax.data import from_config as data_lib
 from grpo_jax.data import pipeline as pipeline_lib
@@ -410,13 +410,15 @@ def build_experiment(
 
 
 def build_strategies(config, algo, num_prompts, model_cfg, total_updates, prompt_len):
-    """The algorithm's curriculum and learner, built from their config sections.
+    """The algorithm's curriculum and learner, built from the typed config's sections
+    (`config_schema.typed`).
 
     Raises: ConfigError naming the section of a bad value.
     """
     try:
-        curriculum = algo.curriculum.from_config(config, num_prompts=num_prompts)
+        run = config_schema.typed(config)
+        curriculum = algo.curriculum.from_config(run, num_prompts=num_prompts)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config.gdro: {e}") from None
-    learner = algo.learner.from_config(config, model_cfg, total_updates, prompt_len=prompt_len)
+    learner = algo.learner.from_config(run, model_cfg, total_updates, prompt_len=prompt_len)
     return curriculum, learner

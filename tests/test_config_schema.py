@@ -96,19 +96,23 @@ def test_typed_round_trips_and_equals_what_the_builders_build(name, make):
     # the option dataclasses the run builds from the dict are the typed ones
     assert losses.PolicyLossConfig.from_config(c.algorithm) == run.algorithm.loss
     assert advantages.AdvantageConfig.from_config(c.algorithm) == run.algorithm.advantage
-    curriculum = algorithms.get(c.algorithm.name).curriculum
-    assert curriculum.config_kwargs(c)["classifier_config"] == run.gdro.classifier
+    assert (
+        gdro.ClassifierConfig.from_dict({**c.gdro.classifier, "delta": run.gdro.classifier.delta})
+        == run.gdro.classifier
+    )
     assert gdro.PromptGDROConfig.from_dict(c.gdro.prompt) == run.gdro.prompt
     assert field.GRESOConfig.from_dict(c.curricula.greso) == run.curricula.greso
 
 
 def test_the_classifier_margin_is_the_curriculum_own_unless_set():
+    """The curricula take the typed config's sections: the margin resolved there, once."""
     c = config_schema.base_config()
     assert c.gdro.classifier.delta is None and gdro.ClassifierConfig().delta == 0.0
     for name, margin in {"prompt_gdro": 0.03, "rollout_gdro": 0.0, "learnability": 0.0}.items():
         c.algorithm.name = name
         c.gdro.classifier.delta = None
-        assert config_schema.typed(c).gdro.classifier.delta == margin, name
+        curriculum = algorithms.get(name).curriculum.from_config(config_schema.typed(c), 16)
+        assert curriculum.classifier_config.delta == margin, name
         c.gdro.classifier.delta = 0.05
         assert config_schema.typed(c).gdro.classifier.delta == 0.05, name
 

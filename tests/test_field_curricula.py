@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from configs import arithmetic
-from grpo_jax import algorithms, gdro
+from grpo_jax import algorithms, config_schema, gdro
 from grpo_jax.algorithms import field
 from grpo_jax.algorithms.base import CurriculumState, Visit
 from grpo_jax.data.pipeline import PromptSource
@@ -19,7 +19,7 @@ def _curriculum(name, num_prompts=8, P=4, n=4, **section):
         c.curricula[{"learnability": "learnability", "online_filter": "filter"}.get(name, name)][
             key
         ] = value
-    return algorithms.get(name).curriculum.from_config(c, num_prompts)
+    return algorithms.get(name).curriculum.from_config(config_schema.typed(c), num_prompts)
 
 
 def _source(num=8, P=4, seed=3):

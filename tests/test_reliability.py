@@ -398,7 +398,7 @@ _BAD_INPUT = {  # name: (config argument, overrides, what the one line must say)
     "n_min < 2": (
         "rollout_gdro",
         ["--config.gdro.rollout.n_min=1"],
-        ["config.gdro: RolloutGDROConfig.n_min must be >= 2", "got 1"],
+        ["config.gdro.rollout: RolloutGDROConfig.n_min must be >= 2", "got 1"],
     ),
     "mesh vs devices": (
         "grpo",

@@ -123,25 +123,24 @@ class Curriculum:
     filters_groups = False
 
     @classmethod
-    def from_config(cls, config, num_prompts: int) -> Curriculum:
-        """Builds from the run config (``config.gdro`` sections, ``config.rollout``).
+    def from_config(cls, run, num_prompts: int) -> Curriculum:
+        """Builds from the typed run config (`config_schema.typed`: its ``gdro`` /
+        ``curricula`` sections and ``rollout``).
 
         Raises: ValueError (from the controllers' configs) naming the bad field.
         """
         return cls(
-            **cls.config_kwargs(config),
+            **cls.config_kwargs(run),
             num_prompts=num_prompts,
-            prompts_per_step=config.rollout.prompts_per_step,
-            rollouts_per_prompt=config.rollout.rollouts_per_prompt,
+            prompts_per_step=run.rollout.prompts_per_step,
+            rollouts_per_prompt=run.rollout.rollouts_per_prompt,
         )
 
     @classmethod
-    def config_kwargs(cls, config) -> dict:
-        """The dataclass fields this curriculum takes from the config (override to add)."""
-        kwargs = config.gdro.classifier.to_dict()
-        if kwargs.get("delta") is None:
-            kwargs["delta"] = cls.hysteresis
-        return {"classifier_config": gdro.ClassifierConfig.from_dict(kwargs)}
+    def config_kwargs(cls, run) -> dict:
+        """The dataclass fields this curriculum takes from the typed run config (override to
+        add its own section; the classifier's margin is already this curriculum's)."""
+        return {"classifier_config": run.gdro.classifier}
 
     @property
     def num_bins(self) -> int:
@@ -256,9 +255,10 @@ class Learner:
         return config.algorithm.kl_in or cls.default_kl_in
 
     @classmethod
-    def from_config(cls, config, model_config, total_updates: int, prompt_len: int = 0) -> Learner:
-        """Builds from the run config; ``prompt_len`` is the padded prompt length Lp."""
-        del config, model_config, total_updates, prompt_len
+    def from_config(cls, run, model_config, total_updates: int, prompt_len: int = 0) -> Learner:
+        """Builds from the typed run config (`config_schema.typed`); ``prompt_len`` is the
+        padded prompt length Lp."""
+        del run, model_config, total_updates, prompt_len
         return cls()
 
     def init_extra(self) -> dict:

@@ -117,9 +117,8 @@ class OnlineDifficultyFilter(Curriculum):
     filters_groups = True
 
     @classmethod
-    def config_kwargs(cls, config) -> dict:
-        section = config.curricula.filter.to_dict()
-        return {**super().config_kwargs(config), "filter_config": FilterConfig.from_dict(section)}
+    def config_kwargs(cls, run) -> dict:
+        return {**super().config_kwargs(run), "filter_config": run.curricula.filter}
 
     def keep_groups(self, state, ids, rewards, correct, segment_ids) -> np.ndarray:
         del rewards
@@ -194,12 +193,8 @@ class LearnabilitySampling(Curriculum):
     learnability_config: LearnabilityConfig = LearnabilityConfig()
 
     @classmethod
-    def config_kwargs(cls, config) -> dict:
-        section = config.curricula.learnability.to_dict()
-        return {
-            **super().config_kwargs(config),
-            "learnability_config": LearnabilityConfig.from_dict(section),
-        }
+    def config_kwargs(cls, run) -> dict:
+        return {**super().config_kwargs(run), "learnability_config": run.curricula.learnability}
 
     def draw_probs(self, state: CurriculumState) -> np.ndarray:
         """q [N] float64 over the pool (`learnability_probs` of the classifier's window)."""
@@ -342,13 +337,8 @@ class GRESO(Curriculum):
     seed: int = 0
 
     @classmethod
-    def config_kwargs(cls, config) -> dict:
-        section = config.curricula.greso.to_dict()
-        return {
-            **super().config_kwargs(config),
-            "greso_config": GRESOConfig.from_dict(section),
-            "seed": int(config.seed),
-        }
+    def config_kwargs(cls, run) -> dict:
+        return {**super().config_kwargs(run), "greso_config": run.curricula.greso, "seed": run.seed}
 
     def init_controller(self) -> GRESOState:
         p = self.greso_config.p_init

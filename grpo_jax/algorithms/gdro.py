@@ -29,11 +29,8 @@ class PromptGDRO(Curriculum):
     hysteresis = 0.03  # the classifier's default margin delta for this curriculum (spec s.1)
 
     @classmethod
-    def config_kwargs(cls, config) -> dict:
-        return {
-            **super().config_kwargs(config),
-            "prompt_config": gdro.PromptGDROConfig.from_dict(config.gdro.prompt.to_dict()),
-        }
+    def config_kwargs(cls, run) -> dict:
+        return {**super().config_kwargs(run), "prompt_config": run.gdro.prompt}
 
     def init_controller(self):
         return gdro.prompt_gdro_init(self.prompt_config, self.num_bins)
@@ -89,12 +86,11 @@ class RolloutGDRO(Curriculum):
     fixed_group_size = False
 
     @classmethod
-    def config_kwargs(cls, config) -> dict:
+    def config_kwargs(cls, run) -> dict:
+        n_bar = run.rollout.rollouts_per_prompt  # the mean budget (checked against n_min, n_max)
         return {
-            **super().config_kwargs(config),
-            "rollout_config": gdro.RolloutGDROConfig.from_dict(
-                {**config.gdro.rollout.to_dict(), "n_bar": config.rollout.rollouts_per_prompt}
-            ),
+            **super().config_kwargs(run),
+            "rollout_config": dataclasses.replace(run.gdro.rollout, n_bar=n_bar),
         }
 
     def init_controller(self):

@@ -95,17 +95,17 @@ class PPO(Learner):
         return self.kl_coef > 0 and self.kl_in == "reward"
 
     @classmethod
-    def from_config(cls, config, model_config, total_updates: int, prompt_len: int = 0) -> PPO:
-        p = config.ppo
+    def from_config(cls, run, model_config, total_updates: int, prompt_len: int = 0) -> PPO:
+        p = run.ppo
         graphdef, abstract = nnx.split(_abstract_critic(model_config), nnx.Param)
         return cls(
             model_config=model_config,
             critic_graphdef=graphdef,
             prompt_len=prompt_len,
-            seed=config.seed,
+            seed=run.seed,
             # bfloat16 critic parameters train through a float32 master copy, like the policy's
             critic_tx=make_optimizer(
-                config.optimizer,
+                run.optimizer,
                 total_updates,
                 learning_rate=p.critic_lr,
                 master=_low_precision(abstract),
@@ -115,9 +115,9 @@ class PPO(Learner):
             value_clip=p.value_clip,
             vf_coef=p.vf_coef,
             critic_lr=p.critic_lr,
-            kl_coef=config.algorithm.kl_coef,
-            kl_kind=config.algorithm.kl_kind,
-            kl_in=cls.resolve_kl_in(config),
+            kl_coef=run.algorithm.kl_coef,
+            kl_kind=run.algorithm.kl_kind,
+            kl_in=cls.resolve_kl_in(run),
         )
 
     def init_extra(self) -> dict:
