@@ -239,13 +239,12 @@ def _evaluate_workdir(names, source_dir: str) -> tuple[dict, dict, dict]:
         config.reward.model = ""  # evaluation scores with the verifier alone (no RM to load)
 
     exp, run, step = train.restore_run(_WORKDIR.value, need_reward=True, configure=configure)
-    config = exp.config
-    seed = _flag(_SEED, config.seed + 7)  # grpo_jax.train's evaluation key
+    seed = _flag(_SEED, exp.run.seed + 7)  # grpo_jax.train's evaluation key
     try:
         results = evaluation.evaluate_sets(exp, run.train.params, jax.random.PRNGKey(seed))
     finally:
         exp.close()
-    e = config.eval
+    e = exp.run.eval
     protocol = {
         "num_samples": e.num_samples,
         "temperature": e.temperature,

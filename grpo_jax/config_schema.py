@@ -161,7 +161,9 @@ class EnvSection:
     # rollout. An episode's tokens (policy turns and observations) fit rollout.max_new_tokens
     name: str = ""
     max_turns: int = 2  # policy turns per episode
-    turn_tokens: int = 0  # the most tokens of one policy turn (0 = rollout.max_new_tokens)
+    # the most tokens of one policy turn (0 = no cap: a turn may use what is left of the
+    # episode's budget, rollout.max_new_tokens in training and eval.max_new_tokens in evaluation)
+    turn_tokens: int = 0
 
 
 @_frozen
@@ -173,8 +175,9 @@ class AlgorithmSection:
     # a name registered in grpo_jax.algorithms: grpo | prompt_gdro | rollout_gdro | ppo | dapo |
     # online_filter | learnability | greso
     name: str = "grpo"
-    # where the KL is paid (once): None = the learner's default (ppo: reward, others: loss) |
-    # reward (per-token reward penalty; ppo only) | loss (a term of the policy loss)
+    # where the KL is paid (once): reward (per-token reward penalty; ppo only) | loss (a term
+    # of the policy loss); left at None, `typed` resolves it to the learner's own
+    # (`Learner.default_kl_in`: ppo reward, the others loss)
     kl_in: str | None = None
     num_iterations: int = 1  # passes over each batch of rollouts (mu in GRPO)
     mini_batch_size: int = 0  # rollouts per gradient step (0 = the whole batch R)
@@ -302,7 +305,9 @@ class EvalSection:
     temperature: float = 0.6  # paper protocol
     top_p: float = 0.8  # paper protocol
     top_k: int = 20  # paper protocol
-    max_new_tokens: int = 0  # 0 = rollout.max_new_tokens
+    # completion budget of the held-out samples; left at None, `typed` resolves it to
+    # rollout.max_new_tokens
+    max_new_tokens: int | None = None
     batch_size: int = 256  # rollouts per generation call during evaluation
 
 
@@ -362,7 +367,8 @@ class RewardSection:
     model_template: str = "text"
     model_max_tokens: int = 0  # RM input cap: longer texts keep their last tokens (0 = none)
     model_batch_size: int = 0  # rows per RM forward (0 = a round's rollouts at once)
-    model_dtype: str = ""  # RM weights and compute: float32 | bfloat16 ("" = model.dtype)
+    # RM weights and compute: float32 | bfloat16; left at None, `typed` resolves it to model.dtype
+    model_dtype: str | None = None
 
 
 @_frozen
@@ -459,19 +465,35 @@ def typed(config: Mapping[str, Any]) -> RunConfig:
     """The typed, validated run config of a ``ConfigDict`` (or nested dict) on this schema.
 
     Each option dataclass is built from its section (its own checks run: `__post_init__`), the
-    mode switches left at None take their mode's value and the classifier's ``delta`` left at
-    None takes the curriculum's own margin, so every derived value is resolved once; fields the
-    schema does not know (a section of your own) are left out; lists become tuples.
+    mode switches left at None take their mode's value, and the fields whose default is another
+    field's or the algorithm's take it (``gdro.classifier.delta``: the curriculum's margin;
+    ``algorithm.kl_in``: the learner's; ``eval.max_new_tokens``: ``rollout.max_new_tokens``;
+    ``reward.model_dtype``: ``model.dtype``), so every derived value is resolved once and the
+    result holds no None standing for another value; fields the schema does not know (a section
+    of your own) are left out; lists become tuples.
 
     Raises:
       ValueError: one line naming the section and the field.
     """
     run = _typed(RunConfig, config, "config")
+    algo = algorithms.get(run.algorithm.name)
     classifier = run.gdro.classifier
     if config["gdro"]["classifier"].get("delta") is None:
-        margin = algorithms.get(run.algorithm.name).curriculum.hysteresis
-        classifier = dataclasses.replace(classifier, delta=margin)
-    return dataclasses.replace(run, gdro=dataclasses.replace(run.gdro, classifier=classifier))
+        classifier = dataclasses.replace(classifier, delta=algo.curriculum.hysteresis)
+    algorithm, ev, reward = run.algorithm, run.eval, run.reward
+    if algorithm.kl_in is None:
+        algorithm = dataclasses.replace(algorithm, kl_in=algo.learner.default_kl_in)
+    if ev.max_new_tokens is None:
+        ev = dataclasses.replace(ev, max_new_tokens=run.rollout.max_new_tokens)
+    if reward.model_dtype is None:
+        reward = dataclasses.replace(reward, model_dtype=run.model.dtype)
+    return dataclasses.replace(
+        run,
+        gdro=dataclasses.replace(run.gdro, classifier=classifier),
+        algorithm=algorithm,
+        eval=ev,
+        reward=reward,
+    )
 
 
 def _typed(cls, d: Mapping[str, Any], where: str):
@@ -511,7 +533,8 @@ def upgrade(saved: dict) -> ml_collections.ConfigDict:
     everywhere else. Fields the schema does not know (a removed option, a section of your own)
     are kept as saved. Sequences saved as JSON lists come back as tuples where the default is
     one, so the result compares equal to the config that wrote it. Older spellings are read as
-    today's: ``gdro.classifier.delta`` < 0 ("the curriculum's own") is None.
+    today's: ``gdro.classifier.delta`` < 0 ("the curriculum's own"), ``eval.max_new_tokens`` 0
+    ("rollout.max_new_tokens") and ``reward.model_dtype`` "" ("model.dtype") are None.
 
     Args:
       saved: nested dict (JSON-decoded).
@@ -522,6 +545,11 @@ def upgrade(saved: dict) -> ml_collections.ConfigDict:
     classifier = config.get("gdro", {}).get("classifier", {})
     if isinstance(classifier.get("delta"), (int, float)) and classifier["delta"] < 0:
         classifier.delta = None
+    for section, key, unset in (("eval", "max_new_tokens", 0), ("reward", "model_dtype", "")):
+        if config.get(section, {}).get(key) == unset and isinstance(
+            config[section][key], type(unset)
+        ):
+            config[section][key] = None
     return config
 
 

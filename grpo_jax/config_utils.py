@@ -244,10 +244,10 @@ def _validate_reward_model(config) -> None:
         raise ConfigError(
             f"config.reward.model_template={r.model_template!r} is not one of ('text', 'chat')"
         )
-    if r.model_dtype not in ("", "float32", "bfloat16"):
+    if r.model_dtype not in (None, "float32", "bfloat16"):
         raise ConfigError(
-            f"config.reward.model_dtype={r.model_dtype!r} is not one of ('', 'float32', "
-            "'bfloat16') ('' = config.model.dtype)"
+            f"config.reward.model_dtype={r.model_dtype!r} is not one of (None, 'float32', "
+            "'bfloat16') (None = config.model.dtype)"
         )
     for path in ("reward.model_max_tokens", "reward.model_batch_size"):
         _num(config, path, 0, integer=True)
@@ -292,7 +292,6 @@ def _validate_ranges(config) -> None:
         ("eval.every_steps", 0, True),
         ("eval.max_examples", 0, True),
         ("eval.top_k", 0, True),
-        ("eval.max_new_tokens", 0, True),
         ("mesh.num_devices", 0, True),
         ("ppo.value_clip", 0, False),
         ("ppo.vf_coef", 0, False),
@@ -300,6 +299,12 @@ def _validate_ranges(config) -> None:
         ("reward.float_rounding", 0, True),
     ):
         _num(config, path, lo, integer=integer)
+    n = config.eval.max_new_tokens
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ConfigError(
+            f"config.eval.max_new_tokens={n!r} must be a positive integer, or None for "
+            "rollout.max_new_tokens"
+        )
     if "logprob_chunk_size" in config.algorithm:  # older configs (a workdir's) lack it
         _num(config, "algorithm.logprob_chunk_size", 0, integer=True)
     # learning rates: >= 0 (inf is allowed: it is how the non-finite-update guard is tested)

@@ -192,7 +192,7 @@ def evaluate_sets(exp, params, rng: jax.Array) -> dict[str, EvalResult]:
 
     One key per set, split from ``rng`` in the sets' order (the training run's evaluation).
     """
-    cfg = exp.config.eval
+    cfg = exp.run.eval
     out = {}
     for name, examples in exp.pool.eval_sets.items():
         rng, key = jax.random.split(rng)
@@ -209,10 +209,10 @@ def evaluate_sets(exp, params, rng: jax.Array) -> dict[str, EvalResult]:
             batch_size=cfg.batch_size,
             rng=key,
             mesh=exp.mesh,
-            progress=exp.config.logging.progress_bar and jax.process_index() == 0,
+            progress=exp.run.logging.progress_bar and jax.process_index() == 0,
             desc=name,
             environment=exp.environment,
-            turn_tokens=exp.config.env.turn_tokens,
+            turn_tokens=exp.run.env.turn_tokens,
         )
     return out
 
@@ -235,7 +235,7 @@ def pooled_summary(summaries: dict[str, dict], keys) -> dict:
 
 def evaluate(exp, params, rng: jax.Array) -> dict:
     """Evaluates ``params`` on the experiment's held-out sets; pooled + per dataset."""
-    k = exp.config.eval.num_samples
+    k = exp.run.eval.num_samples
     per_dataset = {n: r.summary for n, r in evaluate_sets(exp, params, rng).items()}
     pooled = pooled_summary(per_dataset, ["mean_at_1", f"pass_at_{k}", "pass_at_1", f"maj_at_{k}"])
     del pooled["num_problems"]

@@ -112,7 +112,9 @@ class Experiment:
     Immutable once built; ``dataclasses.replace`` makes variants (e.g. other shardings).
 
     Attributes:
-      config: the run's ``ml_collections.ConfigDict``.
+      config: the run's ``ml_collections.ConfigDict`` (what the CLI edits; ``config.json``).
+      run: the same, typed and validated, its derived values resolved
+        (`config_schema.typed`); the builders read their sections from it.
       mesh: the device mesh (axes data, fsdp, tensor).
       model_config, graphdef, param_shardings, init_params_fn: the policy: its architecture,
         ``nnx`` graph, parameter shardings and a pure ``() -> params`` initialiser.
@@ -130,6 +132,7 @@ class Experiment:
     """
 
     config: ml_collections.ConfigDict
+    run: config_schema.RunConfig
     mesh: jax.sharding.Mesh
     model_config: model_config_lib.ModelConfig
     graphdef: Any
@@ -285,14 +288,15 @@ class Experiment:
                 close()
 
 
-def _sampling_configs(config, tokenizer, group: int):
-    """(training, evaluation) `sampling.SamplingConfig` of ``config.rollout`` / ``config.eval``."""
-    sc, ec = config.rollout, config.eval
+def _sampling_configs(run: config_schema.RunConfig, tokenizer, group: int):
+    """(training, evaluation) `sampling.SamplingConfig` of ``run.rollout`` / ``run.eval``."""
+    sc, ec = run.rollout, run.eval
     common = dict(
         eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (0,),
         pad_id=tokenizer.pad_id if tokenizer is not None else 0,
         decode_cache=sc.decode_cache,
-        **{k: int(sc[k]) for k in ("decode_slots", "page_size")},  # continuous / paged
+        decode_slots=int(sc.decode_slots),  # continuous batching
+        page_size=int(sc.page_size),  # paged KV cache
     )
     train = sampling.SamplingConfig(
         max_new_tokens=sc.max_new_tokens,
@@ -303,13 +307,13 @@ def _sampling_configs(config, tokenizer, group: int):
         **common,
     )
     evaluation = sampling.SamplingConfig(
-        max_new_tokens=ec.max_new_tokens or sc.max_new_tokens,
+        max_new_tokens=ec.max_new_tokens,
         temperature=ec.temperature,
         top_k=ec.top_k,
         top_p=ec.top_p,
         **common,
     )
-    if (sc.top_k or sc.top_p < 1) and not config.algorithm.tis_cap:
+    if (sc.top_k or sc.top_p < 1) and not run.algorithm.tis_cap:
         logging.warning(
             "config.rollout top_k/top_p truncate the sampler, but its log-probs (and so the "
             "ratio's 'old' policy) are the untruncated ones; set config.algorithm.tis_cap "
@@ -337,49 +341,50 @@ def build_experiment(
         algo = algorithms.get(config.algorithm.name)
     except ValueError as e:
         raise ConfigError(f"config.algorithm.name: {e}") from None
-    devices = list(jax.devices() if devices is None else devices)[: config.mesh.num_devices or None]
+    try:
+        run = config_schema.typed(config)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+    devices = list(jax.devices() if devices is None else devices)[: run.mesh.num_devices or None]
     try:
         mesh = sharding.make_mesh(
-            {"data": config.mesh.data, "fsdp": config.mesh.fsdp, "tensor": config.mesh.tensor},
+            {"data": run.mesh.data, "fsdp": run.mesh.fsdp, "tensor": run.mesh.tensor},
             devices,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    batching = Batching.from_config(config, mesh, algo)
+    batching = Batching.from_config(run, mesh, algo)
     # the training rows are read first: missing or bad data fails before the weights load
     load_stats = {}
-    train_split = config.data.split
-    raw = (
-        data_lib.load_examples(config, config.data.name, train_split, load_stats)
-        if with_data
-        else []
-    )
-    needs_tokenizer = with_data or config.data.name == "arithmetic"
-    tokenizer = model_lib.load_tokenizer(config) if needs_tokenizer else None
+    train_split = run.data.split
+    raw = data_lib.load_examples(run, run.data.name, train_split, load_stats) if with_data else []
+    needs_tokenizer = with_data or run.data.name == "arithmetic"
+    tokenizer = model_lib.load_tokenizer(run) if needs_tokenizer else None
     # the pool (and its data-dependent ranges, `data_lib.check_pool`) before the weights load
     pool = (
-        data_lib.build_pool(config, tokenizer, raw, load_stats)
+        data_lib.build_pool(run, tokenizer, raw, load_stats)
         if with_data
-        else data_lib.PromptPool.empty(config.data.max_prompt_tokens)
+        else data_lib.PromptPool.empty(run.data.max_prompt_tokens)
     )
-    model_cfg, graphdef, init_fn = model_lib.load_model(config, tokenizer, devices[0].platform)
+    model_cfg, graphdef, init_fn = model_lib.load_model(run, tokenizer, devices[0].platform)
     shardings = sharding.param_shardings(
         nnx.split(model_lib.abstract_model(model_cfg), nnx.Param)[1], mesh
     )
-    steps_updates = state_lib.total_updates(config, batching)
+    steps_updates = state_lib.total_updates(run, batching)
     # bfloat16 parameters train through a float32 master copy (state.master_weights)
     tx = state_lib.make_optimizer(
-        config.optimizer, steps_updates, master=(config.model.param_dtype or "float32") != "float32"
+        run.optimizer, steps_updates, master=(run.model.param_dtype or "float32") != "float32"
     )
-    train_sampling, eval_sampling = _sampling_configs(config, tokenizer, batching.prompt_group_size)
+    train_sampling, eval_sampling = _sampling_configs(run, tokenizer, batching.prompt_group_size)
     curriculum, learner = build_strategies(
-        config, algo, pool.num_ids, model_cfg, steps_updates, pool.prompt_len
+        run, algo, pool.num_ids, model_cfg, steps_updates, pool.prompt_len
     )
     make_rewards = reward_lib.make_reward_fns if with_data else (lambda *_: (None, {}))
-    reward_fn, eval_reward_fns = make_rewards(config, pool.eval_sets, mesh, rewards)
-    environment, turn_sampling = envs_from_config.environment(config, tokenizer, train_sampling)
+    reward_fn, eval_reward_fns = make_rewards(run, pool.eval_sets, mesh, rewards)
+    environment, turn_sampling = envs_from_config.environment(run, tokenizer, train_sampling)
     exp = Experiment(
         config=config,
+        run=run,
         mesh=mesh,
         model_config=model_cfg,
         graphdef=graphdef,
@@ -409,14 +414,13 @@ def build_experiment(
     return dataclasses.replace(exp, state_shardings=shards, abstract_state=abstract)
 
 
-def build_strategies(config, algo, num_prompts, model_cfg, total_updates, prompt_len):
+def build_strategies(run, algo, num_prompts, model_cfg, total_updates, prompt_len):
     """The algorithm's curriculum and learner, built from the typed config's sections
-    (`config_schema.typed`).
+    (``run``: `config_schema.typed`).
 
     Raises: ConfigError naming the section of a bad value.
     """
     try:
-        run = config_schema.typed(config)
         curriculum = algo.curriculum.from_config(run, num_prompts=num_prompts)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config.gdro: {e}") from None

@@ -303,7 +303,7 @@ def for_experiment(exp):
     """(generation mesh, parameter shardings) of an `Experiment`'s
     ``config.rollout.generation_layout`` (`resolve`; (None, None) in the training layout).
     Raises ConfigError naming the field."""
-    spec = str(exp.config.rollout.get("generation_layout", TRAINING))
+    spec = str(exp.run.rollout.generation_layout)
     try:
         return resolve(
             spec,

@@ -100,10 +100,10 @@ def abstract(exp) -> tuple[Generated, ...] | None:
 
     The placement's shapes are those of the curriculum's ``allocate`` on its initial state; the
     rollouts' those of the sampler (`sampling.generate`, traced only) on R rows."""
-    k = exp.config.rollout.max_staleness
+    k = exp.run.rollout.max_staleness
     if not k:
         return None
-    P, R = exp.config.rollout.prompts_per_step, exp.batching.rollouts_per_step
+    P, R = exp.run.rollout.prompts_per_step, exp.batching.rollouts_per_step
     ids = np.zeros(P, np.int32)
     placement = exp.curriculum.allocate(exp.curriculum.init(), ids)
     version, ids, placement = checkpointing.abstract_like(xfer.put((np.int32(0), ids, placement)))
@@ -125,7 +125,7 @@ def abstract(exp) -> tuple[Generated, ...] | None:
         rollouts,
     )
     util = None
-    if exp.config.rollout.decode_slots:
+    if exp.run.rollout.decode_slots:
         calls = max(R // exp.batching.generate_batch_size, 1)
         util = jax.ShapeDtypeStruct((calls,), jnp.float32, sharding=sharding.replicated(exp.mesh))
     return (Generated(version, ids, placement, rollouts, util),) * k

@@ -136,7 +136,7 @@ def _head_gather(shape, layout: str):
 
 def logprob_chunk_size(exp: Experiment) -> int:
     """``config.algorithm.logprob_chunk_size`` (0 when an older config lacks it)."""
-    return int(exp.config.algorithm.logprob_chunk_size)
+    return int(exp.run.algorithm.logprob_chunk_size)
 
 
 def split_rows(x, chunks: int, group: int = 1):
@@ -219,9 +219,9 @@ _SUMMED_AUX = ("pg_loss",)
 
 def _update_fn(exp: Experiment):
     """The unjitted ``update(state, batch) -> (state, metrics)`` of one mini-batch."""
-    cfg = exp.config.algorithm
+    cfg = exp.run.algorithm
     graphdef, lp = exp.graphdef, exp.prompt_len
-    temperature = float(exp.config.rollout.temperature)
+    temperature = float(exp.run.rollout.temperature)
     on_policy, micro, group = (
         exp.batching.on_policy,
         exp.batching.micro_batch_size,
@@ -232,7 +232,7 @@ def _update_fn(exp: Experiment):
     # the KL to the reference is paid once: here, unless the learner puts it in the per-token
     # rewards (PPO's default, `config.algorithm.kl_in`)
     kl_coef = cfg.kl_coef if learner.kl_in == "loss" else 0.0
-    loss_cfg = losses.PolicyLossConfig.from_config(cfg, max_len=exp.max_new_tokens, kl_coef=kl_coef)
+    loss_cfg = dataclasses.replace(cfg.loss, max_len=exp.max_new_tokens, kl_coef=kl_coef)
 
     def loss_fn(params, batch: Batch, denominator=None):
         logprobs = completion_logprobs(
@@ -351,10 +351,10 @@ def _train_fn(exp: Experiment, update):
     mb, g, iters = (
         exp.batching.mini_batch_size,
         exp.batching.prompt_group_size,
-        exp.config.algorithm.num_iterations,
+        exp.run.algorithm.num_iterations,
     )
     n_mb = R // mb
-    schedule = make_schedule(exp.config.optimizer, total_updates(exp.config, exp.batching))
+    schedule = make_schedule(exp.run.optimizer, total_updates(exp.run, exp.batching))
 
     def train(state, batch, key):
         def one_pass(state, key):
@@ -466,8 +466,8 @@ def _in_generation_layout(mesh, gen_mesh, sample: Callable) -> Callable:
 
 def make_steps(exp: Experiment) -> Steps:
     """Jits the step's programs for ``exp`` (nothing is compiled until first called)."""
-    algo = exp.config.algorithm
-    P = exp.config.rollout.prompts_per_step
+    algo = exp.run.algorithm
+    P = exp.run.rollout.prompts_per_step
     mesh = exp.mesh
     batch_sh = sharding.batch_sharding(mesh)
     update = _update_fn(exp)
@@ -519,7 +519,7 @@ def make_steps(exp: Experiment) -> Steps:
             functools.partial(
                 advantages_lib.compute,
                 num_segments=P,
-                cfg=advantages_lib.AdvantageConfig.from_config(algo, nonfinite="mask"),
+                cfg=dataclasses.replace(algo.advantage, nonfinite="mask"),
             )
         ),
         logprobs=jax.jit(
@@ -529,7 +529,7 @@ def make_steps(exp: Experiment) -> Steps:
                     chunked_completion_logprobs,
                     exp.graphdef,
                     prompt_len=exp.prompt_len,
-                    temperature=float(exp.config.rollout.temperature),
+                    temperature=float(exp.run.rollout.temperature),
                     rows_per_chunk=exp.batching.micro_batch_size,
                     group_size=exp.batching.prompt_group_size,
                     logprob_chunk_size=logprob_chunk_size(exp),
@@ -597,7 +597,7 @@ def init_run(exp: Experiment, *, params=None, warm_start: bool = True) -> tuple[
     """
     state = init_train_state(exp)
     sft_metrics = {}
-    if params is None and warm_start and exp.config.sft.steps > 0:
+    if params is None and warm_start and exp.run.sft.steps > 0:
         params, sft_metrics = supervised_warmstart(exp, state.params)
     if params is not None:
         state = jax.device_put(
@@ -616,11 +616,11 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
     With LoRA the warm start trains the base (the "pretrained" weights the adapters then sit
     on; the fresh adapters, B = 0, are the identity and stay as initialised).
     """
-    cfg = exp.config.sft
+    cfg = exp.run.sft
     tokens, mask, target_mask = exp.sft_data()
     n = tokens.shape[0]
     tx = optax.adamw(cfg.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
-    if (exp.config.model.param_dtype or "float32") != "float32":
+    if (exp.run.model.param_dtype or "float32") != "float32":
         tx = master_weights(tx)
     adapters = None
     if exp.lora:
@@ -652,11 +652,11 @@ def supervised_warmstart(exp: Experiment, params) -> tuple[Any, dict]:
         params, opt_state = apply_optimizer(tx, grads, opt_state, params)
         return params, opt_state, loss
 
-    gen = np.random.default_rng(exp.config.seed + 1)
+    gen = np.random.default_rng(exp.run.seed + 1)
     t0 = time.perf_counter()
     loss = float("nan")
     iterator = range(cfg.steps)
-    if exp.config.logging.progress_bar and jax.process_index() == 0:
+    if exp.run.logging.progress_bar and jax.process_index() == 0:
         from tqdm.auto import tqdm
 
         iterator = tqdm(iterator, desc="warm start", dynamic_ncols=True, leave=False)

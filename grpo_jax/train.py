@@ -117,7 +117,7 @@ def _timer():
 def filters_groups(exp: Experiment) -> bool:
     """Whether a step keeps only the groups its curriculum accepts and samples more rounds
     (``config.algorithm.dynamic_sampling`` or a curriculum with ``filters_groups``)."""
-    return bool(exp.config.algorithm.dynamic_sampling or exp.curriculum.filters_groups)
+    return bool(exp.run.algorithm.dynamic_sampling or exp.curriculum.filters_groups)
 
 
 def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> Round:
@@ -275,7 +275,7 @@ def keep_informative_groups(exp: Experiment, fns: steps.Steps, rounds: list[Roun
     the rest is filled with the others (DAPO's have zero advantage, so they add only the KL
     term), keeping every shape fixed. Needs a fixed group size.
     """
-    P, n = exp.config.rollout.prompts_per_step, exp.config.rollout.rollouts_per_prompt
+    P, n = exp.run.rollout.prompts_per_step, exp.run.rollout.rollouts_per_prompt
     R = exp.batching.rollouts_per_step
     order = [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(x.kept)]
     order += [(r, g) for r, x in enumerate(rounds) for g in np.flatnonzero(~x.kept)]
@@ -337,7 +337,7 @@ def _sample(exp: Experiment, fns: steps.Steps, run: RunState, source, key) -> li
     sampling and its relatives), more rounds until P groups are kept (at most 1 +
     ``dynamic_sampling_max_rounds``)."""
     rounds = [sample_round(exp, fns, run, source, key)]
-    algo, P = exp.config.algorithm, exp.config.rollout.prompts_per_step
+    algo, P = exp.run.algorithm, exp.run.rollout.prompts_per_step
     if filters_groups(exp):
         for r in range(algo.dynamic_sampling_max_rounds):
             if sum(int(x.kept.sum()) for x in rounds) >= P:
@@ -350,7 +350,7 @@ def fill_in_flight(exp: Experiment, fns: steps.Steps, run: RunState, source) -> 
     """``run`` with its rollouts in flight (``rollout.max_staleness`` = k >= 1; unchanged when k
     is 0 or they are there): the k batches steps t .. t + k - 1 train on, generated from the
     current parameters (a run's start: `train_and_evaluate` before its first checkpoint)."""
-    k, t = exp.config.rollout.max_staleness, int(run.train.step)
+    k, t = exp.run.rollout.max_staleness, int(run.train.step)
     if not k or run.in_flight is not None:
         return run
     keys = [rollout_queue.fill_key(run.train.rng, i) for i in range(k)]
@@ -364,7 +364,7 @@ def _sample_in_flight(exp: Experiment, fns: steps.Steps, run: RunState, source, 
     flight (generated at step t - k, or before step 0) is scored on the host while the device
     generates. Returns ([its Round], the batches in flight after the step)."""
     run, times, t = fill_in_flight(exp, fns, run, source), {}, int(run.train.step)
-    new = dispatch_round(exp, fns, run, source, key, t + exp.config.rollout.max_staleness, times)
+    new = dispatch_round(exp, fns, run, source, key, t + exp.run.rollout.max_staleness, times)
     oldest = rollout_queue.unpark(run.in_flight[0])
     version = {"policy_version": int(oldest.version), "staleness": t - int(oldest.version)}
     in_flight = (*run.in_flight[1:], rollout_queue.park(exp.mesh, new))
@@ -424,7 +424,7 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
     rng, gen_key, order_key = _step_keys(run.train.rng)
 
     # 1-4. prompts -> bins -> allocation -> R rollouts -> rewards
-    if exp.config.rollout.max_staleness:  # rollouts in flight: trains on an older batch
+    if exp.run.rollout.max_staleness:  # rollouts in flight: trains on an older batch
         rounds, in_flight = _sample_in_flight(exp, fns, run, source, gen_key)
     else:
         rounds, in_flight = _sample(exp, fns, run, source, gen_key), None
@@ -520,7 +520,7 @@ def _sampled(ro: sampling.Rollouts) -> jax.Array:
 def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, times) -> dict:
     """Step 9: the step's metrics row from its rounds, trained batch ``rd``, the update's host
     metrics ``upd`` (its ``skipped_updates`` popped) and the curriculum's ``diagnostics``."""
-    cfg, P = exp.config, exp.config.rollout.prompts_per_step
+    cfg, P = exp.run, exp.run.rollout.prompts_per_step
     generated = int(sum(int(x.lengths.sum()) for x in rounds))  # every round's compute
     any_correct = np.zeros(P, bool)
     np.logical_or.at(any_correct, rd.placement.segment_ids, rd.correct)

@@ -89,9 +89,9 @@ def test_typed_round_trips_and_equals_what_the_builders_build(name, make):
     again = config_schema.to_config_dict(run)
     assert config_schema.typed(again) == run
     assert config_schema.typed(json.loads(json.dumps(c.to_dict()))) == run  # config.json
-    # every plain field comes back as written
+    # every plain field comes back as written (one left at None, resolved: its value)
     for path, _, owner in _leaves(config_schema.RunConfig):
-        if owner.__module__ == config_schema.__name__:
+        if owner.__module__ == config_schema.__name__ and _get(c, path) is not None:
             assert _get(again, path) == _get(c, path), path
     # the option dataclasses the run builds from the dict are the typed ones
     assert losses.PolicyLossConfig.from_config(c.algorithm) == run.algorithm.loss
@@ -115,6 +115,35 @@ def test_the_classifier_margin_is_the_curriculum_own_unless_set():
         assert curriculum.classifier_config.delta == margin, name
         c.gdro.classifier.delta = 0.05
         assert config_schema.typed(c).gdro.classifier.delta == 0.05, name
+
+
+def test_a_field_whose_default_is_another_field_takes_it_in_the_typed_config():
+    """No None (nor 0 / "") stands for another value in the typed config: `typed` resolves it."""
+    c = config_schema.base_config()
+    c.rollout.max_new_tokens, c.model.dtype, c.algorithm.name = 24, "bfloat16", "ppo"
+    run = config_schema.typed(c)
+    assert run.eval.max_new_tokens == 24 and run.reward.model_dtype == "bfloat16"
+    assert run.algorithm.kl_in == "reward"  # PPO's learner pays the KL in the reward
+    c.algorithm.name = "grpo"
+    assert config_schema.typed(c).algorithm.kl_in == "loss"
+    c.eval.max_new_tokens, c.reward.model_dtype = 40, "float32"  # set: kept
+    run = config_schema.typed(c)
+    assert run.eval.max_new_tokens == 40 and run.reward.model_dtype == "float32"
+    # what the builders read: the evaluation sampler's budget
+    from grpo_jax import experiment
+
+    c.eval.max_new_tokens = None
+    train, evaluation = experiment._sampling_configs(config_schema.typed(c), None, 4)
+    assert evaluation.max_new_tokens == train.max_new_tokens == 24
+    # the old spellings: 0 and "" read as None from a saved config; refused when written now
+    old = config_schema.upgrade({"eval": {"max_new_tokens": 0}, "reward": {"model_dtype": ""}})
+    assert old.eval.max_new_tokens is None and old.reward.model_dtype is None
+    from grpo_jax import config_utils
+    from grpo_jax.errors import ConfigError
+
+    c.eval.max_new_tokens = 0
+    with pytest.raises(ConfigError, match=r"eval\.max_new_tokens=0 must be a positive integer"):
+        config_utils.validate(c)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from test_sampling_prefix import CFG, GD, PARAMS, PROMPTS, _assert_same_rollouts, _left_pad
 
-from grpo_jax import config_utils, experiment
+from grpo_jax import config_schema, config_utils, experiment
 from grpo_jax.config_schema import base_config
 from grpo_jax.errors import ConfigError
 from grpo_jax.models import attention
@@ -208,7 +208,7 @@ def test_paged_config_is_validated_and_reaches_both_samplers():
     c = base_config()
     c.rollout.decode_cache, c.rollout.page_size = "paged", 8
     config_utils.validate(c)
-    train, evaluation = experiment._sampling_configs(c, None, 4)
+    train, evaluation = experiment._sampling_configs(config_schema.typed(c), None, 4)
     assert (train.decode_cache, evaluation.decode_cache) == ("paged", "paged")
     assert (train.page_size, evaluation.page_size) == (8, 8)
     c.rollout.page_size = 0

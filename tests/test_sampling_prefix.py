@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from grpo_jax import config_utils, experiment, sharding
+from grpo_jax import config_schema, config_utils, experiment, sharding
 from grpo_jax.config_schema import base_config
 from grpo_jax.errors import ConfigError
 from grpo_jax.models import get_preset
@@ -199,10 +199,13 @@ def test_prefix_shared_decode_on_a_data_fsdp_mesh():
 def test_run_config_reaches_both_samplers():
     c = base_config()
     c.rollout.decode_cache = "prefix_shared"
-    train, evaluation = experiment._sampling_configs(c, None, 4)
+    train, evaluation = experiment._sampling_configs(config_schema.typed(c), None, 4)
     assert (train.decode_cache, evaluation.decode_cache) == ("prefix_shared", "prefix_shared")
     assert train.prompt_group_size == 4
-    assert experiment._sampling_configs(base_config(), None, 1)[0].decode_cache == "dense"
+    assert (
+        experiment._sampling_configs(config_schema.typed(base_config()), None, 1)[0].decode_cache
+        == "dense"
+    )
 
 
 @pytest.mark.slow  # ~100 s on 2 busy cores: two runs' steps compiled

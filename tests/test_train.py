@@ -289,16 +289,18 @@ def _fake_round(rewards_by_group, ids, n=2, Lp=3, Lc=2, offset=0):
 def test_dynamic_sampling_keeps_informative_groups_first_then_fills():
     import types
 
-    from grpo_jax import sharding
+    from grpo_jax import config_schema, sharding
 
+    config = smoke_config("grpo")
+    config.rollout.rollouts_per_prompt = 2
+    config.rollout.prompts_per_step = 3
     exp = types.SimpleNamespace(
-        config=smoke_config("grpo"),
+        config=config,
+        run=config_schema.typed(config),
         num_bins=2,
         mesh=sharding.make_mesh({"data": 1}, jax.devices()[:1]),
         batching=types.SimpleNamespace(rollouts_per_step=6),
     )
-    exp.config.rollout.rollouts_per_prompt = 2
-    exp.config.rollout.prompts_per_step = 3
     take = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x[idx], tree))
     concat = lambda parts: jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
     fns = types.SimpleNamespace(take=take, concat=concat)

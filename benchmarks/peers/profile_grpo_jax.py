@@ -22,6 +22,7 @@ adopted: it now projects the completion positions only).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -96,8 +97,8 @@ def main(argv=None):
         ref_logprobs=ref,
         sampler_logprobs=ref,
     )
-    cfg = exp.config.algorithm
-    T = float(exp.config.rollout.temperature)
+    cfg = exp.run.algorithm
+    T = float(exp.run.rollout.temperature)
 
     def sliced_logprobs(graphdef, params, tokens, mask, prompt_len, temperature):
         """Proposed completion_logprobs: the [.., V] head only on the Lc completion positions."""
@@ -116,7 +117,7 @@ def main(argv=None):
             jax.lax.stop_gradient(lps),
             adv,
             cmask,
-            losses.PolicyLossConfig.from_config(cfg, max_len=exp.max_new_tokens),
+            dataclasses.replace(cfg.loss, max_len=exp.max_new_tokens),
             ref_logprobs=ref,
             sample_weights=batch.sample_weights,
         )

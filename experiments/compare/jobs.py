@@ -57,7 +57,7 @@ def evaluate_per_problem(
 
     from grpo_jax import evaluation
 
-    cfg = exp.config.eval
+    cfg = exp.run.eval
     k = int(k or cfg.num_samples)
     name, held_out = next(iter(exp.pool.eval_sets.items()))
     if examples is None:

@@ -125,7 +125,7 @@ def load_examples(
     if train is None:
         train = split == d.split
     if name == "arithmetic":
-        splits = arithmetic.make_splits(arithmetic.ArithmeticConfig(**d.arithmetic.to_dict()))
+        splits = arithmetic.make_splits(arithmetic.ArithmeticConfig(**dict(d.arithmetic)))
         return splits[split if split in ("train", "sft") else "eval"]
     table, split = _table_of(config, name, split, train)
     own = (d.config or None) if name == d.name else None

@@ -51,7 +51,7 @@ def abstract_model(model_cfg, cls=None):
 
 def _overrides(config, tokenizer, platform) -> dict:
     mc = config.model
-    overrides = dict(mc.overrides.to_dict()) if mc.overrides else {}
+    overrides = dict(mc.overrides) if mc.overrides else {}
     if tokenizer is not None:  # None: compile-only build (vocab from the preset)
         overrides.setdefault("vocab_size", tokenizer.vocab_size)  # a preset sized to the tokenizer
     overrides.update(dtype=mc.dtype, param_dtype=mc.param_dtype, remat=mc.remat)

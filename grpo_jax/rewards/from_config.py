@@ -33,7 +33,7 @@ def reward_key(config, dataset: str | None = None) -> tuple:
     dataset = dataset or config.data.name
     r = config.reward
     if dataset in (config.data.name, "custom"):
-        if r.get("fns", ()):
+        if getattr(r, "fns", ()):
             return ("fns", tuple(r.fns), tuple(r.weights))
         if r.fn:
             return ("fn", r.fn)
@@ -50,7 +50,7 @@ def check_functions(config, callables=None) -> None:
     Raises: ConfigError naming the field, the spec and the problem.
     """
     r = config.reward
-    fns, weights = tuple(r.get("fns", ())), tuple(r.get("weights", ()))
+    fns, weights = tuple(getattr(r, "fns", ())), tuple(getattr(r, "weights", ()))
     if fns and r.fn:
         raise ConfigError("config.reward.fn and config.reward.fns are both set; use one of them")
     if weights and len(weights) != len(fns):
@@ -76,7 +76,7 @@ def check_functions(config, callables=None) -> None:
         except ValueError as e:
             raise ConfigError(f"config.reward.fns: {e}") from None
     for field, what in (("fn", "reward function"), ("extract", "answer extractor")):
-        spec = config.reward.get(field, "")
+        spec = getattr(config.reward, field, "")
         if spec:
             try:
                 custom.resolve_callable(spec, what)
@@ -184,7 +184,7 @@ def make_reward_fns(config, eval_names=(), mesh=None, callables=None) -> tuple:
     verifier = make_reward_fn(config, callables=callables)
     shared = {reward_key(config): verifier}
     train = verifier
-    if config.reward.get("model", ""):
+    if getattr(config.reward, "model", ""):
         try:
             train = make_model_reward(config, verifier, mesh)
         except BaseException:
