@@ -462,6 +462,9 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
         "Every run spent its token budget.",
         "Regenerate: `FAKE`",
         "## Learning-rate sweep",
+        # a two-lr grid brackets nothing (the pre-registrations' rule: extend it)
+        "At an edge of the grid (not bracketed: a better lr may lie beyond it): GRPO, "
+        "Rollout-GDRO (sqrt).",
         "## Headline: test",
         "## Equal compute",
         "## Variance diagnostics",
@@ -485,6 +488,33 @@ def test_report_from_hand_made_jobs_chooses_on_validation_and_reports_test(tmp_p
     again = compare.run_comparison(plan, str(tmp_path), command="FAKE", report_only=True)
     assert {m: again["sweep"][m]["chosen"] for m in methods} == val_best
     assert again["sweep"]["grpo"]["scores"] == res["sweep"]["grpo"]["scores"]
+
+
+def test_the_sweep_section_names_the_arms_chosen_at_an_edge_of_the_grid():
+    from experiments.compare import report
+
+    lrs = [1e-6, 3e-6, 1e-5]
+    scores = {"grpo": (0.60, 0.62, 0.65), "rollout_gdro_sqrt": (0.60, 0.64, 0.61)}
+    r = {
+        "setup": {"lrs": lrs},
+        "runs": {m: {} for m in scores},
+        "sweep": {
+            m: {
+                "scores": {f"{x:.3g}": v for x, v in zip(lrs, vs)},
+                "chosen": lrs[vs.index(max(vs))],
+            }
+            for m, vs in scores.items()
+        },
+        "figs": {"lr_sweep": "lr_sweep.png"},
+    }
+    text = "\n".join(report._section_sweep(r, lambda p: p))
+    assert "| GRPO | 60.0 | 62.0 | **65.0** | 1e-05 (edge) |" in text
+    assert "| Rollout-GDRO (sqrt) | 60.0 | **64.0** | 61.0 | 3e-06 |" in text
+    assert "not bracketed: a better lr may lie beyond it): GRPO.\n" in text
+    scores["grpo"] = (0.60, 0.66, 0.65)
+    r["sweep"]["grpo"]["scores"]["3e-06"], r["sweep"]["grpo"]["chosen"] = 0.66, 3e-6
+    text = "\n".join(report._section_sweep(r, lambda p: p))
+    assert "(edge)" not in text and "Every chosen lr is inside the grid" in text
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -533,11 +533,24 @@ def _section_sweep(r, rel) -> list[str]:
     L = ["## Learning-rate sweep (validation half, sweep seeds)\n"]
     L.append("| method | " + " | ".join(f"lr {x:g}" for x in lrs) + " | chosen |")
     L.append("|---|" + "---|" * (len(lrs) + 1))
+    edge = []
     for m in r["runs"]:
         sw = r["sweep"][m]
         cells = [f"{100 * sw['scores'][f'{x:.3g}']:.1f}" for x in lrs]
         cells = [f"**{c}**" if x == sw["chosen"] else c for c, x in zip(cells, lrs)]
-        L.append(f"| {label(m)} | " + " | ".join(cells) + f" | {sw['chosen']:g} |")
+        at_edge = sw["chosen"] in (min(lrs), max(lrs))
+        edge += [label(m)] if at_edge else []
+        chosen = f"{sw['chosen']:g}" + (" (edge)" if at_edge else "")
+        L.append(f"| {label(m)} | " + " | ".join(cells) + f" | {chosen} |")
+    L.append(
+        "\n"
+        + (
+            f"At an edge of the grid (not bracketed: a better lr may lie beyond it): "
+            f"{', '.join(edge)}.\n"
+            if edge
+            else "Every chosen lr is inside the grid (bracketed by a worse lr on each side).\n"
+        )
+    )
     L.append(f"\n![lr sweep]({rel(r['figs']['lr_sweep'])})\n")
     return L
 
