@@ -4,6 +4,7 @@ functions in, the run's summary out::
     from grpo_jax import api
 
     config = api.default_config({"steps": 20, "model.hf_checkpoint": "Qwen/Qwen3-0.6B-Base"})
+    # or a typed config: config_schema.RunConfig(steps=20, model=ModelSection(hf_checkpoint=...))
     summary = api.train(
         config,
         dataset=[{"problem": "What is 2+3?", "answer": "5"}, ...],  # or a datasets.Dataset, a path
@@ -60,7 +61,7 @@ def default_config(overrides: dict | None = None) -> ml_collections.ConfigDict:
 
 
 def train(
-    config: ml_collections.ConfigDict,
+    config: ml_collections.ConfigDict | config_schema.RunConfig,
     *,
     workdir: str,
     dataset=None,
@@ -72,8 +73,9 @@ def train(
     """Trains (or resumes) the run of ``config`` in ``workdir`` and returns its summary.
 
     Args:
-      config: the CLI's config (``configs/*.py``'s ``get_config``, `default_config`); not
-        modified (a copy is edited).
+      config: the CLI's config (``configs/*.py``'s ``get_config``, `default_config`) or a
+        typed `grpo_jax.config_schema.RunConfig` (e.g. ``RunConfig(steps=20)``; its fields left
+        at None are resolved as the CLI's are); not modified (a copy is edited).
       workdir: checkpoints, ``metrics.jsonl``, ``summary.json`` (and the dataset's rows).
       dataset: the training rows: a list of dicts, a ``datasets.Dataset`` (any iterable of
         dicts), or a path ``config.data.path`` accepts (JSONL / JSON / Parquet / directory /
@@ -90,6 +92,8 @@ def train(
     Returns: the summary dict (`train_and_evaluate`'s).
     Raises: what `train_and_evaluate` raises (ConfigError: a one-line configuration error).
     """
+    if isinstance(config, config_schema.RunConfig):
+        config = config_schema.to_config_dict(config)
     config = copy.deepcopy(config)
     if dataset is not None:
         config.data.name = "custom"

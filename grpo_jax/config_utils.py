@@ -393,12 +393,24 @@ def _normalised(d: dict) -> dict:
     return json.loads(json.dumps(d, default=str))  # tuples -> lists, as stored in JSON
 
 
+def _resolved_leaves(config) -> dict:
+    """Dotted path -> value of ``config``, with the schema's fields as `config_schema.typed`
+    resolves them (a config it refuses: as written); sections of your own as written."""
+    leaves = _leaves(_normalised(config.to_dict()))
+    try:
+        run = config_schema.to_config_dict(config_schema.typed(config))
+    except (ValueError, TypeError, KeyError):
+        return leaves
+    return {**leaves, **_leaves(_normalised(run.to_dict()))}
+
+
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """The fields that differ between two config dicts and are not in `SAFE_TO_CHANGE`:
     ``[(dotted path, old value, new value)]`` in path order. Both are read on today's schema
     (`config_schema.upgrade`), so a field added since an older run's config was written counts
-    as its default, not as a change."""
-    a, b = (_leaves(_normalised(config_schema.upgrade(d).to_dict())) for d in (old, new))
+    as its default, not as a change, and a field left at None compares as the value it resolves
+    to (`config_schema.typed`: ``algorithm.kl_in`` None and ``"loss"`` are the same GRPO run)."""
+    a, b = (_resolved_leaves(config_schema.upgrade(d)) for d in (old, new))
     cosine = "cosine" in (a.get("optimizer.schedule"), b.get("optimizer.schedule"))
     out = []
     for path in sorted(set(a) | set(b)):

@@ -120,6 +120,25 @@ def test_python_api_trains_two_steps_with_weighted_callables_one_batched_call_pe
     assert [c["n"] for c in calls].count(R) == 3  # one more step, one more call
 
 
+def test_train_takes_a_typed_run_config_as_the_cli_dict(tmp_path, monkeypatch):
+    import dataclasses
+
+    from grpo_jax import config_schema, config_utils
+
+    seen = []
+    monkeypatch.setattr(train, "train_and_evaluate", lambda config, *a, **k: seen.append(config))
+    rollout = dataclasses.replace(config_schema.RolloutSection(), temperature=0.8)
+    api.train(config_schema.RunConfig(steps=7, rollout=rollout), workdir=str(tmp_path))
+    want = api.default_config({"steps": 7, "rollout.temperature": 0.8})
+    # the same run as the CLI dict: equal once typed, and a resume of one by the other is no
+    # change (the mode switches are written resolved by the option dataclasses)
+    assert config_schema.typed(seen[0]) == config_schema.typed(want)
+    assert config_utils.config_changes(want.to_dict(), seen[0].to_dict()) == []
+    prompt_gdro = dataclasses.replace(config_schema.AlgorithmSection(), name="prompt_gdro")
+    api.train(config_schema.RunConfig(algorithm=prompt_gdro), workdir=str(tmp_path))
+    assert config_schema.typed(seen[1]).gdro.classifier.delta == 0.03  # the curriculum's margin
+
+
 def test_weighted_sum_none_and_nan_rows_and_correctness_in_process():
     """Hand-computed: weights (2, 1); a None and a NaN row fail (low reward, wrong, counted
     once each); correctness from the function that returns it; each function's mean."""

@@ -107,7 +107,8 @@ def test_typed_round_trips_and_equals_what_the_builders_build(name, make):
 def test_the_classifier_margin_is_the_curriculum_own_unless_set():
     """The curricula take the typed config's sections: the margin resolved there, once."""
     c = config_schema.base_config()
-    assert c.gdro.classifier.delta is None and gdro.ClassifierConfig().delta == 0.0
+    assert c.gdro.classifier.delta is None and gdro.ClassifierConfig().delta is None
+    assert gdro.ClassifierConfig().margin == 0.0  # a classifier built alone: no margin
     for name, margin in {"prompt_gdro": 0.03, "rollout_gdro": 0.0, "learnability": 0.0}.items():
         c.algorithm.name = name
         c.gdro.classifier.delta = None
@@ -115,6 +116,23 @@ def test_the_classifier_margin_is_the_curriculum_own_unless_set():
         assert curriculum.classifier_config.delta == margin, name
         c.gdro.classifier.delta = 0.05
         assert config_schema.typed(c).gdro.classifier.delta == 0.05, name
+
+
+def test_a_resume_compares_what_the_fields_resolve_to():
+    """A config written with None (the CLI's) and one with the resolved values (a typed
+    `RunConfig` written back, e.g. through the Python API) are the same run; a real change is
+    still refused."""
+    from grpo_jax import config_utils
+
+    c = config_schema.base_config()
+    c.algorithm.name = "prompt_gdro"
+    resolved = config_schema.to_config_dict(config_schema.typed(c))
+    assert resolved.algorithm.kl_in == "loss" and resolved.gdro.classifier.delta == 0.03
+    assert config_utils.config_changes(c.to_dict(), resolved.to_dict()) == []
+    resolved.gdro.classifier.delta = 0.05
+    assert config_utils.config_changes(c.to_dict(), resolved.to_dict()) == [
+        ("gdro.classifier.delta", 0.03, 0.05)
+    ]
 
 
 def test_a_field_whose_default_is_another_field_takes_it_in_the_typed_config():

@@ -89,7 +89,8 @@ class ClassifierConfig:
       history: ``H``, visits kept per prompt (paper: 50; 100 for runs with >= 6 bins).
       delta: hysteresis margin in success-rate units, in [0, 0.5). None (default): the
         curriculum's own margin, `Curriculum.hysteresis` (Prompt-GDRO 0.03 and 0 for
-        Rollout-GDRO, as the paper; 0 for the others); a classifier built alone reads None as 0.
+        Rollout-GDRO, as the paper; 0 for the others), resolved by the run's typed config
+        (`config_schema.typed`); a classifier built alone applies 0 (`margin`).
       unseen_bin: bin of never-visited prompts when ``separate_unseen=False`` (paper: 0, i.e.
         ``p_hat = 0``); unused otherwise.
       statistic: per-visit statistic: ``"success_rate"`` (default: fraction of the visit's
@@ -121,7 +122,8 @@ class ClassifierConfig:
     def __post_init__(self):
         edges = tuple(float(e) for e in self.edges)
         object.__setattr__(self, "edges", edges)
-        object.__setattr__(self, "delta", float(self.delta or 0.0))
+        if self.delta is not None:  # None: the curriculum's margin; alone, 0 (`margin`)
+            object.__setattr__(self, "delta", float(self.delta))
         _resolve_mode(
             self,
             {"statistic": ("success_rate", "any_correct"), "separate_unseen": (True, False)},
@@ -139,7 +141,7 @@ class ClassifierConfig:
             raise ValueError(
                 f"ClassifierConfig.history must be an integer >= 1; got {self.history}"
             )
-        if not (0.0 <= self.delta < 0.5):
+        if not (0.0 <= self.margin < 0.5):
             raise ValueError(f"ClassifierConfig.delta must be in [0, 0.5); got {self.delta}")
         if not (0 <= self.unseen_bin < self.num_bins):
             raise ValueError(
@@ -152,6 +154,12 @@ class ClassifierConfig:
             )
         if int(self.pass_k) != self.pass_k or self.pass_k < 1:
             raise ValueError(f"ClassifierConfig.pass_k must be an integer >= 1; got {self.pass_k}")
+
+    @property
+    def margin(self) -> float:
+        """The hysteresis margin the classifier applies: ``delta``, or 0 while it is None (a
+        classifier built alone; a run's typed config holds the curriculum's margin)."""
+        return 0.0 if self.delta is None else self.delta
 
     @property
     def num_bins(self) -> int:
@@ -240,10 +248,10 @@ def classify(config: ClassifierConfig, state: ClassifierState, prompt_ids: jax.A
     ids = jnp.asarray(prompt_ids, jnp.int32)
     p = success_estimate(config, state, ids)
     edges = jnp.asarray(config.edges, jnp.float32)
-    if config.delta > 0:
-        tol = min(_TOL, config.delta / 2)
-        lo = _raw_bin(edges, p - config.delta + tol)  # highest bin reachable from below
-        hi = _raw_bin(edges, p + config.delta - tol)  # lowest bin reachable from above
+    if config.margin > 0:
+        tol = min(_TOL, config.margin / 2)
+        lo = _raw_bin(edges, p - config.margin + tol)  # highest bin reachable from below
+        hi = _raw_bin(edges, p + config.margin - tol)  # lowest bin reachable from above
         prev = state.last_bin[ids]
         if config.separate_unseen:  # no anchor yet: the raw bin
             prev = jnp.where(prev >= config.num_bins, _raw_bin(edges, p), prev)
