@@ -24,6 +24,7 @@ from ml_collections import config_dict
 
 from grpo_jax import advantages, algorithms, gdro, losses
 from grpo_jax.algorithms import field as curricula_lib
+from grpo_jax.models.config import ModelConfig
 
 _frozen = dataclasses.dataclass(frozen=True)
 
@@ -64,13 +65,15 @@ class ModelSection:
     # tokenizer dir (tokenizer.json [+ tokenizer_config.json]) or hub id; "" = the checkpoint's
     tokenizer: str = ""
     gguf_path: str = ""  # GGUF file to load (dequantised); "" = none
-    dtype: str = "float32"  # compute dtype: float32 | bfloat16
-    param_dtype: str = "float32"  # parameter dtype: float32 | bfloat16
-    remat: bool = False  # rematerialise activations per layer in the update
+    # the model's numerics: their defaults are `ModelConfig`'s (one home), which the run's
+    # values override. dtype: compute dtype, float32 | bfloat16
+    dtype: str = ModelConfig.dtype
+    param_dtype: str = ModelConfig.param_dtype  # parameter dtype: float32 | bfloat16
+    remat: bool = ModelConfig.remat  # rematerialise activations per layer in the update
     # attention core (grpo_jax.models.attention): auto | einsum | blockwise | splash (TPU) |
     # cudnn (GPU, 16-bit dtype); auto = splash on TPU, cudnn (bf16) or blockwise on GPU, the
     # faster of einsum / blockwise on CPU
-    attention_impl: str = "auto"
+    attention_impl: str = ModelConfig.attention_impl
     lora: LoraSection = _section(LoraSection)
 
 

@@ -50,6 +50,16 @@ def test_every_field_has_one_default_and_the_cli_dict_holds_it():
     assert count(flat) == len(leaves)  # nothing in the dict that no dataclass declares
 
 
+def test_the_model_section_takes_its_numerics_defaults_from_model_config():
+    from grpo_jax.models.config import ModelConfig
+
+    model = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    shared = [f for f in dataclasses.fields(config_schema.ModelSection) if f.name in model]
+    assert {f.name for f in shared} == {"dtype", "param_dtype", "remat", "attention_impl"}
+    for f in shared:
+        assert f.default == model[f.name], f.name
+
+
 def test_a_default_written_in_the_schema_too_is_refused():
     section = ml_collections.ConfigDict({"epsilon_high": 0.2})
     with pytest.raises(ValueError, match="epsilon_high.*one home"):
