@@ -810,15 +810,15 @@ def _start(
 
 
 def _open_writer(job: _Job, step: int, pending, stack) -> writers.MetricsWriter:
-    config = job.config
+    logs = job.exp.run.logging
     writer = writers.MetricsWriter(
         job.workdir,
-        tensorboard=config.logging.tensorboard,
+        tensorboard=logs.tensorboard,
         # row N precedes checkpoint N; at step 0 that row may not have been written yet (nor
         # the row of a step whose evaluation was interrupted)
         resume_step=step if pending is not None else (step + 1 if step else 0),
-        wandb={k: config.logging[f"wandb_{k}"] for k in ("project", "entity", "mode", "name")},
-        run_config=config.to_dict(),
+        wandb={k: getattr(logs, f"wandb_{k}") for k in ("project", "entity", "mode", "name")},
+        run_config=job.config.to_dict(),
     )
     stack.callback(writer.close)
     if step == 0:
@@ -848,7 +848,7 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
     """The job's `run_steps` hooks: reward failures (`grpo_jax.rewards.failures`), the non-finite
     stop, finite divergence (`grpo_jax.divergence`), evaluation + samples + row + checkpoint.
     Also returns ``finish_step(run, row, saved)`` (True: a signal stops the run)."""
-    config, sig = job.config, job.sig
+    config, sig = job.exp.run, job.sig  # the typed config: the loop's schedule
 
     def finish_step(run: RunState, row: dict, saved: bool) -> bool:
         step = int(run.train.step)
@@ -979,12 +979,12 @@ def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
     pending = job.meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
     step = int(run.train.step)
     job.reward_watch = _reward_watch(config, workdir, job.meta.get(_REWARD_FAILURES), step)
-    opt = config.optimizer
+    opt = job.exp.run.optimizer
     job.divergence = divergence.DivergenceWatch(
         opt.divergence_warn, opt.divergence_stop, job.meta.get(_DIVERGENCE)
     )
     writer = _open_writer(job, step, pending, stack)
-    bar = _progress_bar(config, step, stack)
+    bar = _progress_bar(job.exp.run, step, stack)
     final_eval: dict = {}
     hooks, finish_step = _step_hooks(job, writer, bar, final_eval)
     stopped = pending is not None and finish_step(run, pending, saved=True)
