@@ -122,6 +122,10 @@ class WeightPublisher:
         1 = the newest only). Each one held is a copy of the parameters on the wire devices.
       poll_s: seconds between the serving thread's looks at the request keys.
 
+    Call `close` before ``jax.distributed.shutdown()``: the serving thread polls the
+    coordination service, and a process that shuts the service down (or exits) under it can
+    abort (seen as SIGABRT, "exception not rethrown", in a two-process test).
+
     Raises:
       RuntimeError: outside a `jax.distributed` job.
       ValueError: ``keep`` < 1.

@@ -106,6 +106,7 @@ def train_side(out):
         version, batch = receiver.get()
         save(os.path.join(out, f"batch_received_{receiver._next - 1}_v{version}.npz"), batch)
     weight_channel.coordination_client().blocking_key_value_get("test/done", 60_000)
+    model.close()  # every publisher before jax.distributed.shutdown (its thread polls the service)
     pub.close()
     print("served", pub.served, flush=True)
 
