@@ -75,7 +75,10 @@ def train(
     Args:
       config: the CLI's config (``configs/*.py``'s ``get_config``, `default_config`) or a
         typed `grpo_jax.config_schema.RunConfig` (e.g. ``RunConfig(steps=20)``; its fields left
-        at None are resolved as the CLI's are); not modified (a copy is edited).
+        at None are resolved as the CLI's are; a `config_schema.typed` result has them resolved
+        already, so build a new one rather than editing that one's source fields, e.g.
+        ``rollout.max_new_tokens`` would leave ``eval.max_new_tokens`` at the old value); not
+        modified (a copy is edited).
       workdir: checkpoints, ``metrics.jsonl``, ``summary.json`` (and the dataset's rows).
       dataset: the training rows: a list of dicts, a ``datasets.Dataset`` (any iterable of
         dicts), or a path ``config.data.path`` accepts (JSONL / JSON / Parquet / directory /

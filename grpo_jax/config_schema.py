@@ -471,17 +471,29 @@ def typed(config: Mapping[str, Any]) -> RunConfig:
     mode switches left at None take their mode's value, and the fields whose default is another
     field's or the algorithm's take it (``gdro.classifier.delta``: the curriculum's margin;
     ``algorithm.kl_in``: the learner's; ``eval.max_new_tokens``: ``rollout.max_new_tokens``;
-    ``reward.model_dtype``: ``model.dtype``), so every derived value is resolved once and the
+    ``reward.model_dtype``: ``model.dtype``; Rollout-GDRO's mean budget ``gdro.rollout.n_bar``:
+    ``rollout.rollouts_per_prompt``), so every derived value is resolved once and the
     result holds no None standing for another value; fields the schema does not know (a section
     of your own) are left out; lists become tuples.
 
     Raises:
       ValueError: one line naming the section and the field.
     """
-    run = _typed(RunConfig, config, "config")
-    algo = algorithms.get(run.algorithm.name)
+    d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else _plain(config)
+    algo = algorithms.get(d.get("algorithm", {}).get("name", AlgorithmSection.name))
+    section = d.get("gdro", {}).get("rollout")
+    if section is not None:
+        # Rollout-GDRO's mean budget is the run's group size (checked against n_min, n_max);
+        # an algorithm that does not allocate rollouts takes it clipped into the section's
+        # range (the section is unused, not a reason to refuse the run)
+        n_bar = d.get("rollout", {}).get("rollouts_per_prompt", RolloutSection.rollouts_per_prompt)
+        if not algo.curriculum.rollout_budget:
+            lo = section.get("n_min", gdro.RolloutGDROConfig.n_min)
+            n_bar = min(max(n_bar, lo), max(section.get("n_max", gdro.RolloutGDROConfig.n_max), lo))
+        section["n_bar"] = n_bar
+    run = _typed(RunConfig, d, "config")
     classifier = run.gdro.classifier
-    if config["gdro"]["classifier"].get("delta") is None:
+    if classifier.delta is None:
         classifier = dataclasses.replace(classifier, delta=algo.curriculum.hysteresis)
     algorithm, ev, reward = run.algorithm, run.eval, run.reward
     if algorithm.kl_in is None:
@@ -497,6 +509,11 @@ def typed(config: Mapping[str, Any]) -> RunConfig:
         eval=ev,
         reward=reward,
     )
+
+
+def _plain(m: Mapping[str, Any]) -> dict:
+    """A nested mapping as nested dicts (a copy: `typed` sets derived fields in it)."""
+    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in m.items()}
 
 
 def _typed(cls, d: Mapping[str, Any], where: str):

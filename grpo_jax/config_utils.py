@@ -394,29 +394,36 @@ def _normalised(d: dict) -> dict:
 
 
 def _resolved_leaves(config) -> dict:
-    """Dotted path -> value of ``config``, with the schema's fields as `config_schema.typed`
-    resolves them (a config it refuses: as written); sections of your own as written."""
-    leaves = _leaves(_normalised(config.to_dict()))
+    """Dotted path -> value of the schema's fields as `config_schema.typed` resolves them
+    (empty for a config it refuses)."""
     try:
         run = config_schema.to_config_dict(config_schema.typed(config))
     except (ValueError, TypeError, KeyError):
-        return leaves
-    return {**leaves, **_leaves(_normalised(run.to_dict()))}
+        return {}
+    return _leaves(_normalised(run.to_dict()))
 
 
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """The fields that differ between two config dicts and are not in `SAFE_TO_CHANGE`:
     ``[(dotted path, old value, new value)]`` in path order. Both are read on today's schema
     (`config_schema.upgrade`), so a field added since an older run's config was written counts
-    as its default, not as a change, and a field left at None compares as the value it resolves
-    to (`config_schema.typed`: ``algorithm.kl_in`` None and ``"loss"`` are the same GRPO run)."""
-    a, b = (_resolved_leaves(config_schema.upgrade(d)) for d in (old, new))
+    as its default, not as a change. A field left at None on one side and set on the other
+    compares as the value None resolves to (`config_schema.typed`: ``algorithm.kl_in`` None and
+    ``"loss"`` are the same GRPO run); left at None on both sides it is no change (a change of
+    the field it follows is reported there, once)."""
+    old_c, new_c = config_schema.upgrade(old), config_schema.upgrade(new)
+    a, b = (_leaves(_normalised(c.to_dict())) for c in (old_c, new_c))
+    ra, rb = _resolved_leaves(old_c), _resolved_leaves(new_c)
     cosine = "cosine" in (a.get("optimizer.schedule"), b.get("optimizer.schedule"))
     out = []
     for path in sorted(set(a) | set(b)):
         va, vb = a.get(path), b.get(path)
         if va == vb:
             continue
+        if (va is None) != (vb is None) and path in ra and path in rb:
+            va, vb = ra[path], rb[path]  # None against a value: what None stands for
+            if va == vb:
+                continue
         if _covered(path, SAFE_TO_CHANGE) and not (path == "steps" and cosine):
             continue
         out.append((path, va, vb))

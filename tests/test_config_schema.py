@@ -143,6 +143,37 @@ def test_a_resume_compares_what_the_fields_resolve_to():
     assert config_utils.config_changes(c.to_dict(), resolved.to_dict()) == [
         ("gdro.classifier.delta", 0.03, 0.05)
     ]
+    # a field left at None on both sides follows its source: a change is reported (and
+    # allowed) once, on the source field
+    for source, value, follower in (
+        ("model.dtype", "bfloat16", "reward.model_dtype"),
+        ("rollout.max_new_tokens", 16, "eval.max_new_tokens"),
+        ("algorithm.name", "ppo", "algorithm.kl_in"),
+    ):
+        new = config_schema.base_config()
+        section, key = source.rsplit(".", 1)
+        _get(new, section)[key] = value
+        changes = config_utils.config_changes(config_schema.base_config().to_dict(), new.to_dict())
+        assert [p for p, _, _ in changes] == [source], (source, changes)
+        assert config_utils.check_resume(
+            config_schema.base_config().to_dict(), new.to_dict(), "w", allow_changes=(source,)
+        ), follower
+
+
+def test_rollout_gdro_mean_budget_is_the_run_group_size():
+    """`gdro.rollout.n_bar` is not a CLI field: typed() sets it from rollout.rollouts_per_prompt
+    for the curricula that allocate rollouts, so a budget of 16 with n_min 8 is valid; other
+    algorithms do not check the section against their group size."""
+    c = config_schema.base_config()
+    c.algorithm.name = "rollout_gdro"
+    c.rollout.rollouts_per_prompt, c.gdro.rollout.n_min, c.gdro.rollout.n_max = 16, 8, 32
+    assert config_schema.typed(c).gdro.rollout.n_bar == 16
+    c.rollout.rollouts_per_prompt = 40
+    with pytest.raises(ValueError, match=r"config\.gdro\.rollout: .*n_bar .*got 40"):
+        config_schema.typed(c)
+    c.algorithm.name = "grpo"  # GRPO with 40 rollouts per prompt: the section is not its
+    assert config_schema.typed(c).gdro.rollout.n_bar == 32  # unused: clipped into range
+    assert config_schema.typed({"steps": 3}).steps == 3  # a partial dict: defaults elsewhere
 
 
 def test_a_field_whose_default_is_another_field_takes_it_in_the_typed_config():

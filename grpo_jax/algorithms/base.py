@@ -118,6 +118,9 @@ class Curriculum:
     fixed_group_size = True
     # the classifier's hysteresis margin when config.gdro.classifier.delta is None
     hysteresis = 0.0
+    # True: the curriculum allocates rollouts with config.gdro.rollout, whose mean budget n_bar
+    # is the run's rollout.rollouts_per_prompt (set by `config_schema.typed`)
+    rollout_budget = False
     # True: after generation the step keeps only the groups `keep_groups` accepts and samples
     # more rounds until it has P (DAPO dynamic sampling and its relatives; grpo_jax/train.py)
     filters_groups = False

@@ -84,6 +84,7 @@ class RolloutGDRO(Curriculum):
 
     rollout_config: gdro.RolloutGDROConfig = gdro.RolloutGDROConfig()
     fixed_group_size = False
+    rollout_budget = True
 
     @classmethod
     def config_kwargs(cls, run) -> dict:
