@@ -112,3 +112,42 @@ def test_packed_attention_equals_each_row_attention_under_jit():
     for b in range(p.num_buffers):  # no slot sees another row's slot
         seg = p.segment_ids[b]
         assert not (m[b] & (seg[:, None] != seg[None, :])).any()
+
+
+@pytest.mark.parametrize("impl", ["einsum", "splash"])
+def test_attention_with_segment_ids_equals_each_row_alone(impl):
+    """The model's attention (`attention.attend`) over packed buffers with `Mask.segment_ids`
+    equals each row's causal attention on its own (splash in the Pallas interpreter)."""
+    from grpo_jax.models import attention
+
+    lengths, L, T, H, KVH, D = [5, 2, 7, 3, 4], 8, 12, 4, 2, 8
+    starts = _rows(lengths, L, 2)
+    p = packing.plan(starts, lengths, T)
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(len(lengths), L, H, D)).astype(np.float32)
+    k, v = (rng.normal(size=(len(lengths), L, KVH, D)).astype(np.float32) for _ in range(2))
+    span = (np.arange(L)[None] >= starts[:, None]) & (
+        np.arange(L)[None] < (starts + np.asarray(lengths))[:, None]
+    )
+
+    @jax.jit
+    def rows(q, k, v, span):  # left/right padded rows, key padding + causal
+        return attention.attend(q, k, v, attention.Mask(span), "einsum")
+
+    def packed(q, k, v, src_row, src_col, seg, buffer_of, offset, starts, lengths):
+        qp, kp, vp = (packing.pack(x, src_row, src_col, seg) for x in (q, k, v))
+        mask = attention.Mask(seg > 0, segment_ids=seg)
+        if impl == "splash":
+            out = attention.splash_attention(qp, kp, vp, mask, interpret=True)
+        else:
+            out = attention.attend(qp, kp, vp, mask, impl)
+        return packing.unpack(out, buffer_of, offset, starts, lengths, L)
+
+    want = np.asarray(rows(q, k, v, span))
+    got = np.asarray(
+        jax.jit(packed)(q, k, v, p.src_row, p.src_col, p.segment_ids, p.buffer_of, p.offset,
+                        p.starts, p.lengths)
+    )  # fmt: skip
+    np.testing.assert_allclose(got[span], want[span], rtol=2e-5, atol=2e-5)
+    with pytest.raises(NotImplementedError, match="segment ids"):
+        attention.blockwise_attention(q, k, v, attention.Mask(span, segment_ids=span.astype(int)))

@@ -88,11 +88,14 @@ class Mask:
     offset (static int or None): causal with query t seeing keys s <= t + offset (+ q_start);
       None = no causal constraint (every unpadded key).
     q_start [] int32 or None: a traced extra offset (a KV cache's write index); None = 0.
+    segment_ids [B, S] int32 or None: packed rows (`grpo_jax.packing`): query t sees key s
+      only when both carry the same id (queries and keys are the same S slots, so T == S).
     """
 
     key_mask: jax.Array
     q_start: jax.Array | None = None
     offset: int | None = flax.struct.field(pytree_node=False, default=0)
+    segment_ids: jax.Array | None = None
 
     @property
     def static(self) -> bool:
@@ -102,6 +105,10 @@ class Mask:
     def dense(self, T: int) -> jax.Array:
         """The mask as the einsum path takes it: [B, T, S] bool."""
         m = self.key_mask[:, None, :]
+        if self.segment_ids is not None:
+            if self.segment_ids.shape[1] != T:
+                raise ValueError(f"segment ids need T == S; got T={T}, S={m.shape[2]}")
+            m = m & (self.segment_ids[:, :, None] == self.segment_ids[:, None, :])
         if self.offset is None:
             return jnp.broadcast_to(m, (m.shape[0], T, m.shape[2]))
         S = self.key_mask.shape[1]
@@ -366,7 +373,12 @@ def blockwise_attention(
     Returns:
       O [B, T, H, D] in q.dtype, and with return_lse lse [B, T, H] float32 (_NEG_INF on rows
       with no visible key, whose O is 0).
+    Raises:
+      NotImplementedError: a mask with segment ids (packed rows; not built for the tiles yet:
+        einsum, splash and cudnn take them).
     """
+    if mask.segment_ids is not None:
+        raise NotImplementedError("blockwise_attention does not take segment ids (packed rows) yet")
     if kv_layout == "bskd":
         keys, values = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
     q_start = jnp.asarray(0 if mask.q_start is None else mask.q_start, jnp.int32)
@@ -694,7 +706,7 @@ def splash_attention(q, keys, values, mask: Mask, kv_layout: str = "bskd", *, in
         use_fused_bwd_kernel=True,
     )
 
-    def local(q, keys, values, key_mask):  # one device's rows and kv heads
+    def local(q, keys, values, key_mask, segments=None):  # one device's rows and kv heads
         b, _, h, _ = q.shape
         k_ = keys.shape[1]
         kernel = sk.make_splash_mqa_single_device(
@@ -704,18 +716,27 @@ def splash_attention(q, keys, values, mask: Mask, kv_layout: str = "bskd", *, in
         qg = jnp.pad(qg, ((0, 0), (0, 0), (0, 0), (0, Tp - T), (0, 0)))
         pad_s = ((0, 0), (0, 0), (0, Sp - S), (0, 0))
         kp, vp = jnp.pad(keys.astype(dt), pad_s), jnp.pad(values.astype(dt), pad_s)
-        kv_ids = jnp.pad(key_mask.astype(jnp.int32), ((0, 0), (0, Sp - S)))
-        q_ids = jnp.ones((Tp,), jnp.int32)
+        if segments is None:  # padding: queries id 1, real keys 1, padding keys 0
+            kv_ids = key_mask.astype(jnp.int32)
+            q_ids = jnp.ones((b, T), jnp.int32)
+        else:  # packed rows: a query sees the real keys of its own row (ids >= 1)
+            kv_ids = jnp.where(key_mask, segments, 0)
+            q_ids = segments  # padding (0) queries see padding keys only: finite, unused
+        kv_ids = jnp.pad(kv_ids, ((0, 0), (0, Sp - S)))
+        q_ids = jnp.pad(q_ids, ((0, 0), (0, Tp - T)), constant_values=1)
 
-        def one(qh, kh, vh, kv_id):  # qh [G, Tp, D], kh/vh [Sp, D], kv_id [Sp]
-            return kernel(qh, kh, vh, segment_ids=sk.SegmentIds(q=q_ids, kv=kv_id))
+        def one(qh, kh, vh, q_id, kv_id):  # qh [G, Tp, D], kh/vh [Sp, D], ids [Tp] / [Sp]
+            return kernel(qh, kh, vh, segment_ids=sk.SegmentIds(q=q_id, kv=kv_id))
 
-        out = jax.vmap(jax.vmap(one, in_axes=(0, 0, 0, None)))(qg, kp, vp, kv_ids)
+        out = jax.vmap(jax.vmap(one, in_axes=(0, 0, 0, None, None)))(qg, kp, vp, q_ids, kv_ids)
         return out[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(b, T, h, D).astype(dt)
 
     kv = ("rows", "heads", None, None)  # keys/values as [B, KVH, S, D] here
-    fn = _sharded(local, (_Q_AXES, kv, kv, ("rows", None)), _Q_AXES)
-    return fn(q, keys, values, mask.key_mask)
+    if mask.segment_ids is None:
+        fn = _sharded(local, (_Q_AXES, kv, kv, ("rows", None)), _Q_AXES)
+        return fn(q, keys, values, mask.key_mask)
+    fn = _sharded(local, (_Q_AXES, kv, kv, ("rows", None), ("rows", None)), _Q_AXES)
+    return fn(q, keys, values, mask.key_mask, mask.segment_ids)
 
 
 def cudnn_attention(q, keys, values, mask: Mask, kv_layout: str = "bskd"):
