@@ -154,9 +154,12 @@ def _tile(n: int, block: int, multiple: int = 8) -> tuple[int, int]:
     return t, cdiv(n, t) * t
 
 
-def _visible(i, j, bq, bk, key_mask_j, q_start, offset):
-    """The tile's mask [B, 1, 1, bq, bk] bool: key padding of key tile j AND causal."""
+def _visible(i, j, bq, bk, key_mask_j, q_start, offset, seg_i=None, seg_j=None):
+    """The tile's mask [B, 1, 1, bq, bk] bool: key padding of key tile j AND causal (AND, with
+    segment ids of query tile i / key tile j [B, bq] / [B, bk], the same segment)."""
     vis = key_mask_j[:, None, None, None, :]
+    if seg_i is not None:
+        vis = vis & (seg_i[:, None, None, :, None] == seg_j[:, None, None, None, :])
     if offset is None:
         return vis
     tq = i * bq + jnp.arange(bq) + offset + q_start
@@ -189,7 +192,7 @@ def _skip_unless(need, update, carry, tiles: int):
     return jax.lax.cond(need, update, lambda c: c, carry)
 
 
-def _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale):
+def _flash_forward(q, k, v, key_mask, q_start, segs, offset, bq, bk, scale):
     """Online-softmax forward over tiles (Dao et al. 2022, "FlashAttention", Algorithm 1;
     Rabe & Staats 2021, sec. 3; the tile order of FlashAttention-2, Dao 2023, Algorithm 1:
     query tiles outside, key tiles inside).
@@ -201,7 +204,9 @@ def _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale):
       acc' = e^(m - m') acc + e^(S_j - m') V_j
     (masked entries excluded), and O = acc / l, lse = m + log l (FlashAttention-2, eq. 2 and
     sec. 3.1.1). Rows with no visible key: O = 0, lse = _NEG_INF. Tiles without a visible
-    entry (causal upper triangle, all-padding key tiles) are skipped (``lax.cond``).
+    entry (causal upper triangle, all-padding key tiles) are skipped (``lax.cond``). ``segs``:
+    None, or (query segment ids [B, Tp], key segment ids [B, Sp]) int32 (packed rows: a query
+    sees only keys of its segment).
     Returns O [B, K, G, Tp, D] (q.dtype), lse [B, K, G, Tp] float32.
     """
     # One barrier over all inputs: inside a scan over layers being differentiated, JAX's scan
@@ -209,7 +214,9 @@ def _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale):
     # from the keys / mask alone, e.g. each tile's mask) out of the loop, stacking it over all
     # tiles: [nq, nk, B, K, G, bq, bk], the T x S array this kernel exists to avoid (measured:
     # 0.9 GiB at 2 x 2048 tokens). Tied to q by the barrier, nothing is loop-invariant.
-    q, k, v, key_mask, q_start = jax.lax.optimization_barrier((q, k, v, key_mask, q_start))
+    q, k, v, key_mask, q_start, segs = jax.lax.optimization_barrier(
+        (q, k, v, key_mask, q_start, segs)
+    )
     B, K, G, Tp, D = q.shape
     Sp = k.shape[2]
     nq, nk = Tp // bq, Sp // bk
@@ -219,18 +226,19 @@ def _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale):
     vb = jnp.moveaxis(v.reshape(B, K, nk, bk, D), 2, 0)
     mb = jnp.moveaxis(key_mask.reshape(B, nk, bk), 1, 0)
     any_key = mb.any(axis=(1, 2))  # [nk]
+    qsb, ksb = _segment_tiles(segs, B, nq, bq, nk, bk)
 
     def q_tile(_, xs):
-        qi, i = xs
+        qi, qsi, i = xs
 
         def k_tile(carry, ys):
-            kj, vj, mj, j = ys
+            kj, vj, mj, ksj, j = ys
 
             def update(carry):
                 m, l, acc = carry
                 s = jnp.einsum("bkgtd,bksd->bkgts", qi, kj, preferred_element_type=jnp.float32)
                 s = s * scale
-                vis = _visible(i, j, bq, bk, mj, q_start, offset)
+                vis = _visible(i, j, bq, bk, mj, q_start, offset, qsi, ksj)
                 m_new = jnp.maximum(m, jnp.where(vis, s, _NEG_INF).max(axis=-1))
                 p = jnp.where(vis, jnp.exp(s - m_new[..., None]), 0.0)
                 alpha = jnp.exp(m - m_new)
@@ -247,26 +255,37 @@ def _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale):
             jnp.zeros((B, K, G, bq), jnp.float32),
             jnp.zeros((B, K, G, bq, D), jnp.float32),
         )
-        (m, l, acc), _ = _scan(k_tile, init, (kb, vb, mb, jnp.arange(nk)))
+        (m, l, acc), _ = _scan(k_tile, init, (kb, vb, mb, ksb, jnp.arange(nk)))
         seen = l > 0
         l1 = jnp.where(seen, l, 1.0)
         o = jnp.where(seen[..., None], acc / l1[..., None], 0.0).astype(dt)
         return None, (o, jnp.where(seen, m + jnp.log(l1), _NEG_INF))
 
-    _, (o, lse) = _scan(q_tile, None, (qb, jnp.arange(nq)))
+    _, (o, lse) = _scan(q_tile, None, (qb, qsb, jnp.arange(nq)))
     o = jnp.moveaxis(o, 0, 3).reshape(B, K, G, Tp, D)
     return o, jnp.moveaxis(lse, 0, 3).reshape(B, K, G, Tp)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _flash(q, k, v, key_mask, q_start, offset, bq, bk, scale):
+def _segment_tiles(segs, B, nq, bq, nk, bk):
+    """Per-tile segment ids ([nq, B, bq], [nk, B, bk]) of ``segs``, or (None, None)."""
+    if segs is None:
+        return None, None
+    q_seg, k_seg = segs
+    return (
+        jnp.moveaxis(q_seg.reshape(B, nq, bq), 1, 0),
+        jnp.moveaxis(k_seg.reshape(B, nk, bk), 1, 0),
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _flash(q, k, v, key_mask, q_start, segs, offset, bq, bk, scale):
     """(O, lse) of `_flash_forward`, differentiable in q, k, v (and through lse)."""
-    return _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale)
+    return _flash_forward(q, k, v, key_mask, q_start, segs, offset, bq, bk, scale)
 
 
-def _flash_fwd(q, k, v, key_mask, q_start, offset, bq, bk, scale):
-    o, lse = _flash_forward(q, k, v, key_mask, q_start, offset, bq, bk, scale)
-    return (o, lse), (q, k, v, key_mask, q_start, o, lse)
+def _flash_fwd(q, k, v, key_mask, q_start, segs, offset, bq, bk, scale):
+    o, lse = _flash_forward(q, k, v, key_mask, q_start, segs, offset, bq, bk, scale)
+    return (o, lse), (q, k, v, key_mask, q_start, segs, o, lse)
 
 
 def _flash_bwd(offset, bq, bk, scale, res, cts):
@@ -279,11 +298,11 @@ def _flash_bwd(offset, bq, bk, scale, res, cts):
     merge); dQ and dK carry the score scale (S = scale * Q K^T). float32 accumulators; P and
     dS enter the matmuls in the input dtype.
     """
-    q, k, v, key_mask, q_start, o, lse = res
+    q, k, v, key_mask, q_start, segs, o, lse = res
     do, dlse = cts
     # as in `_flash_forward`: nothing loop-invariant for an enclosing scan to hoist and stack
-    q, k, v, key_mask, q_start, o, lse, do, dlse = jax.lax.optimization_barrier(
-        (q, k, v, key_mask, q_start, o, lse, do, dlse)
+    q, k, v, key_mask, q_start, segs, o, lse, do, dlse = jax.lax.optimization_barrier(
+        (q, k, v, key_mask, q_start, segs, o, lse, do, dlse)
     )
     B, K, G, Tp, D = q.shape
     Sp = k.shape[2]
@@ -304,18 +323,19 @@ def _flash_bwd(offset, bq, bk, scale, res, cts):
     vb = jnp.moveaxis(v.reshape(B, K, nk, bk, D), 2, 0)
     mb = jnp.moveaxis(key_mask.reshape(B, nk, bk), 1, 0)
     any_key = mb.any(axis=(1, 2))
+    qsb, ksb = _segment_tiles(segs, B, nq, bq, nk, bk)
 
     def k_tile(dq, ys):
-        kj, vj, mj, j = ys
+        kj, vj, mj, ksj, j = ys
 
         def q_tile(carry, xs):
-            qi, doi, lsei, deltai, dqi, i = xs
+            qi, doi, lsei, deltai, dqi, qsi, i = xs
 
             def update(args):
                 dk, dv, dqi = args
                 s = jnp.einsum("bkgtd,bksd->bkgts", qi, kj, preferred_element_type=jnp.float32)
                 s = s * scale
-                vis = _visible(i, j, bq, bk, mj, q_start, offset)
+                vis = _visible(i, j, bq, bk, mj, q_start, offset, qsi, ksj)
                 p = jnp.where(vis, jnp.exp(s - lsei[..., None]), 0.0)
                 dv = dv + jnp.einsum(
                     "bkgts,bkgtd->bksd", p.astype(dt), doi, preferred_element_type=jnp.float32
@@ -335,15 +355,16 @@ def _flash_bwd(offset, bq, bk, scale, res, cts):
             return (dk, dv), dqi
 
         zeros = jnp.zeros((B, K, bk, D), jnp.float32)
-        (dk, dv), dq = _scan(q_tile, (zeros, zeros), (qb, dob, lseb, deltab, dq, jnp.arange(nq)))
+        xs = (qb, dob, lseb, deltab, dq, qsb, jnp.arange(nq))
+        (dk, dv), dq = _scan(q_tile, (zeros, zeros), xs)
         return dq, (dk, dv)
 
     dq0 = jnp.zeros((nq, B, K, G, bq, D), jnp.float32)
-    dq, (dk, dv) = _scan(k_tile, dq0, (kb, vb, mb, jnp.arange(nk)))
+    dq, (dk, dv) = _scan(k_tile, dq0, (kb, vb, mb, ksb, jnp.arange(nk)))
     dq = jnp.moveaxis(dq, 0, 3).reshape(B, K, G, Tp, D).astype(dt)
     dk = jnp.moveaxis(dk, 0, 2).reshape(B, K, Sp, D).astype(k.dtype)
     dv = jnp.moveaxis(dv, 0, 2).reshape(B, K, Sp, D).astype(v.dtype)
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -373,12 +394,7 @@ def blockwise_attention(
     Returns:
       O [B, T, H, D] in q.dtype, and with return_lse lse [B, T, H] float32 (_NEG_INF on rows
       with no visible key, whose O is 0).
-    Raises:
-      NotImplementedError: a mask with segment ids (packed rows; not built for the tiles yet:
-        einsum, splash and cudnn take them).
     """
-    if mask.segment_ids is not None:
-        raise NotImplementedError("blockwise_attention does not take segment ids (packed rows) yet")
     if kv_layout == "bskd":
         keys, values = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
     q_start = jnp.asarray(0 if mask.q_start is None else mask.q_start, jnp.int32)
@@ -387,17 +403,24 @@ def blockwise_attention(
     )
     kv = ("rows", "heads", None, None)
     out_axes = (_Q_AXES, ("rows", None, "heads"))
-    fn = _sharded(local, (_Q_AXES, kv, kv, ("rows", None), ()), out_axes)
-    o, lse = fn(q, keys, values, mask.key_mask, q_start)
+    if mask.segment_ids is None:
+        fn = _sharded(local, (_Q_AXES, kv, kv, ("rows", None), ()), out_axes)
+        o, lse = fn(q, keys, values, mask.key_mask, q_start)
+    else:
+        fn = _sharded(local, (_Q_AXES, kv, kv, ("rows", None), (), ("rows", None)), out_axes)
+        o, lse = fn(q, keys, values, mask.key_mask, q_start, mask.segment_ids)
     return (o, lse) if return_lse else o
 
 
 _Q_AXES = ("rows", None, "heads", None)  # [B, T, H, D]
 
 
-def _blockwise_local(q, keys, values, key_mask, q_start, *, offset, block_q, block_k):
+def _blockwise_local(
+    q, keys, values, key_mask, q_start, segment_ids=None, *, offset, block_q, block_k
+):
     """`blockwise_attention` on one device's rows / heads: q [B, T, H, D], keys/values
-    [B, KVH, S, D], key_mask [B, S], q_start [] -> (O [B, T, H, D], lse [B, T, H])."""
+    [B, KVH, S, D], key_mask [B, S], q_start [], segment_ids [B, S] or None (T == S) ->
+    (O [B, T, H, D], lse [B, T, H])."""
     dt = q.dtype
     B, T, H, D = q.shape
     K, S = keys.shape[1], keys.shape[2]
@@ -409,7 +432,11 @@ def _blockwise_local(q, keys, values, key_mask, q_start, *, offset, block_q, blo
     pad_s = ((0, 0), (0, 0), (0, Sp - S), (0, 0))
     keys, values = jnp.pad(keys.astype(dt), pad_s), jnp.pad(values.astype(dt), pad_s)
     key_mask = jnp.pad(key_mask.astype(bool), ((0, 0), (0, Sp - S)))
-    o, lse = _flash(qg, keys, values, key_mask, q_start, offset, bq, bk, D**-0.5)
+    segs = None
+    if segment_ids is not None:  # padded queries / keys: segment 0, keys masked anyway
+        seg = segment_ids.astype(jnp.int32)
+        segs = (jnp.pad(seg, ((0, 0), (0, Tp - T))), jnp.pad(seg, ((0, 0), (0, Sp - S))))
+    o, lse = _flash(qg, keys, values, key_mask, q_start, segs, offset, bq, bk, D**-0.5)
     o = o[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)
     return o, lse[:, :, :, :T].transpose(0, 3, 1, 2).reshape(B, T, H)
 

@@ -195,6 +195,23 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def _forward_mask(impl: str, key_mask, q_slot, cache, T: int, segment_ids):
+    """The attention mask of a forward pass over T tokens written at ``q_slot`` [1, T]:
+    key padding ``key_mask`` [B, A] AND causal (AND the same segment for packed rows): a dense
+    [B, T, A] array for the einsum path, else a `Mask` (never [B, T, A]; static when the write
+    index must be 0). Raises ValueError for segment ids with a cache."""
+    if segment_ids is not None and cache is not None:
+        raise ValueError("segment_ids (packed rows) take no cache")
+    A = key_mask.shape[1]
+    if impl == "einsum":
+        mask = key_mask[:, None, :] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
+        if segment_ids is not None:
+            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        return mask
+    q_start = None if cache is None else _q_start(cache, T, A)
+    return Mask(key_mask, q_start=q_start, segment_ids=segment_ids)
+
+
 @flax.struct.dataclass
 class KVCache:
     """Static-size key/value cache for decoding.
@@ -757,12 +774,15 @@ class Decoder(nnx.Module):
         cache: KVCache | DecodeCache | PrefixDecodeCache | PagedDecodeCache | None = None,
         attend_len: int | None = None,
         layer_params: tuple | None = None,
+        segment_ids=None,
     ):
         """Returns (hidden [B, T, E] after the final norm in config.dtype, new_cache or None).
 
         attend_len (static, with a cache): attend to slots [0, attend_len) only, read in place
         from the cache (the caller guarantees cache.index + T <= attend_len); None = all slots.
         layer_params (DecodeCache only): `unstack_layers` of this model, None = slice here.
+        segment_ids [B, T] int32 (no cache): packed rows (`grpo_jax.packing`), a token attends
+        to earlier tokens of its own segment only; positions then restart per segment.
         """
         c = self.config
         dt = jnp.dtype(c.dtype)
@@ -789,10 +809,7 @@ class Decoder(nnx.Module):
             )
             q_slot = (cache.index + jnp.arange(T))[None]  # [1, T]
         A = S if attend_len is None else min(int(attend_len), S)  # slots attended
-        if attention_impl(c) == "einsum":
-            mask = key_mask[:, None, :A] & (jnp.arange(A)[None, None, :] <= q_slot[:, :, None])
-        else:  # key padding + causal, never [B, T, S]; static when the write index must be 0
-            mask = Mask(key_mask[:, :A], q_start=None if cache is None else _q_start(cache, T, A))
+        mask = _forward_mask(attention_impl(c), key_mask[:, :A], q_slot, cache, T, segment_ids)
 
         def body(carry, xs):
             h, ck, cv = carry
@@ -1063,6 +1080,7 @@ class Transformer(nnx.Module):
         return_hidden: bool = False,
         attend_len: int | None = None,
         layer_params: tuple | None = None,
+        segment_ids=None,
     ):
         """tokens [B, T] int32; positions [B, T] int32 rotary positions (left padding: count from
         the first real token, see positions_from_mask); attention_mask [B, T] bool, True on real
@@ -1073,6 +1091,8 @@ class Transformer(nnx.Module):
         (static, with a cache): only slots [0, attend_len) are read (>= cache.index + T);
         layer_params (with a DecodeCache): `unstack_layers(self)`, made once outside a decode
         loop so that the loop does not slice the stacked layer weights every step.
+        segment_ids [B, T] int32 (no cache): packed rows (`grpo_jax.packing`): a token attends
+        only to earlier tokens of its own segment (positions restart per segment).
 
         Returns (logits [B, T, V] in config.dtype, new_cache or None); with return_hidden=True
         the first element is the final-norm hidden state [B, T, E] instead (apply
@@ -1086,6 +1106,7 @@ class Transformer(nnx.Module):
             cache=cache,
             attend_len=attend_len,
             layer_params=layer_params,
+            segment_ids=segment_ids,
         )
         if return_hidden:
             return h, new_cache
