@@ -39,10 +39,15 @@ def test_bad_plans_are_refused_never_silently_dropped():
         packing.plan([0, -1], [1, 1], 8)
 
 
-@settings(max_examples=60, deadline=None)
+_pack = jax.jit(packing.pack)
+_unpack = jax.jit(packing.unpack, static_argnums=5)
+
+
+@settings(max_examples=40, deadline=None)
 @given(
-    lengths=st.lists(st.integers(0, 12), min_size=1, max_size=16),
-    T=st.integers(12, 40),
+    # 16 rows (zero-length ones too), a few buffer lengths: few compiled shapes (B is bucketed)
+    lengths=st.lists(st.integers(0, 12), min_size=16, max_size=16),
+    T=st.sampled_from([12, 17, 40]),
     seed=st.integers(0, 2**16),
 )
 def test_property_every_token_once_and_the_round_trip_is_exact(lengths, T, seed):
@@ -60,8 +65,8 @@ def test_property_every_token_once_and_the_round_trip_is_exact(lengths, T, seed)
         assert p.positions[b, o : o + n].tolist() == list(range(n))
         assert len(set(p.segment_ids[b, o : o + n].tolist())) == 1
     x = np.random.default_rng(seed).normal(size=(len(lengths), L, 3)).astype(np.float32)
-    packed = packing.pack(x, p.src_row, p.src_col, p.segment_ids)
-    back = np.asarray(packing.unpack(packed, p.buffer_of, p.offset, p.starts, p.lengths, L))
+    packed = _pack(x, p.src_row, p.src_col, p.segment_ids)
+    back = np.asarray(_unpack(packed, p.buffer_of, p.offset, p.starts, p.lengths, L))
     span = (np.arange(L)[None] >= starts[:, None]) & (
         np.arange(L)[None] < (starts + np.asarray(lengths))[:, None]
     )
