@@ -148,7 +148,7 @@ def plan(starts, lengths, buffer_len: int, *, multiple: int = 1, num_buffers=Non
 def pack(x, src_row, src_col, segment_ids, fill=0):
     """``x`` [R, L, ...] in the padded layout -> [B, T, ...] packed (padding slots ``fill``).
     Index arrays from a `PackPlan` (numpy or traced)."""
-    y = x[src_row, src_col]
+    y = jnp.asarray(x)[src_row, src_col]
     keep = (segment_ids > 0).reshape(segment_ids.shape + (1,) * (y.ndim - 2))
     return jnp.where(keep, y, jnp.asarray(fill, y.dtype))
 
@@ -172,3 +172,37 @@ def attention_mask(segment_ids):
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     causal = jnp.tril(jnp.ones(segment_ids.shape[-1:] * 2, bool))
     return same & causal[None] & (segment_ids[:, :, None] > 0)
+
+
+def plan_for_batch(attention_mask, buffer_len: int, *, multiple: int = 1) -> PackPlan:
+    """The `plan` of the model input of a padded batch (``attention_mask[:, :-1]``, host
+    numpy [R, L] bool; each row's real tokens one contiguous span, as our layout has them).
+
+    Raises: ValueError as `plan`, or for a row whose real tokens are not contiguous."""
+    m = np.asarray(attention_mask, bool)[:, :-1]
+    lengths = m.sum(axis=1)
+    starts = np.where(lengths > 0, m.argmax(axis=1), 0)
+    ends = starts + lengths
+    cols = np.arange(m.shape[1])[None]
+    if ((cols >= starts[:, None]) & (cols < ends[:, None]) != m).any():
+        raise ValueError("packing: a row's real tokens are not one contiguous span")
+    return plan(starts, lengths, buffer_len, multiple=multiple)
+
+
+def packed_hidden(model, tokens, plan_arrays, length: int):
+    """The model's final hidden states [R, length, E] of the padded batch ``tokens`` [R, >=
+    length] computed on packed buffers (0 outside each row's span): the transformer body runs
+    on B x T tokens instead of R x length. ``plan_arrays``: (src_row, src_col, segment_ids,
+    positions, buffer_of, offset, starts, lengths) of a `PackPlan` (`arrays`)."""
+    src_row, src_col, seg, positions, buffer_of, offset, starts, lengths = plan_arrays
+    packed = pack(tokens, src_row, src_col, seg)
+    hidden, _ = model(packed, positions, seg > 0, segment_ids=seg, return_hidden=True)
+    return unpack(hidden, buffer_of, offset, starts, lengths, length)
+
+
+def arrays(p: PackPlan) -> tuple:
+    """The plan's index arrays in `packed_hidden`'s order (jit arguments)."""
+    return (
+        p.src_row, p.src_col, p.segment_ids, p.positions, p.buffer_of, p.offset, p.starts,
+        p.lengths,
+    )  # fmt: skip

@@ -23,7 +23,15 @@ import optax
 from flax import nnx
 
 from grpo_jax import advantages as advantages_lib
-from grpo_jax import checkpointing, generation_layout, losses, rollout_queue, sampling, sharding
+from grpo_jax import (
+    checkpointing,
+    generation_layout,
+    losses,
+    packing,
+    rollout_queue,
+    sampling,
+    sharding,
+)
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax.experiment import Experiment
 from grpo_jax.models import lora as lora_lib
@@ -51,6 +59,7 @@ def completion_logprobs(
     temperature: float,
     group_size: int = 1,
     logprob_chunk_size: int = 0,
+    packing_plan: tuple | None = None,
 ):
     """Log-probs of the completion tokens under the policy, float32 [R, Lc].
 
@@ -68,13 +77,18 @@ def completion_logprobs(
         with chunks of this many positions: the LM head, log-softmax and their backward run a
         chunk at a time, so neither the [R, Lc, V] logits nor their gradient ever exist whole
         (the same values up to float rounding; config.algorithm.logprob_chunk_size).
+      packing_plan: `packing.arrays` of `packing.plan_for_batch(attention_mask, T)`: the
+        transformer body runs on packed token buffers (no compute on padding; the same values
+        on the real tokens up to float rounding, 0 hidden state on padding). None = padded.
     Raises:
       ValueError: R is not a multiple of group_size.
     """
     model = nnx.merge(graphdef, params)
     positions = positions_from_mask(attention_mask)
     R, L = tokens.shape
-    if group_size > 1 and L - prompt_len > 1:
+    if packing_plan is not None:
+        hidden = packing.packed_hidden(model, tokens, packing_plan, L - 1)[:, prompt_len - 1 :]
+    elif group_size > 1 and L - prompt_len > 1:
         if R % group_size:
             raise ValueError(f"{R} rows are not a multiple of group_size {group_size}")
         G, lp = group_size, prompt_len
