@@ -166,14 +166,6 @@ def unpack(y, buffer_of, offset, starts, lengths, length: int, fill=0):
     return jnp.where(keep, x, jnp.asarray(fill, x.dtype))
 
 
-def attention_mask(segment_ids):
-    """[B, T] segment ids -> [B, T, T] bool: query slot i sees key slot j iff both hold the
-    same row (nonzero segment) and j <= i (causal within the row; rows are contiguous)."""
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    causal = jnp.tril(jnp.ones(segment_ids.shape[-1:] * 2, bool))
-    return same & causal[None] & (segment_ids[:, :, None] > 0)
-
-
 def plan_for_batch(attention_mask, buffer_len: int, *, multiple: int = 1) -> PackPlan:
     """The `plan` of the model input of a padded batch (``attention_mask[:, :-1]``, host
     numpy [R, L] bool; each row's real tokens one contiguous span, as our layout has them).

@@ -76,6 +76,13 @@ def test_property_every_token_once_and_the_round_trip_is_exact(lengths, T, seed)
     )
 
 
+def _segment_mask(seg):
+    """The model's own mask of packed rows (`attention.Mask` with segment ids): [B, T, T]."""
+    from grpo_jax.models import attention
+
+    return attention.Mask(seg > 0, segment_ids=seg).dense(seg.shape[1])
+
+
 def test_packed_attention_equals_each_row_attention_under_jit():
     """Causal attention over a packed buffer with `attention_mask` gives every row what its
     own padded row gives (the same values at the same tokens), and no slot sees another row."""
@@ -100,7 +107,7 @@ def test_packed_attention_equals_each_row_attention_under_jit():
     @jax.jit
     def packed(q, k, v, src_row, src_col, seg, buffer_of, offset, starts, lengths):
         qp, kp, vp = (packing.pack(x, src_row, src_col, seg) for x in (q, k, v))
-        mask = packing.attention_mask(seg) | (seg[:, :, None] == 0)
+        mask = _segment_mask(seg) | (seg[:, :, None] == 0)
         out = attend(qp, kp, vp, mask)
         return packing.unpack(out, buffer_of, offset, starts, lengths, L)
 
@@ -113,7 +120,7 @@ def test_packed_attention_equals_each_row_attention_under_jit():
         np.arange(L)[None] < (starts + np.asarray(lengths))[:, None]
     )
     np.testing.assert_allclose(got[span], want[span], rtol=1e-5, atol=1e-6)
-    m = np.asarray(packing.attention_mask(p.segment_ids))
+    m = np.asarray(_segment_mask(jnp.asarray(p.segment_ids)))
     for b in range(p.num_buffers):  # no slot sees another row's slot
         seg = p.segment_ids[b]
         assert not (m[b] & (seg[:, None] != seg[None, :])).any()
