@@ -599,6 +599,26 @@ def _compile_for(fn, *args, mesh=None, platform="cpu", **kwargs):
     return compiled, {"lower_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)}
 
 
+def _abstract_packed_plan(exp, rows: int, length: int, replicated):
+    """(an abstract `packing.MicroBatches` of ``rows`` rows of ``length`` tokens, its label)
+    when the run packs (``algorithm.pack_sequences``; else (None, "")): k buffers of
+    T = length - 1 tokens per micro-batch, as many micro-batches as rows filling a buffer each
+    would need (the count is only the scan's length), the LM head on Lc slots per buffer (one
+    full-length completion), replicated as `Steps.train` takes it."""
+    import jax
+    import jax.numpy as jnp
+
+    from grpo_jax import packing, steps
+
+    if not exp.batching.pack_sequences:
+        return None, ""
+    T, k = steps.packing_shape(exp, length)
+    M, H = packing.num_buckets(-(-rows // k)), exp.max_new_tokens
+    i32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+    plan = packing.MicroBatches(*[i32((M, k, T))] * 4, *[i32((M, k, H))] * 3, i32((rows,)))
+    return plan, f"packed: {k} buffers of {T} tokens per forward/backward, LM head on {H} each"
+
+
 def compile_steps(
     config,
     *,
@@ -695,14 +715,18 @@ def compile_steps(
         )
     else:
         batch = state_lib.Batch(**fields)
+
     if update:
-        info = _compile(fns.update, state, batch)
+        micro_plan, packed_what = _abstract_packed_plan(exp, mb, Lp + Lc, repl)
+        info = _compile(fns.update, state, batch, micro_plan)
+        per_pass = packed_what or f"{exp.batching.micro_batch_size} per forward/backward" * (
+            exp.batching.micro_batch_size < mb
+        )
         steps["update"] = {
             **info,
             "resident_extra": ref_bytes,
             "rows": mb,
-            "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens"
-            f"{f', {exp.batching.micro_batch_size} per forward/backward' if exp.batching.micro_batch_size < mb else ''}",
+            "what": f"update, {mb} rollouts x {Lp}+{Lc} tokens{', ' * bool(per_pass)}{per_pass}",
         }
 
     # 2. the sampler (G = generate_batch_size rows per call, R / G calls; Lp + Lc cache slots).
@@ -770,11 +794,13 @@ def compile_steps(
     # 3. reference / old log-probs over the whole batch (rl_step calls it on all R rows).
     if logprobs and (needs_ref or not exp.batching.on_policy):
         rows = R
+        micro_plan, packed_what = _abstract_packed_plan(exp, rows, Lp + Lc, repl)
         info = _compile(
             fns.logprobs,
             state.params,
             batched((rows, Lp + Lc), "int32"),
             batched((rows, Lp + Lc), "bool"),
+            micro_plan,
         )
         # resident while it runs: the whole state plus the reference, minus the parameters passed in
         steps["logprobs"] = {
@@ -782,7 +808,7 @@ def compile_steps(
             "resident_extra": state_bytes + ref_bytes - params_bytes,
             "rows": rows,
             "what": f"reference/old log-probs, {rows} rows x {Lp}+{Lc} tokens, "
-            f"{exp.batching.micro_batch_size} rows at a time",
+            + (packed_what or f"{exp.batching.micro_batch_size} rows at a time"),
         }
     for s in steps.values():
         s["peak"] = s["total"] + s["resident_extra"]

@@ -186,6 +186,10 @@ class AlgorithmSection:
     mini_batch_size: int = 0  # rollouts per gradient step (0 = the whole batch R)
     micro_batch_size: int = 0  # rollouts per forward/backward; gradients accumulate over a mini-batch (0 = no accumulation)
     shared_prompt_forward: bool = False  # each group's prompt computed once (prefill, reference pass, update): same values, less compute
+    # the update and the reference / old-log-prob passes run on packed token buffers (rows end to
+    # end, attention within a row): no compute on padding, the same loss and gradients
+    pack_sequences: bool = False
+    micro_batch_tokens: int = 0  # with pack_sequences: tokens per forward/backward (0 = micro_batch_size rows at the batch's row length)
     # positions per chunk of the LM head + log-softmax in the log-prob passes and the update: the
     # [R, Lc, V] logits and their gradient never exist whole (same values; 0 = whole logits)
     logprob_chunk_size: int = 0

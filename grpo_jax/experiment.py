@@ -46,6 +46,7 @@ class Batching:
         (gradients accumulate over a mini-batch); generate_batch_size: rows per sampler call.
       prompt_group_size: G with a shared prompt forward (1 = off).
       on_policy: one pass over one mini-batch (old log-probs = current ones, never computed).
+      pack_sequences, micro_batch_tokens: the packed update (`config.algorithm`; `packing`).
     """
 
     rollouts_per_step: int
@@ -54,6 +55,8 @@ class Batching:
     generate_batch_size: int
     prompt_group_size: int
     on_policy: bool
+    pack_sequences: bool = False
+    micro_batch_tokens: int = 0
 
     @classmethod
     def from_config(cls, config, mesh, algo: algorithms.Algorithm) -> Batching:
@@ -101,8 +104,19 @@ class Batching:
                         f"config.{name}={v} must be a multiple of rollouts_per_prompt={group} "
                         "with config.algorithm.shared_prompt_forward (whole groups per pass)"
                     )
+        pack, budget = config.algorithm.pack_sequences, config.algorithm.micro_batch_tokens
+        if budget < 0:
+            raise ConfigError(
+                f"config.algorithm.micro_batch_tokens={budget} must be >= 0 (0 = "
+                "micro_batch_size rows' worth)"
+            )
+        if pack and group > 1:
+            raise ConfigError(
+                "config.algorithm.pack_sequences and shared_prompt_forward are two layouts of "
+                "the update's rows; set one of them"
+            )
         on_policy = config.algorithm.num_iterations == 1 and mb == R
-        return cls(R, mb, micro, gbs, group, on_policy)
+        return cls(R, mb, micro, gbs, group, on_policy, bool(pack), int(budget))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -59,7 +59,6 @@ def completion_logprobs(
     temperature: float,
     group_size: int = 1,
     logprob_chunk_size: int = 0,
-    packing_plan: tuple | None = None,
 ):
     """Log-probs of the completion tokens under the policy, float32 [R, Lc].
 
@@ -77,18 +76,13 @@ def completion_logprobs(
         with chunks of this many positions: the LM head, log-softmax and their backward run a
         chunk at a time, so neither the [R, Lc, V] logits nor their gradient ever exist whole
         (the same values up to float rounding; config.algorithm.logprob_chunk_size).
-      packing_plan: `packing.arrays` of `packing.plan_for_batch(attention_mask, T)`: the
-        transformer body runs on packed token buffers (no compute on padding; the same values
-        on the real tokens up to float rounding, 0 hidden state on padding). None = padded.
     Raises:
       ValueError: R is not a multiple of group_size.
     """
     model = nnx.merge(graphdef, params)
     positions = positions_from_mask(attention_mask)
     R, L = tokens.shape
-    if packing_plan is not None:
-        hidden = packing.packed_hidden(model, tokens, packing_plan, L - 1)[:, prompt_len - 1 :]
-    elif group_size > 1 and L - prompt_len > 1:
+    if group_size > 1 and L - prompt_len > 1:
         if R % group_size:
             raise ValueError(f"{R} rows are not a multiple of group_size {group_size}")
         G, lp = group_size, prompt_len
@@ -110,6 +104,74 @@ def completion_logprobs(
     # project only the Lc completion positions to the vocabulary (the prompt's logits are never
     # used: at Lp = 256, Lc = 64 that is 5x less logits memory and LM-head compute)
     targets = tokens[:, prompt_len:]
+    return head_logprobs(model, hidden, targets, temperature, logprob_chunk_size)
+
+
+def packed_token_logprobs(model, tokens, buffers, temperature: float, logprob_chunk_size=0):
+    """Log-probs of the scored positions' next tokens in packed buffers: float32 [k, H].
+
+    Args:
+      model: the merged policy (`nnx.merge`).
+      tokens: [R, L] int32, the padded batch the buffers read.
+      buffers: one micro-batch of a `packing.MicroBatches`: (src_row, src_col, segment_ids,
+        positions) [k, T] and head_slot [k, H] int32. Slot (b, t) holds token
+        ``tokens[src_row, src_col]``; a scored slot's log-prob is that of the next token of its
+        row, ``tokens[src_row, src_col + 1]``.
+      temperature, logprob_chunk_size: as `completion_logprobs`. The transformer runs on the
+        k x T packed tokens, the LM head on the k x H scored slots only (each buffer's own, so a
+        buffer's work stays on its device).
+    """
+    src_row, src_col, seg, positions, head_slot = buffers
+    tokens = jnp.asarray(tokens)
+    inputs = packing.pack(tokens, src_row, src_col, seg)
+    hidden, _ = model(inputs, positions, seg > 0, segment_ids=seg, return_hidden=True)
+    hidden = jnp.take_along_axis(hidden, head_slot[..., None], axis=1)  # [k, H, E]
+    row = jnp.take_along_axis(src_row, head_slot, axis=1)
+    col = jnp.take_along_axis(src_col, head_slot, axis=1)
+    targets = tokens[row, jnp.minimum(col + 1, tokens.shape[1] - 1)]  # [k, H]
+    return head_logprobs(model, hidden, targets, temperature, logprob_chunk_size)
+
+
+def _scatter_scored(lp, head_row, head_col, rows: int, cols: int):
+    """Scored log-probs [..., H] -> [rows, cols] float32 at (head_row, head_col); 0 elsewhere
+    (entries with head_row = rows are dropped)."""
+    out = jnp.zeros((rows, cols), jnp.float32)
+    return out.at[head_row.reshape(-1), head_col.reshape(-1)].add(
+        lp.reshape(-1).astype(jnp.float32), mode="drop"
+    )
+
+
+def packed_completion_logprobs(
+    graphdef,
+    params,
+    tokens,
+    prompt_len: int,
+    temperature: float,
+    micro: packing.MicroBatches,
+    logprob_chunk_size: int = 0,
+):
+    """`completion_logprobs` on packed buffers, one micro-batch of ``micro`` at a time
+    (``lax.map``): float32 [R, Lc], the same values on the scored completion tokens up to
+    float rounding, 0 elsewhere.
+
+    Args: as `completion_logprobs`; ``micro``: `packing.MicroBatches` of ``tokens``' rows
+    scoring the completions (`packing.micro_batches` of `packing.spans` of the attention mask
+    with ``scored=(prompt_len - 1, completion tokens)``; `packed_logprob_plan`).
+    """
+
+    def one(buffers):
+        model = nnx.merge(graphdef, params)
+        return packed_token_logprobs(model, tokens, buffers, temperature, logprob_chunk_size)
+
+    lp = jax.lax.map(one, tuple(micro[:5]))  # [M, k, H]
+    R, L = tokens.shape
+    return _scatter_scored(lp, micro.head_row, micro.head_col, R, L - prompt_len)
+
+
+def head_logprobs(model, hidden, targets, temperature: float, logprob_chunk_size: int = 0):
+    """Log-probs [..., P] float32 of ``targets`` [..., P] from final hidden states [..., P, E]
+    through the policy's LM head: the whole logits (``logprob_chunk_size`` 0) or
+    `logprobs.logprobs_from_hidden` a chunk of positions at a time (`completion_logprobs`)."""
     if logprob_chunk_size > 0:
         head, layout = lm_head_of(model)
         return logprobs_lib.logprobs_from_hidden(
@@ -216,6 +278,13 @@ def chunked_completion_logprobs(
 # ----------------------------------------------------------------------------- the update
 
 
+def _zero_grads(params):
+    """Zero gradient accumulators (low-precision parameters: summed in float32)."""
+    return jax.tree.map(
+        lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params
+    )
+
+
 def _all_finite(tree) -> jax.Array:
     """True when every element of every leaf is finite (bool [])."""
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
@@ -231,8 +300,81 @@ _INTERNAL_AUX = ("loss_sum", "denominator", "num_tokens")
 _SUMMED_AUX = ("pg_loss",)
 
 
+def _accumulate_rows(fn, params, batch: Batch, denominator, micro: int, group: int):
+    """(loss, aux, grads) of ``fn`` over the batch's rows, ``micro`` rows per pass.
+
+    The whole mini-batch's loss denominator is passed to every micro-batch, so the summed
+    losses and gradients equal the one-pass ones (``losses.policy_loss``, "Micro-batching").
+    Micro-batch j holds rows {i * n + j} (``split_rows``): no row changes device.
+    """
+    rows = batch.tokens.shape[0]
+    if micro >= rows:
+        (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
+        return loss, aux, grads
+    n = rows // micro
+
+    def body(acc, micro_batch):
+        (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(params, micro_batch, denominator)
+        return jax.tree.map(jnp.add, acc, g), (loss, aux)
+
+    grads, (loss, aux) = jax.lax.scan(
+        body, _zero_grads(params), jax.tree.map(lambda x: split_rows(x, n, group), batch)
+    )
+    # per-rollout losses back in row order; the surrogate (computed against the whole
+    # mini-batch's denominator) summed; clip fraction, KL, ratio, TIS: mean of micro-batches
+    aux = {
+        k: merge_rows(v, group)
+        if k == "per_rollout_loss"
+        else jnp.sum(v)
+        if k in _SUMMED_AUX
+        else jnp.mean(v)
+        for k, v in aux.items()
+    }
+    return jnp.sum(loss), aux, grads
+
+
+def _accumulate_packed(fn, params, batch: Batch, denominator, micro_batches):
+    """(loss, aux, grads) of ``fn`` over the packed micro-batches of ``micro_batches``
+    (`packing.MicroBatches` of the batch's rows): one forward/backward per k x T token
+    buffer set, every micro-batch against the whole mini-batch's denominator, so loss and
+    gradients equal `_accumulate_rows`' (any `loss_agg_mode`: a row lies in one micro-batch, the
+    others see it fully masked). Token-mean diagnostics (clip fraction, KL, ratio, TIS) are
+    weighted by each micro-batch's tokens: the mini-batch's own token means."""
+
+    def body(acc, xs):
+        buffers, j = xs
+        (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(
+            params, batch, denominator, (buffers, j, micro_batches)
+        )
+        return jax.tree.map(jnp.add, acc, g), (loss, aux)
+
+    M = micro_batches.num_micro
+    grads, (loss, aux) = jax.lax.scan(
+        body, _zero_grads(params), (tuple(micro_batches[:7]), jnp.arange(M))
+    )
+    w = aux["num_tokens"] / jnp.maximum(jnp.sum(aux["num_tokens"]), 1.0)
+    additive = ("per_rollout_loss", *_INTERNAL_AUX, *_SUMMED_AUX)
+    aux = {k: jnp.sum(v, axis=0) if k in additive else jnp.sum(v * w) for k, v in aux.items()}
+    return jnp.sum(loss), aux, grads
+
+
+def policy_gradients(exp: Experiment) -> Callable:
+    """The unjitted ``gradients(params, batch, micro_batches=None) -> (loss, aux, grads)`` of the
+    policy loss over one mini-batch, as the update computes them: micro-batches of rows
+    (``algorithm.micro_batch_size``), or the packed micro-batches of a `packing.MicroBatches`
+    of the batch's rows (`packing.micro_batches`). Loss float32 []; aux as
+    `losses.policy_loss`'s (token-mean entries over the mini-batch); grads like ``params``."""
+    return _update_fns(exp)[1]
+
+
 def _update_fn(exp: Experiment):
-    """The unjitted ``update(state, batch) -> (state, metrics)`` of one mini-batch."""
+    """The unjitted ``update(state, batch, micro_batches=None) -> (state, metrics)`` of one
+    mini-batch."""
+    return _update_fns(exp)[0]
+
+
+def _update_fns(exp: Experiment):
+    """(``update``, ``gradients``): `_update_fn`'s and `policy_gradients`' functions."""
     cfg = exp.run.algorithm
     graphdef, lp = exp.graphdef, exp.prompt_len
     temperature = float(exp.run.rollout.temperature)
@@ -248,16 +390,29 @@ def _update_fn(exp: Experiment):
     kl_coef = cfg.kl_coef if learner.kl_in == "loss" else 0.0
     loss_cfg = dataclasses.replace(cfg.loss, max_len=exp.max_new_tokens, kl_coef=kl_coef)
 
-    def loss_fn(params, batch: Batch, denominator=None):
-        logprobs = completion_logprobs(
-            graphdef, params, batch.tokens, batch.attention_mask, lp, temperature, group, lp_chunk
-        )
+    def loss_fn(params, batch: Batch, denominator=None, packed=None):
+        """The policy loss of ``batch``'s rows; ``packed`` = (micro-batch j's arrays of a
+        `packing.MicroBatches`, j, the whole plan): of the rows of micro-batch j only, computed
+        on its buffers."""
+        mask = batch.completion_mask
+        if packed is None:
+            logprobs = completion_logprobs(
+                graphdef, params, batch.tokens, batch.attention_mask, lp, temperature, group,
+                lp_chunk,
+            )  # fmt: skip
+        else:
+            buffers, j, micro = packed
+            model = nnx.merge(graphdef, params)
+            scored = packed_token_logprobs(model, batch.tokens, buffers[:5], temperature, lp_chunk)
+            logprobs = _scatter_scored(scored, buffers[5], buffers[6], *mask.shape)
+            inside = micro.micro_of == j
+            mask = jnp.where(inside[:, None], mask, jnp.zeros_like(mask))
         old = jax.lax.stop_gradient(logprobs) if on_policy else batch.old_logprobs
         return losses.policy_loss(
             logprobs,
             old,
             batch.advantages,
-            batch.completion_mask,
+            mask,
             loss_cfg,
             ref_logprobs=batch.ref_logprobs if kl_coef > 0 else None,
             sampler_logprobs=batch.sampler_logprobs if loss_cfg.tis_cap else None,
@@ -265,60 +420,32 @@ def _update_fn(exp: Experiment):
             denominator=denominator,
         )
 
-    def accumulate(fn, params, batch: Batch, denominator):
-        """(loss, aux, grads) of ``fn`` over the batch's rows, ``micro`` rows per pass.
+    accumulate = functools.partial(_accumulate_rows, micro=micro, group=group)
+    accumulate_packed = _accumulate_packed
 
-        The whole mini-batch's loss denominator is passed to every micro-batch, so the summed
-        losses and gradients equal the one-pass ones (``losses.policy_loss``, "Micro-batching").
-        Micro-batch j holds rows {i * n + j} (``split_rows``): no row changes device.
-        """
-        rows = batch.tokens.shape[0]
-        if micro >= rows:
-            (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
-            return loss, aux, grads
-        n = rows // micro
-
-        def body(acc, micro_batch):
-            (loss, aux), g = jax.value_and_grad(fn, has_aux=True)(params, micro_batch, denominator)
-            return jax.tree.map(jnp.add, acc, g), (loss, aux)
-
-        grads, (loss, aux) = jax.lax.scan(
-            body,
-            # low-precision (bfloat16) parameters: gradients summed in float32
-            jax.tree.map(
-                lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params
-            ),
-            jax.tree.map(lambda x: split_rows(x, n, group), batch),
-        )
-        # per-rollout losses back in row order; the surrogate (computed against the whole
-        # mini-batch's denominator) summed; clip fraction, KL, ratio, TIS: mean of micro-batches
-        aux = {
-            k: merge_rows(v, group)
-            if k == "per_rollout_loss"
-            else jnp.sum(v)
-            if k in _SUMMED_AUX
-            else jnp.mean(v)
-            for k, v in aux.items()
-        }
-        return jnp.sum(loss), aux, grads
-
-    def update(state: TrainState, batch: Batch):
-        """One AdamW step; a non-finite loss, gradient norm or new parameter skips it (state
-        kept, ``skips`` + 1; a good step resets ``skips``).
-
-        With LoRA only the adapters are differentiated and updated: the frozen base is a
-        constant of the loss (no base gradient is computed) and passes through unchanged."""
+    def gradients(params, batch: Batch, micro_batches=None, fn=loss_fn):
         den = losses.loss_denominator(
             batch.completion_mask, cfg.loss_agg_mode, max_len=exp.max_new_tokens
         )
+        if micro_batches is None:
+            return accumulate(fn, params, batch, den)
+        return accumulate_packed(fn, params, batch, den, micro_batches)
+
+    def update(state: TrainState, batch: Batch, micro_batches=None):
+        """One AdamW step; a non-finite loss, gradient norm or new parameter skips it (state
+        kept, ``skips`` + 1; a good step resets ``skips``). ``micro_batches``: the batch's
+        `packing.MicroBatches` (the packed update), or None (padded micro-batches of rows).
+
+        With LoRA only the adapters are differentiated and updated: the frozen base is a
+        constant of the loss (no base gradient is computed) and passes through unchanged."""
         fn, trained = loss_fn, state.params
         if exp.lora:
             base, trained = lora_lib.split(state.params)
 
-            def fn(adapters, batch, denominator=None):
-                return loss_fn(lora_lib.combine(base, adapters), batch, denominator)
+            def fn(adapters, batch, denominator=None, packed=None):
+                return loss_fn(lora_lib.combine(base, adapters), batch, denominator, packed)
 
-        loss, aux, grads = accumulate(fn, trained, batch, den)
+        loss, aux, grads = gradients(trained, batch, micro_batches, fn)
         gnorm = optax.global_norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
         new_trained, opt_state = apply_optimizer(exp.tx, grads, state.opt_state, trained)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm) & _all_finite(new_trained)
@@ -339,7 +466,7 @@ def _update_fn(exp: Experiment):
         new, extra = learner.extra_update(new, batch, accumulate)
         return new, {**metrics, **extra}
 
-    return update
+    return update, gradients
 
 
 def _take(mesh, batch, idx):
@@ -351,16 +478,10 @@ def _take(mesh, batch, idx):
     )
 
 
-def _train_fn(exp: Experiment, update):
-    """``train(state, batch, key) -> (state, metrics)``: ``num_iterations`` passes over the
-    batch in mini-batches, all on device (``lax.scan``).
-
-    Each pass shuffles the rows with its own key from ``key`` (whole groups when each group's
-    prompt runs once); with one mini-batch the batch is used as it is. Metrics: the mean over
-    all updates of each update metric, ``skipped_updates`` (int32 count), ``learning_rate``
-    (the policy's, at the step's last applied update: `state.last_learning_rate`), and
-    ``per_rollout_loss`` [R] float32 of the first pass, in row order (the controllers' signal).
-    """
+def minibatch_order(exp: Experiment) -> Callable:
+    """``order(key) -> [num_iterations, N, mini_batch_size] int32``: the batch rows of each
+    pass's N mini-batches. Each pass shuffles the rows with its own key from ``key`` (whole
+    groups when each group's prompt runs once); with one mini-batch the rows stay in order."""
     R = exp.batching.rollouts_per_step
     mb, g, iters = (
         exp.batching.mini_batch_size,
@@ -368,24 +489,54 @@ def _train_fn(exp: Experiment, update):
         exp.run.algorithm.num_iterations,
     )
     n_mb = R // mb
+
+    def order(key):
+        if n_mb == 1:
+            return jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32), (iters, 1, R))
+
+        def one(k):
+            perm = jax.random.permutation(k, R // g)[:, None] * g + jnp.arange(g)
+            return perm.reshape(n_mb, mb).astype(jnp.int32)
+
+        return jnp.stack([one(k) for k in jax.random.split(key, iters)])
+
+    return order
+
+
+def _train_fn(exp: Experiment, update):
+    """``train(state, batch, key, plan=None) -> (state, metrics)``: ``num_iterations`` passes
+    over the batch in mini-batches (`minibatch_order` of ``key``), all on device
+    (``lax.scan``); with one mini-batch the batch is used as it is.
+
+    ``plan``: a `packing.StepPlan` (its ``rows`` are `minibatch_order`'s, computed on the host
+    with the same key): every update runs on packed micro-batches. Metrics: the mean over all
+    updates of each update metric, ``skipped_updates`` (int32 count), ``learning_rate`` (the
+    policy's, at the step's last applied update: `state.last_learning_rate`), and
+    ``per_rollout_loss`` [R] float32 of the first pass, in row order (the controllers' signal).
+    """
+    R = exp.batching.rollouts_per_step
+    n_mb = R // exp.batching.mini_batch_size
+    order = minibatch_order(exp)
     schedule = make_schedule(exp.run.optimizer, total_updates(exp.run, exp.batching))
 
-    def train(state, batch, key):
-        def one_pass(state, key):
-            if n_mb == 1:
-                state, m = update(state, batch)
-                return state, jax.tree.map(lambda x: x[None], m), jnp.arange(R)[None]
-            perm = jax.random.permutation(key, R // g)[:, None] * g + jnp.arange(g)
-            idx = perm.reshape(n_mb, mb)
-            take = lambda s, rows: update(s, _take(exp.mesh, batch, rows))
-            state, m = jax.lax.scan(take, state, idx)
-            return state, m, idx
+    def train(state, batch, key, plan=None):
+        idx = order(key) if plan is None else plan.rows
+        micro = None if plan is None else plan.micro
 
-        keys = jax.random.split(key, iters)
-        state, first, idx = one_pass(state, keys[0])
+        def one_pass(state, xs):
+            rows, mbs = xs
+            if n_mb == 1:
+                state, m = update(state, batch, jax.tree.map(lambda x: x[0], mbs))
+                return state, jax.tree.map(lambda x: x[None], m)
+            take = lambda s, a: update(s, _take(exp.mesh, batch, a[0]), a[1])
+            return jax.lax.scan(take, state, (rows, mbs))
+
+        first_pass = jax.tree.map(lambda x: x[0], (idx, micro))
+        state, first = one_pass(state, first_pass)
         passes = [first]
-        if iters > 1:
-            state, rest = jax.lax.scan(lambda s, k: one_pass(s, k)[:2], state, keys[1:])
+        if idx.shape[0] > 1:
+            rest_xs = jax.tree.map(lambda x: x[1:], (idx, micro))
+            state, rest = jax.lax.scan(one_pass, state, rest_xs)
             passes.append(jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), rest))
         out = {}
         for k in first:
@@ -398,7 +549,7 @@ def _train_fn(exp: Experiment, update):
                 out[k] = jnp.mean(v)
         out["per_rollout_loss"] = (
             jnp.zeros((R,), jnp.float32)
-            .at[idx.reshape(-1)]
+            .at[idx[0].reshape(-1)]
             .set(first["per_rollout_loss"].reshape(-1))
         )
         lr = last_learning_rate(schedule, state.opt_state)
@@ -407,6 +558,40 @@ def _train_fn(exp: Experiment, update):
         return state, out
 
     return train
+
+
+def packing_shape(exp: Experiment, length: int) -> tuple[int, int]:
+    """(T, k) of the packed passes over rows of ``length`` tokens: buffers of T = length - 1
+    tokens (the longest model input, so every row fits whole) and k buffers per micro-batch:
+    ``algorithm.micro_batch_tokens // T`` (0: ``micro_batch_size`` rows' worth, the padded
+    micro-batch's tokens), at least 1, rounded up to a multiple of the mesh's data x fsdp
+    shards (every shard gets whole buffers)."""
+    T, div = int(length) - 1, sharding.batch_divisor(exp.mesh)
+    budget = exp.batching.micro_batch_tokens or exp.batching.micro_batch_size * T
+    return T, -(-max(1, budget // T) // div) * div
+
+
+def packed_logprob_plan(exp: Experiment, attention_mask) -> packing.MicroBatches:
+    """The reference / old-log-prob pass's packed micro-batches for a batch (host; ``attention_mask``
+    host [R, L] bool). Raises: ValueError as `packing.micro_batches`."""
+    T, k = packing_shape(exp, attention_mask.shape[1])
+    return packing.micro_batches(
+        *packing.spans(attention_mask), T, k, scored=_scored_completions(exp, attention_mask)
+    )
+
+
+def _scored_completions(exp: Experiment, attention_mask):
+    """`packing.micro_batches`' ``scored`` of our layout: completion token c of a row is scored
+    at input position Lp - 1 + c, for its real tokens (host [R, L] mask; contiguous from Lp)."""
+    return exp.prompt_len - 1, np.asarray(attention_mask)[:, exp.prompt_len :].sum(axis=1)
+
+
+def packed_step_plan(exp: Experiment, attention_mask, rows) -> packing.StepPlan:
+    """The packed update's plan for a batch (host): ``rows`` = `Steps.minibatch_order` of the
+    step's shuffle key. Raises: ValueError as `packing.step_plan` (a row would be dropped)."""
+    T, k = packing_shape(exp, attention_mask.shape[1])
+    scored = _scored_completions(exp, attention_mask)
+    return packing.step_plan(attention_mask, rows, T, k, scored=scored)
 
 
 # ----------------------------------------------------------------------------- the bundle
@@ -421,12 +606,18 @@ class Steps:
         sampling.Rollouts`` with the run's training `SamplingConfig`.
       advantages: ``(rewards [R] float32, segment_ids [R] int32) -> (advantages [R] float32,
         stats)`` (group-relative estimator of ``config.algorithm``).
-      logprobs: ``(params, tokens [R, L] int32, attention_mask [R, L] bool) -> [R, Lc]``
-        (reference / old log-probs, a micro-batch of rows at a time).
+      logprobs: ``(params, tokens [R, L] int32, attention_mask [R, L] bool, micro_batches=None)
+        -> [R, Lc]`` (reference / old log-probs, a micro-batch of rows at a time; of packed
+        micro-batches when given a `packing.MicroBatches` (`packed_plans`)).
       finish_batch: ``(state, batch, rewards [R]) -> batch`` (the learner's; PPO: GAE).
-      update: ``(state, batch) -> (state, metrics)``: one mini-batch step, donated state.
-      train: ``(state, batch, key) -> (state, metrics)``: all passes and mini-batches of a step
-        on device, donated state (metrics as `_train_fn`).
+      update: ``(state, batch, micro_batches=None) -> (state, metrics)``: one mini-batch step,
+        donated state (packed with the batch's `packing.MicroBatches`).
+      train: ``(state, batch, key, plan=None) -> (state, metrics)``: all passes and
+        mini-batches of a step on device, donated state (metrics and ``plan``, a
+        `packing.StepPlan` for the packed update, as `_train_fn`).
+      minibatch_order: ``key -> [num_iterations, N, mini_batch_size] int32``, the rows of each
+        mini-batch `train` uses for that key (`minibatch_order`; the packed update's plan reads
+        it on the host).
       shape_rewards: ``(rewards [R] float32, lengths [R] int32) -> [R] float32``: DAPO's soft
         overlong punishment added when ``algorithm.overlong_penalty_factor`` (else unchanged).
       masks: ``(prompt_mask [R, Lp] bool, completion_mask [R, Lc], truncated [R] bool,
@@ -455,7 +646,24 @@ class Steps:
     take: Callable
     concat: Callable
     to_generation: Callable
+    minibatch_order: Callable
     generate_turn: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanLast:
+    """A jitted program whose last argument, a packing plan, may be left out (None: padded).
+    ``jax.jit``'s ``in_shardings`` need every positional argument, so the call fills it in;
+    ``lower`` as the jitted function's (`experiments.aot`)."""
+
+    jitted: Callable
+    num_args: int
+
+    def __call__(self, *args):
+        return self.jitted(*args, *(None,) * (self.num_args - len(args)))
+
+    def lower(self, *args):
+        return self.jitted.lower(*args, *(None,) * (self.num_args - len(args)))
 
 
 def _in_generation_layout(mesh, gen_mesh, sample: Callable) -> Callable:
@@ -483,7 +691,7 @@ def make_steps(exp: Experiment) -> Steps:
     algo = exp.run.algorithm
     P = exp.run.rollout.prompts_per_step
     mesh = exp.mesh
-    batch_sh = sharding.batch_sharding(mesh)
+    batch_sh, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     update = _update_fn(exp)
 
     def sample(params, prompt_tokens, prompt_mask, key):
@@ -497,6 +705,26 @@ def make_steps(exp: Experiment) -> Steps:
         generate = _in_generation_layout(mesh, gen_mesh, sharding.under_mesh(gen_mesh, sample))
         to_generation = functools.partial(
             generation_layout.reshard, shardings=gen_shardings, dtype=exp.model_config.dtype
+        )
+
+    def logprobs(params, tokens, attention_mask, micro_batches=None):
+        kw = dict(
+            prompt_len=exp.prompt_len,
+            temperature=float(exp.run.rollout.temperature),
+            logprob_chunk_size=logprob_chunk_size(exp),
+        )
+        if micro_batches is not None:
+            return packed_completion_logprobs(
+                exp.graphdef, params, tokens, micro=micro_batches, **kw
+            )
+        return chunked_completion_logprobs(
+            exp.graphdef,
+            params,
+            tokens,
+            attention_mask,
+            rows_per_chunk=exp.batching.micro_batch_size,
+            group_size=exp.batching.prompt_group_size,
+            **kw,
         )
 
     def shape_rewards(rewards, lengths):
@@ -536,37 +764,31 @@ def make_steps(exp: Experiment) -> Steps:
                 cfg=dataclasses.replace(algo.advantage, nonfinite="mask"),
             )
         ),
-        logprobs=jax.jit(
-            sharding.under_mesh(
-                mesh,
-                functools.partial(
-                    chunked_completion_logprobs,
-                    exp.graphdef,
-                    prompt_len=exp.prompt_len,
-                    temperature=float(exp.run.rollout.temperature),
-                    rows_per_chunk=exp.batching.micro_batch_size,
-                    group_size=exp.batching.prompt_group_size,
-                    logprob_chunk_size=logprob_chunk_size(exp),
-                ),
-            )
-        ),
+        logprobs=jax.jit(sharding.under_mesh(mesh, logprobs)),
         # out_shardings: the batch `train` / `update` take (their in_shardings), whatever
         # layout the rollouts, advantages and curriculum weights came in (e.g. replicated)
         finish_batch=jax.jit(
             sharding.under_mesh(mesh, exp.learner.finish_batch), out_shardings=batch_sh
         ),
-        update=jax.jit(
-            sharding.under_mesh(mesh, update),
-            in_shardings=(exp.state_shardings, batch_sh),
-            out_shardings=(exp.state_shardings, None),
-            donate_argnums=0,
+        update=_PlanLast(
+            jax.jit(
+                sharding.under_mesh(mesh, update),
+                in_shardings=(exp.state_shardings, batch_sh, replicated),
+                out_shardings=(exp.state_shardings, None),
+                donate_argnums=0,
+            ),
+            3,
         ),
-        train=jax.jit(
-            sharding.under_mesh(mesh, _train_fn(exp, update)),
-            in_shardings=(exp.state_shardings, batch_sh, sharding.replicated(mesh)),
-            out_shardings=(exp.state_shardings, None),
-            donate_argnums=0,
+        train=_PlanLast(
+            jax.jit(
+                sharding.under_mesh(mesh, _train_fn(exp, update)),
+                in_shardings=(exp.state_shardings, batch_sh, replicated, replicated),
+                out_shardings=(exp.state_shardings, None),
+                donate_argnums=0,
+            ),
+            4,
         ),
+        minibatch_order=jax.jit(minibatch_order(exp)),
         shape_rewards=jax.jit(shape_rewards),
         masks=jax.jit(masks),
         take=jax.jit(functools.partial(_take, mesh)),

@@ -375,7 +375,7 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     """Steps 5-6: advantages, the curriculum's weights, reference and old log-probs.
 
     Returns: (the learner's batch, advantages [R] on device and on the host, advantage stats,
-    weights [R])."""
+    weights [R], the attention mask on the host when the update is packed, else None)."""
     ro = rd.rollouts
     rewards, seg = (xfer.to_device(exp.mesh, x) for x in (rd.rewards, rd.placement.segment_ids))
     rewards = fns.shape_rewards(rewards, ro.lengths)
@@ -387,7 +387,10 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     # update uses its own (detached) log-probs and only a learner that reads them gets them (PPO's
     # KL reward penalty); a field nobody reads is None, never a placeholder
     needs_old = not exp.batching.on_policy or exp.learner.needs_policy_logprobs
-    logprobs = lambda params: fns.logprobs(params, ro.tokens, attention_mask)
+    # the packed passes (`config.algorithm.pack_sequences`) are planned on the host
+    mask_host = xfer.to_host(attention_mask) if exp.batching.pack_sequences else None
+    plan = None if mask_host is None else steps.packed_logprob_plan(exp, mask_host)
+    logprobs = lambda params: fns.logprobs(params, ro.tokens, attention_mask, plan)
     old_logprobs = logprobs(run.train.params) if needs_old else None
     ref_logprobs = logprobs(run.ref_params) if exp.uses_reference else None
     # the curriculum's weights: host bookkeeping from the host advantages (the log-prob passes
@@ -405,7 +408,8 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
         ref_logprobs=ref_logprobs,
         sampler_logprobs=ro.logprobs,
     )
-    return fns.finish_batch(run.train, batch, rewards), adv, adv_host, adv_stats, weights
+    batch = fns.finish_batch(run.train, batch, rewards)
+    return batch, adv, adv_host, adv_stats, weights, mask_host
 
 
 _increment = jax.jit(lambda x: x + 1)
@@ -433,13 +437,17 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
 
     # 5-6. the batch
     t = _timer()
-    batch, adv, adv_host, adv_stats, weights = _batch(exp, fns, run, rd)
+    batch, adv, adv_host, adv_stats, weights, mask_host = _batch(exp, fns, run, rd)
     jax.block_until_ready(batch)
     times["reference"] = t()
 
     # 7. the updates: num_iterations passes of mini-batches, on device.
     t = _timer()
-    state, upd = fns.train(run.train, batch, order_key)
+    plan = None
+    if mask_host is not None:  # packed: the same mini-batches, planned on the host
+        rows = xfer.to_host(fns.minibatch_order(order_key))
+        plan = steps.packed_step_plan(exp, mask_host, rows)
+    state, upd = fns.train(run.train, batch, order_key, plan)
     truncated = rd.rollouts.truncated.astype(jnp.float32)
     summary = {
         "advantage_abs_mean": jnp.mean(jnp.abs(adv)),

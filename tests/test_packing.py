@@ -24,10 +24,16 @@ def test_first_fit_decreasing_by_hand():
     assert p.buffer_of.tolist() == [0, 0, 1, 1, 1] and p.offset.tolist() == [5, 0, 7, 0, 4]
     assert p.segment_ids.tolist() == [[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 2, 2, 2, 3]]
     assert p.positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 0, 1, 2, 0]]
-    # three needed buffers compile as four; a shard multiple of 2 keeps it at four, of 3 -> 6
-    assert packing.plan([0] * 3, [8, 8, 8], 8).num_buffers == 4
-    assert packing.plan([0] * 3, [8, 8, 8], 8, multiple=3).num_buffers == 6
-    assert packing.plan([0] * 3, [8, 8, 8], 8, num_buffers=3).num_buffers == 3
+    # buckets 1, 2, 3, 4, 6, 8, 12, ...: five needed buffers compile as six, rounded up to a
+    # shard multiple (4 -> 8); three stay three, or four on two shards
+    assert packing.plan([0] * 5, [8] * 5, 8).num_buffers == 6
+    assert packing.plan([0] * 5, [8] * 5, 8, multiple=4).num_buffers == 8
+    assert packing.plan([0] * 3, [8] * 3, 8).num_buffers == 3
+    assert packing.plan([0] * 3, [8] * 3, 8, multiple=2).num_buffers == 4
+    assert packing.plan([0] * 3, [8] * 3, 8, num_buffers=5).num_buffers == 5
+    assert [packing.num_buckets(n) for n in range(1, 14)] == [
+        1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16,
+    ]  # fmt: skip
 
 
 def test_bad_plans_are_refused_never_silently_dropped():
@@ -216,9 +222,9 @@ def test_packed_model_forward_and_gradient_equal_the_padded_batch(impl):
 
 @pytest.mark.parametrize("chunk", [0, 3])
 def test_packed_completion_logprobs_and_policy_gradient_equal_the_padded_pass(chunk):
-    """`steps.completion_logprobs` with a packing plan: the completion tokens' log-probs and
-    the gradient of a masked per-token loss equal the padded pass (left-padded prompts,
-    right-padded completions of ragged lengths), with and without the chunked LM head."""
+    """`steps.packed_completion_logprobs`: the completion tokens' log-probs and the gradient of
+    a masked per-token loss equal the padded pass (left-padded prompts, right-padded completions
+    of ragged lengths), with and without the chunked LM head."""
 
     from grpo_jax import steps
     from grpo_jax.models import get_preset
@@ -233,21 +239,26 @@ def test_packed_completion_logprobs_and_policy_gradient_equal_the_padded_pass(ch
     cols = np.arange(Lp + Lc)[None]
     mask = (cols >= Lp - np.asarray(prompt)[:, None]) & (cols < Lp + np.asarray(comp)[:, None])
     cmask = mask[:, Lp:]
-    plan = packing.plan_for_batch(mask, buffer_len=16)
-    assert plan.num_tokens == int(mask[:, :-1].sum()) and plan.num_buffers < R
+    micro = packing.micro_batches(
+        *packing.spans(mask), buffer_len=16, buffers_per_micro=1, scored=(Lp - 1, comp)
+    )
+    assert int((micro.segment_ids > 0).sum()) == int(mask[:, :-1].sum()) and micro.num_micro < R
     w = rng.normal(size=(R, Lc)).astype(np.float32) * cmask
 
-    def lp(params, plan_arrays):
+    def padded(params):
         return steps.completion_logprobs(
-            graphdef, params, tokens, jnp.asarray(mask), Lp, 0.7,
-            logprob_chunk_size=chunk, packing_plan=plan_arrays,
-        )  # fmt: skip
+            graphdef, params, tokens, jnp.asarray(mask), Lp, 0.7, logprob_chunk_size=chunk
+        )
 
-    want = np.asarray(jax.jit(lambda p: lp(p, None))(params))
-    got = np.asarray(jax.jit(lp)(params, packing.arrays(plan)))
+    def packed(params, micro):
+        return steps.packed_completion_logprobs(
+            graphdef, params, tokens, Lp, 0.7, micro, logprob_chunk_size=chunk
+        )
+
+    want = np.asarray(jax.jit(padded)(params))
+    got = np.asarray(jax.jit(packed)(params, micro))
     np.testing.assert_allclose(got[cmask], want[cmask], rtol=1e-5, atol=1e-5)
-    loss = lambda p, a: jnp.sum(lp(p, a) * w)
-    g_want = jax.jit(jax.grad(lambda p: loss(p, None)))(params)
-    g_got = jax.jit(jax.grad(loss))(params, packing.arrays(plan))
+    g_want = jax.jit(jax.grad(lambda p: jnp.sum(padded(p) * w)))(params)
+    g_got = jax.jit(jax.grad(lambda p, m: jnp.sum(packed(p, m) * w)))(params, micro)
     for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
