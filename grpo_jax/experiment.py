@@ -110,6 +110,11 @@ class Batching:
                 f"config.algorithm.micro_batch_tokens={budget} must be >= 0 (0 = "
                 "micro_batch_size rows' worth)"
             )
+        if budget and not pack:
+            raise ConfigError(
+                "config.algorithm.micro_batch_tokens is read only with "
+                "config.algorithm.pack_sequences=True"
+            )
         if pack and group > 1:
             raise ConfigError(
                 "config.algorithm.pack_sequences and shared_prompt_forward are two layouts of "

@@ -250,12 +250,21 @@ def _scored(starts, lengths, scored):
     return first, count
 
 
-def _micro_need(lengths, count, buffer_len: int, k: int) -> tuple[int, int]:
-    """(micro-batches, scored positions of the fullest buffer) first-fit gives."""
+def _micro_need(lengths, count, buffer_len: int) -> tuple[int, int]:
+    """(buffers, scored positions of the fullest buffer) first-fit gives."""
     buffer_of, _, n = _first_fit(lengths, buffer_len)
     placed = buffer_of >= 0
     per = np.bincount(buffer_of[placed], weights=count[placed], minlength=1)
-    return -(-n // k), int(per.max())
+    return n, int(per.max())
+
+
+def _shape(n: int, rows: int, k: int, multiple: int) -> tuple[int, int]:
+    """(M, k') for ``n`` needed buffers of ``rows`` rows with tokens, at most ``k`` buffers
+    per micro-batch: M = `num_buckets` of the micro-batches needed, never more than the rows
+    could fill; a single micro-batch holds only the bucketed buffers it needs (a multiple of
+    ``multiple``), so a packed pass never computes more rows' worth than the padded one."""
+    M = min(num_buckets(-(-n // k)), max(1, -(-rows // k)))
+    return (M, k) if M > 1 else (1, min(k, num_buckets(n, multiple)))
 
 
 def micro_batches(
@@ -264,38 +273,41 @@ def micro_batches(
     buffer_len: int,
     buffers_per_micro: int,
     *,
+    multiple: int = 1,
     scored=None,
-    num_micro: int | None = None,
+    shape: tuple[int, int] | None = None,
     head_len: int | None = None,
 ) -> MicroBatches:
     """Rows packed into buffers of ``buffer_len`` tokens (`plan`), the buffers cut into
-    micro-batches of ``buffers_per_micro`` (a forward/backward's token budget is
+    micro-batches of at most ``buffers_per_micro`` (a forward/backward's token budget is
     ``buffers_per_micro * buffer_len``), with the positions whose next-token log-prob is wanted.
 
     Args:
       starts, lengths: [R], each row's span (as `plan`).
-      buffer_len, buffers_per_micro: T and k.
+      buffer_len, buffers_per_micro: T and the most buffers k per micro-batch (a multiple of
+        ``multiple``, the mesh's batch shards).
       scored: (first, count), [R] or scalars: row r's positions ``first .. first + count - 1``
         (in the padded layout) go to output columns ``0 .. count - 1`` (our completions:
         first = Lp - 1, count = the completion's tokens). None: every position of the span.
-      num_micro, head_len: fixed M and H (None: `num_buckets` of what the rows need).
+      shape, head_len: a fixed (M, k') and H (None: `_shape` and `num_buckets` of what the
+        rows need, H at most T).
     Raises:
       ValueError: as `plan` (a row longer than a buffer, a row that would be dropped); scored
-        positions outside their row; more micro-batches or scored positions than ``num_micro``
-        or ``head_len`` allow.
+        positions outside their row; more buffers or scored positions than ``shape`` or
+        ``head_len`` allow.
     """
     k, T = int(buffers_per_micro), int(buffer_len)
     if k < 1:
         raise ValueError(f"packing: buffers_per_micro must be >= 1, got {buffers_per_micro}")
     starts, lengths, T = _checked_rows(starts, lengths, T)
     first, count = _scored(starts, lengths, scored)
-    need, need_h = _micro_need(lengths, count, T, k)
-    M = num_buckets(need) if num_micro is None else int(num_micro)
-    H = num_buckets(need_h) if head_len is None else int(head_len)
-    if need > M or need_h > H:
+    need, need_h = _micro_need(lengths, count, T)
+    M, k = _shape(need, int((lengths > 0).sum()), k, multiple) if shape is None else shape
+    H = min(num_buckets(need_h), T) if head_len is None else int(head_len)
+    if need > M * k or need_h > H:
         raise ValueError(
-            f"packing: the rows need {need} micro-batches and {need_h} scored positions in a "
-            f"buffer, more than {M} and {H}"
+            f"packing: the rows need {need} buffers and {need_h} scored positions in one, more "
+            f"than {M} x {k} and {H}"
         )
     p = plan(starts, lengths, T, num_buffers=M * k)
     R = len(lengths)
@@ -304,18 +316,18 @@ def micro_batches(
     head_col = np.zeros((M * k, H), np.int32)
     used = np.zeros(M * k, np.int64)
     for r in np.flatnonzero((p.buffer_of >= 0) & (count > 0)):
-        b, n = int(p.buffer_of[r]), int(count[r])
+        b, c = int(p.buffer_of[r]), int(count[r])
         u, t0 = int(used[b]), int(p.offset[r] + first[r] - starts[r])
-        head_slot[b, u : u + n] = t0 + np.arange(n)
-        head_row[b, u : u + n] = r
-        head_col[b, u : u + n] = np.arange(n)
-        used[b] += n
+        head_slot[b, u : u + c] = t0 + np.arange(c)
+        head_row[b, u : u + c] = r
+        head_col[b, u : u + c] = np.arange(c)
+        used[b] += c
     if int(used.sum()) != int(count.sum()):  # never silent
         raise ValueError(f"packing: {int(used.sum())} scored positions of {int(count.sum())}")
-    shape, head = (M, k, T), (M, k, H)
+    buffers, head = (M, k, T), (M, k, H)
     return MicroBatches(
-        p.src_row.reshape(shape), p.src_col.reshape(shape), p.segment_ids.reshape(shape),
-        p.positions.reshape(shape), head_slot.reshape(head), head_row.reshape(head),
+        p.src_row.reshape(buffers), p.src_col.reshape(buffers), p.segment_ids.reshape(buffers),
+        p.positions.reshape(buffers), head_slot.reshape(head), head_row.reshape(head),
         head_col.reshape(head), np.where(p.buffer_of >= 0, p.buffer_of // k, -1).astype(np.int32),
     )  # fmt: skip
 
@@ -330,14 +342,15 @@ class StepPlan(NamedTuple):
 
 
 def step_plan(
-    attention_mask, rows, buffer_len: int, buffers_per_micro: int, *, scored=None
+    attention_mask, rows, buffer_len: int, buffers_per_micro: int, *, multiple=1, scored=None
 ) -> StepPlan:
     """Plans every mini-batch of a step (`micro_batches`), counting tokens in and out.
 
     Args:
       attention_mask: host [R, L] bool, the step's batch.
       rows: [I, N, mb] ints, pass i's mini-batch n (each pass a permutation of the R rows).
-      buffer_len, buffers_per_micro, scored: as `micro_batches` (``scored`` over the R rows).
+      buffer_len, buffers_per_micro, multiple, scored: as `micro_batches` (``scored`` over the
+        R rows); every mini-batch gets the same (M, k') and H.
     Raises:
       ValueError: a pass that does not visit every row exactly once, or whose placed tokens
         differ from the batch's (a row would be dropped or doubled; open-instruct#1271), or as
@@ -351,12 +364,16 @@ def step_plan(
     for i in range(I):
         if not np.array_equal(np.sort(rows[i].reshape(-1)), np.arange(R)):
             raise ValueError(f"packing: pass {i}'s mini-batches do not hold each of {R} rows once")
-    needs = [
-        _micro_need(lengths[rows[i, n]], count[rows[i, n]], int(buffer_len), buffers_per_micro)
-        for i in range(I)
-        for n in range(N)
-    ]
-    M, H = (num_buckets(max(x[a] for x in needs)) for a in (0, 1))
+    shapes, heads = [], []
+    for i in range(I):
+        for n in range(N):
+            r = rows[i, n]
+            need, need_h = _micro_need(lengths[r], count[r], int(buffer_len))
+            shapes.append(_shape(need, int((lengths[r] > 0).sum()), buffers_per_micro, multiple))
+            heads.append(need_h)
+    M = max(m for m, _ in shapes)
+    shape = (M, buffers_per_micro) if M > 1 else (1, max(k for _, k in shapes))
+    H = min(num_buckets(max(heads)), int(buffer_len))
     parts = [
         [
             micro_batches(
@@ -365,7 +382,7 @@ def step_plan(
                 buffer_len,
                 buffers_per_micro,
                 scored=(first[rows[i, n]], count[rows[i, n]]),
-                num_micro=M,
+                shape=shape,
                 head_len=H,
             )  # fmt: skip
             for n in range(N)

@@ -339,7 +339,8 @@ def _accumulate_packed(fn, params, batch: Batch, denominator, micro_batches):
     buffer set, every micro-batch against the whole mini-batch's denominator, so loss and
     gradients equal `_accumulate_rows`' (any `loss_agg_mode`: a row lies in one micro-batch, the
     others see it fully masked). Token-mean diagnostics (clip fraction, KL, ratio, TIS) are
-    weighted by each micro-batch's tokens: the mini-batch's own token means."""
+    weighted by each micro-batch's tokens: the mini-batch's own token means (the padded path
+    averages its micro-batches' means, the same only with one micro-batch)."""
 
     def body(acc, xs):
         buffers, j = xs
@@ -353,9 +354,9 @@ def _accumulate_packed(fn, params, batch: Batch, denominator, micro_batches):
         body, _zero_grads(params), (tuple(micro_batches[:7]), jnp.arange(M))
     )
     w = aux["num_tokens"] / jnp.maximum(jnp.sum(aux["num_tokens"]), 1.0)
-    additive = ("per_rollout_loss", *_INTERNAL_AUX, *_SUMMED_AUX)
+    additive = ("per_rollout_loss", "loss_sum", "num_tokens", *_SUMMED_AUX)
     aux = {k: jnp.sum(v, axis=0) if k in additive else jnp.sum(v * w) for k, v in aux.items()}
-    return jnp.sum(loss), aux, grads
+    return jnp.sum(loss), {**aux, "denominator": denominator}, grads
 
 
 def policy_gradients(exp: Experiment) -> Callable:
@@ -576,7 +577,11 @@ def packed_logprob_plan(exp: Experiment, attention_mask) -> packing.MicroBatches
     host [R, L] bool). Raises: ValueError as `packing.micro_batches`."""
     T, k = packing_shape(exp, attention_mask.shape[1])
     return packing.micro_batches(
-        *packing.spans(attention_mask), T, k, scored=_scored_completions(exp, attention_mask)
+        *packing.spans(attention_mask),
+        T,
+        k,
+        multiple=sharding.batch_divisor(exp.mesh),
+        scored=_scored_completions(exp, attention_mask),
     )
 
 
@@ -590,8 +595,8 @@ def packed_step_plan(exp: Experiment, attention_mask, rows) -> packing.StepPlan:
     """The packed update's plan for a batch (host): ``rows`` = `Steps.minibatch_order` of the
     step's shuffle key. Raises: ValueError as `packing.step_plan` (a row would be dropped)."""
     T, k = packing_shape(exp, attention_mask.shape[1])
-    scored = _scored_completions(exp, attention_mask)
-    return packing.step_plan(attention_mask, rows, T, k, scored=scored)
+    scored, div = _scored_completions(exp, attention_mask), sharding.batch_divisor(exp.mesh)
+    return packing.step_plan(attention_mask, rows, T, k, multiple=div, scored=scored)
 
 
 # ----------------------------------------------------------------------------- the bundle

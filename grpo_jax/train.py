@@ -389,7 +389,9 @@ def _batch(exp: Experiment, fns: steps.Steps, run: RunState, rd: Round):
     needs_old = not exp.batching.on_policy or exp.learner.needs_policy_logprobs
     # the packed passes (`config.algorithm.pack_sequences`) are planned on the host
     mask_host = xfer.to_host(attention_mask) if exp.batching.pack_sequences else None
-    plan = None if mask_host is None else steps.packed_logprob_plan(exp, mask_host)
+    plan = None
+    if mask_host is not None and (needs_old or exp.uses_reference):
+        plan = xfer.replicate(exp.mesh, steps.packed_logprob_plan(exp, mask_host))
     logprobs = lambda params: fns.logprobs(params, ro.tokens, attention_mask, plan)
     old_logprobs = logprobs(run.train.params) if needs_old else None
     ref_logprobs = logprobs(run.ref_params) if exp.uses_reference else None
@@ -443,11 +445,11 @@ def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepRes
 
     # 7. the updates: num_iterations passes of mini-batches, on device.
     t = _timer()
-    plan = None
+    plan = ()
     if mask_host is not None:  # packed: the same mini-batches, planned on the host
         rows = xfer.to_host(fns.minibatch_order(order_key))
-        plan = steps.packed_step_plan(exp, mask_host, rows)
-    state, upd = fns.train(run.train, batch, order_key, plan)
+        plan = (xfer.replicate(exp.mesh, steps.packed_step_plan(exp, mask_host, rows)),)
+    state, upd = fns.train(run.train, batch, order_key, *plan)
     truncated = rd.rollouts.truncated.astype(jnp.float32)
     summary = {
         "advantage_abs_mean": jnp.mean(jnp.abs(adv)),

@@ -37,6 +37,12 @@ def put(tree):
     return jax.device_put(tree)
 
 
+def replicate(mesh, tree):
+    """Host (numpy) arrays, or a pytree of them -> arrays replicated over the mesh (every
+    process passes the same values): the packed update's plans (`packing.MicroBatches`)."""
+    return jax.device_put(tree, sharding.replicated(mesh))
+
+
 @contextlib.contextmanager
 def controllers():
     """The GDRO controllers' own crossings: their pure functions (`grpo_jax.gdro`) take numpy or

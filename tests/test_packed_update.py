@@ -51,7 +51,8 @@ def built():
             **{
                 "algorithm.num_iterations": 2,
                 "algorithm.mini_batch_size": 16,
-                "algorithm.micro_batch_tokens": 64,  # 3 buffers of T = 21 per micro-batch
+                "algorithm.pack_sequences": True,
+                "algorithm.micro_batch_tokens": 64,  # at most 3 buffers of T = 21 per micro
             },
         )
     )
@@ -137,11 +138,8 @@ def test_no_row_is_dropped_or_doubled_silently():
     gap[2, 6] = False  # a hole inside row 2's span
     with pytest.raises(ValueError, match="row 2's real tokens are not one contiguous span"):
         packing.spans(gap)
-    with pytest.raises(
-        ValueError,
-        match="need 2 micro-batches and 8 scored positions in a buffer, more than 1 and 8",
-    ):
-        packing.micro_batches(*packing.spans(attn), 8, 1, num_micro=1)
+    with pytest.raises(ValueError, match=r"need 2 buffers and 8 scored positions in one, more"):
+        packing.micro_batches(*packing.spans(attn), 8, 1, shape=(1, 1))
     plan = packing.step_plan(attn, [[[0, 1], [2, 3]], [[3, 0], [2, 1]]], 8, 1)
     assert plan.micro.segment_ids.shape == (2, 2, 2, 1, 8)  # [passes, mini-batches, M, k, T]
     assert int((plan.micro.segment_ids > 0).sum()) == 2 * 8 + 2 * 6  # 2 passes x (8+2+3+1)
@@ -165,6 +163,25 @@ def test_micro_batches_and_scored_slots_by_hand():
         packing.micro_batches(starts, lengths, 8, 1, scored=([4] * 5, [2] * 5))
 
 
+def test_a_pass_never_computes_more_buffers_than_the_padded_one():
+    """k is a most: a micro-batch holds the buffers its rows need (bucketed, a multiple of the
+    shards); more micro-batches than the rows could fill are never made; the LM head's slots
+    per buffer never exceed the buffer."""
+    # 32 rows of 3 tokens, T = 8, k = 32: 16 buffers would be padded's 32 rows at most
+    m = packing.micro_batches(np.zeros(32, int), np.full(32, 3), 8, 32, multiple=4)
+    assert m.segment_ids.shape == (1, 16, 8)  # two rows a buffer: 16 buffers, not 32
+    m = packing.micro_batches(np.zeros(32, int), np.full(32, 3), 8, 32, multiple=6)
+    assert m.segment_ids.shape == (1, 18, 8)  # 16 rounded up to a multiple of 6
+    # 20 rows that each fill a buffer, k = 4: 5 micro-batches (the bucket 6 would add an empty one)
+    m = packing.micro_batches(np.zeros(20, int), np.full(20, 8), 8, 4)
+    assert m.segment_ids.shape == (5, 4, 8)
+    # the head's slots are capped at T: 3 rows of 2 tokens whose both positions are scored
+    m = packing.micro_batches([0, 0, 0], [2, 2, 2], 7, 1)  # one buffer: 6 scored slots <= 7
+    assert m.head_slot.shape == (1, 1, 6)
+    m = packing.micro_batches([0] * 7, [1] * 7, 7, 1)  # 7 scored slots: bucket 8, capped at 7
+    assert m.head_slot.shape == (1, 1, 7)
+
+
 def test_packing_config_is_checked():
     with pytest.raises(ConfigError, match="pack_sequences and shared_prompt_forward"):
         experiment.build_experiment(
@@ -174,6 +191,8 @@ def test_packing_config_is_checked():
         )
     with pytest.raises(ConfigError, match="micro_batch_tokens=-1 must be >= 0"):
         experiment.build_experiment(smoke_config(**{"algorithm.micro_batch_tokens": -1}))
+    with pytest.raises(ConfigError, match="micro_batch_tokens is read only with"):
+        experiment.build_experiment(smoke_config(**{"algorithm.micro_batch_tokens": 64}))
 
 
 @pytest.mark.slow
@@ -187,7 +206,7 @@ def test_packed_run_matches_the_padded_run(tmp_path):
             steps=2,
             **{
                 "algorithm.pack_sequences": pack,
-                "algorithm.micro_batch_tokens": 64,
+                "algorithm.micro_batch_tokens": 64 if pack else 0,
                 "algorithm.mini_batch_size": 16,
                 "algorithm.kl_coef": 0.01,
             },

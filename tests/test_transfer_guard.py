@@ -78,3 +78,21 @@ def test_continuous_batching_crosses_only_at_the_named_crossings(monkeypatch):
         smoke_config("grpo", **{"rollout.decode_slots": 16}), monkeypatch
     )
     assert crossings == 0 and 0 < row["decode_utilisation"] <= 1
+
+
+@pytest.mark.slow  # ~30 s
+def test_the_packed_update_on_an_eight_device_mesh_crosses_only_at_the_named_crossings(
+    monkeypatch,
+):
+    """Its plans are host arrays: they cross by `transfer.replicate`, never implicitly."""
+    cfg = smoke_config(
+        "grpo",
+        **{
+            "algorithm.pack_sequences": True,
+            "algorithm.mini_batch_size": 16,
+            "algorithm.kl_coef": 0.01,
+        },
+    )
+    cfg.mesh.num_devices, cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 8, 2, 2, 2
+    row, crossings = _guarded_step(cfg, monkeypatch)
+    assert crossings == 0 and np.isfinite(row["loss"]) and row["skipped_updates"] == 0
