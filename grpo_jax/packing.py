@@ -11,8 +11,8 @@ padding, k >= 1 = the k-th row of the buffer) and `PackPlan.positions` (restarti
 each row) are what the attention and the rotary embedding read, so that a token attends only
 to earlier tokens of its own row.
 
-The update (`config.algorithm.pack_sequences`) cuts the buffers into micro-batches of ``k``
-buffers, a token budget per forward/backward (`micro_batches`, `MicroBatches`), and plans a
+The update (`config.algorithm.pack_sequences`) cuts the buffers into micro-batches of at most
+``k`` buffers, a token budget per forward/backward (`micro_batches`, `MicroBatches`), and plans a
 step's mini-batches on the host with the device's shuffle (`step_plan`, `StepPlan`), counting
 tokens in and out; `grpo_jax.steps` runs the model on the buffers.
 
@@ -175,11 +175,10 @@ def pack(x, src_row, src_col, segment_ids, fill=0):
     return jnp.where(keep, y, jnp.asarray(fill, y.dtype))
 
 
-def unpack(y, buffer_of, offset, starts, lengths, length: int, fill=0, first: int = 0):
-    """``y`` [B, T, ...] packed -> [R, length - first, ...]: the padded layout's columns
-    ``first .. length - 1`` (outside each row's span: ``fill``; a row of length 0 is all
-    ``fill``). Index arrays from a `PackPlan` (numpy or traced)."""
-    cols = jnp.arange(first, length)[None, :]  # [1, length - first]
+def unpack(y, buffer_of, offset, starts, lengths, length: int, fill=0):
+    """``y`` [B, T, ...] packed -> [R, length, ...] in the padded layout (outside each row's
+    span: ``fill``). Index arrays from a `PackPlan` (numpy or traced)."""
+    cols = jnp.arange(length)[None, :]  # [1, L]
     rel = cols - starts[:, None]  # position within the row
     inside = (rel >= 0) & (rel < lengths[:, None])
     b = jnp.broadcast_to(jnp.maximum(buffer_of, 0)[:, None], rel.shape)

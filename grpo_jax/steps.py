@@ -613,7 +613,7 @@ class Steps:
         stats)`` (group-relative estimator of ``config.algorithm``).
       logprobs: ``(params, tokens [R, L] int32, attention_mask [R, L] bool, micro_batches=None)
         -> [R, Lc]`` (reference / old log-probs, a micro-batch of rows at a time; of packed
-        micro-batches when given a `packing.MicroBatches` (`packed_plans`)).
+        micro-batches when given a `packing.MicroBatches` (`packed_logprob_plan`)).
       finish_batch: ``(state, batch, rewards [R]) -> batch`` (the learner's; PPO: GAE).
       update: ``(state, batch, micro_batches=None) -> (state, metrics)``: one mini-batch step,
         donated state (packed with the batch's `packing.MicroBatches`).
