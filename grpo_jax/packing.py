@@ -103,6 +103,12 @@ def plan(starts, lengths, buffer_len: int, *, multiple: int = 1, num_buffers=Non
     B = num_buckets(need, multiple) if num_buffers is None else int(num_buffers)
     if need > B:
         raise ValueError(f"packing: the rows need {need} buffers of {T}, more than {B}")
+    return _placed(starts, lengths, T, buffer_of, offset, B)
+
+
+def _placed(starts, lengths, T: int, buffer_of, offset, B: int) -> PackPlan:
+    """The `PackPlan` of a first-fit assignment (`_first_fit`) in ``B`` buffers, its tokens
+    counted."""
     src_row = np.zeros((B, T), np.int32)
     src_col = np.zeros((B, T), np.int32)
     segment_ids = np.zeros((B, T), np.int32)
@@ -249,12 +255,10 @@ def _scored(starts, lengths, scored):
     return first, count
 
 
-def _micro_need(lengths, count, buffer_len: int) -> tuple[int, int]:
-    """(buffers, scored positions of the fullest buffer) first-fit gives."""
-    buffer_of, _, n = _first_fit(lengths, buffer_len)
+def _scored_per_buffer(buffer_of, count) -> int:
+    """Scored positions of the fullest buffer of a first-fit assignment."""
     placed = buffer_of >= 0
-    per = np.bincount(buffer_of[placed], weights=count[placed], minlength=1)
-    return n, int(per.max())
+    return int(np.bincount(buffer_of[placed], weights=count[placed], minlength=1).max())
 
 
 def _shape(n: int, rows: int, k: int, multiple: int) -> tuple[int, int]:
@@ -300,7 +304,8 @@ def micro_batches(
         raise ValueError(f"packing: buffers_per_micro must be >= 1, got {buffers_per_micro}")
     starts, lengths, T = _checked_rows(starts, lengths, T)
     first, count = _scored(starts, lengths, scored)
-    need, need_h = _micro_need(lengths, count, T)
+    buffer_of, offset, need = _first_fit(lengths, T)
+    need_h = _scored_per_buffer(buffer_of, count)
     M, k = _shape(need, int((lengths > 0).sum()), k, multiple) if shape is None else shape
     H = min(num_buckets(need_h), T) if head_len is None else int(head_len)
     if need > M * k or need_h > H:
@@ -308,7 +313,7 @@ def micro_batches(
             f"packing: the rows need {need} buffers and {need_h} scored positions in one, more "
             f"than {M} x {k} and {H}"
         )
-    p = plan(starts, lengths, T, num_buffers=M * k)
+    p = _placed(starts, lengths, T, buffer_of, offset, M * k)
     R = len(lengths)
     head_slot = np.zeros((M * k, H), np.int32)
     head_row = np.full((M * k, H), R, np.int32)
@@ -367,9 +372,9 @@ def step_plan(
     for i in range(I):
         for n in range(N):
             r = rows[i, n]
-            need, need_h = _micro_need(lengths[r], count[r], int(buffer_len))
+            buffer_of, _, need = _first_fit(lengths[r], int(buffer_len))
             shapes.append(_shape(need, int((lengths[r] > 0).sum()), buffers_per_micro, multiple))
-            heads.append(need_h)
+            heads.append(_scored_per_buffer(buffer_of, count[r]))
     M = max(m for m, _ in shapes)
     shape = (M, buffers_per_micro) if M > 1 else (1, max(k for _, k in shapes))
     H = min(num_buckets(max(heads)), int(buffer_len))
