@@ -3,11 +3,12 @@ over measured completion lengths, beside the compiled training programs' rooflin
 
 Generation is estimated for each decode the sampler has (`sampler_call_seconds`, from
 `grpo_jax.sampling.decode_read_bytes`: the XLA dense and prefix-shared caches up to their
-attention buckets, and the paged cache under JAX's Pallas TPU paged-attention kernel, which
-reads each group's shared prompt pages once per row and still reads finished rows), and for
-one that is not built (`call_seconds`: a ragged kernel with a log-sum-exp output, reading the
-shared prompt prefix once per group that still has a row decoding and only the filled slots
-of the rows still decoding). The headline is the built decode of the chip (`built_decode`).
+attention buckets, finished rows included, and the paged cache under JAX's Pallas TPU
+paged-attention kernel, which reads each group's shared prompt pages once while a row of it
+decodes and each live row's filled own pages, rounded up to the kernel's block), and for exact
+reads (`call_seconds`: the same reads without page or block rounding, but each step's own
+roofline on the slowest data shard, where `sampler_call_seconds` spreads a call's rows and
+bytes evenly over the shards). The headline is the built decode of the chip (`built_decode`).
 A decode step's seconds are max(bytes / HBM bandwidth, FLOPs / peak) plus the
 tensor-parallel collectives' bytes / chip-to-chip bandwidth (not overlapped); a call waits
 for its longest row. The prompt prefill is compute-bound (2 N FLOPs per prompt token, once
@@ -75,9 +76,8 @@ def draw_lengths(pool, rows: int, seed: int = 0) -> np.ndarray:
 
 def call_seconds(model: DecodeModel, lengths, rates: Rates) -> dict:
     """One sampler call of ``len(lengths)`` rows (completion lengths, >= 1, prefill token
-    included) in ``model``'s layout with a ragged decode kernel that is NOT built (it would
-    need a log-sum-exp output to merge a once-per-group prompt product with the rows' own
-    part): per decode step i (1 .. the longest length - 1) one chip reads its parameters, the
+    included) in ``model``'s layout reading exactly what a ragged decode needs (the paged
+    kernel's reads without page or block rounding): per decode step i (1 .. the longest length - 1) one chip reads its parameters, the
     shared prompt prefix once per group that still has a row decoding (groups x
     ``prompt_len`` slots) and the i filled slots of each row still decoding (a finished row
     reads nothing); the slowest data shard sets each step. The built decodes are
@@ -195,13 +195,15 @@ def sampler_call_seconds(
     cache: str,
     buckets: int = 8,
     page_size: int = 16,
+    compute_tokens: int | None = None,
 ) -> dict:
     """One sampler call as the built static sampler runs it (`grpo_jax.sampling`) with the
     ``cache`` layout: "dense" or "prefix_shared" (XLA, each decode chunk reading its cache up
-    to its attention bucket, ``buckets``), or "paged" (the Pallas TPU kernel: each row reads
-    the pages of its filled slots, its group's shared prompt pages included, so the prompt is
-    read once per ROW; pages of ``page_size`` slots, prompts of ``prompt_len`` tokens);
-    finished rows are still read in all three. `sampling.decode_read_bytes` over all the call's
+    to its attention bucket, ``buckets``; finished rows still read), or "paged" (the Pallas
+    TPU kernel: each group's shared prompt pages once while a row of it decodes, each live
+    row's own filled slots, rounded up to the kernel's block of at most ``compute_tokens``
+    keys; pages of ``page_size`` slots, prompts of ``prompt_len`` tokens; finished rows read
+    nothing). `sampling.decode_read_bytes` over all the call's
     rows with ``model``'s per-chip parameter and slot bytes (the rows spread evenly over the
     data shards), then the same rates as `call_seconds`. Returns `call_seconds`' keys."""
     from grpo_jax import sampling
@@ -218,6 +220,7 @@ def sampler_call_seconds(
         buckets=buckets,
         lengths=L,
         page_size=page_size,
+        compute_tokens=compute_tokens,
     )
     decoded = int((L - 1).sum())
     steps = int(L.max()) - 1
@@ -330,7 +333,7 @@ def _rows_that_fit(usable: float, resident: float, model: DecodeModel, slots: in
 
 DECODES = ("xla_dense", "xla_prefix_shared", "paged", "ragged_lse")
 # the report's generation columns: the three built decodes (`sampler_call_seconds`'s caches)
-# and the ragged kernel with a log-sum-exp output that is not built (`call_seconds`)
+# and exact reads on the slowest data shard each step (`call_seconds`)
 BUILT_CACHES = {"xla_dense": "dense", "xla_prefix_shared": "prefix_shared", "paged": "paged"}
 
 
@@ -548,8 +551,8 @@ def case_lengths(case: dict, measured: dict, seed: int = 0) -> np.ndarray:
 LABELS = {
     "xla_dense": "XLA dense",
     "xla_prefix_shared": "XLA prefix-shared",
-    "paged": "paged, Pallas TPU kernel (prefix read per row)",
-    "ragged_lse": "ragged kernel, prefix read once per group (needs log-sum-exp output; not built)",
+    "paged": "paged, Pallas TPU kernel (prompt read once per group, finished rows skipped)",
+    "ragged_lse": "exact reads, slowest data shard each step (no page or block rounding)",
 }
 
 
@@ -561,8 +564,8 @@ def markdown(results: list[dict]) -> str:
         "| slice | generation layout, rows per call | today (aot roofline) | training (4 updates + 2 "
         "log-prob passes; MaxText MFU) | reshard | generation: layout + "
         + " / + ".join(LABELS[k] for k in DECODES)
-        + " | built decode | synchronous, built (MaxText MFU) | synchronous, not built (ragged "
-        "kernel) | k = 1, same chips, built | k = 1, split, built |",
+        + " | built decode | synchronous, built (MaxText MFU) | synchronous, exact reads, "
+        "slowest shard | k = 1, same chips, built | k = 1, split, built |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:

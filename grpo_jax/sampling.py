@@ -14,8 +14,8 @@ the layer weights are unstacked once before the loops (no per-step copy, slice o
 the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). With
 ``decode_cache="paged"`` (`PagedDecodeCache`, pages with left-aligned prompts, each group's
 full prompt pages once) each step scatters the rows' new keys/values into their pages and
-attends to each row's filled slots (the Pallas TPU paged kernel, or an XLA path; not covered
-by the HLO check). The decode
+attends to each row's filled slots (the Pallas TPU paged kernel, reading each group's prompt
+pages once and nothing for finished rows, or an XLA path; not covered by the HLO check). The decode
 steps run in up to `attention_buckets` chunks, one while_loop each; between chunks the cache
 grows (one copy) to the slots the next chunk's last step needs, so a step attends to at most
 16-ish more slots than it needs rather than all Lp + Lc. The prompt is processed once; there
@@ -38,8 +38,11 @@ import functools
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from grpo_jax.models import attention
+from grpo_jax.models.paged_cache import PagedDecodeCache
 from grpo_jax.models.transformer import (
     DECODE_CACHES,
     init_decode_cache,
@@ -70,7 +73,8 @@ class SamplingConfig:
     stored and read once for its G rows, each row's completion cache separate) or "paged"
     (`PagedDecodeCache`: pages of ``page_size`` slots, prompts left-aligned, each group's full
     prompt pages stored once, and each row attending to its filled slots only; the Pallas TPU
-    paged kernel under ``model.attention_impl`` "splash", XLA elsewhere). Same samples up to
+    paged kernel under ``model.attention_impl`` "splash", which reads the prompt pages once per
+    group and skips finished rows, XLA elsewhere). Same samples up to
     float rounding (the attention output is summed from two products, or the kernel's tiles);
     static batching only (decode_slots = 0).
     page_size: slots per page of the "paged" cache (>= 1; the TPU kernel wants a multiple of 8
@@ -261,6 +265,7 @@ def decode_read_bytes(
     lengths=None,
     prompt_lengths=None,
     page_size: int = 16,
+    compute_tokens: int | None = None,
 ) -> dict:
     """Analytic bytes read per decoded token by the static sampler's decode loop (the roofline
     of a memory-bound decode: time = bytes / bandwidth).
@@ -269,15 +274,20 @@ def decode_read_bytes(
     all-gathered model under FSDP) and the cache slots it attends to, for all ``rows``:
       "dense":         rows x (Lp + c) slots (each row's own copy of its prompt),
       "prefix_shared": rows / G x Lp prompt slots (each group's block once) + rows x c,
-      "paged":         what the Pallas TPU kernel reads from a `PagedDecodeCache`: each row
-                       the pages holding its filled slots, n_r // P full prompt pages and
-                       ceil((n_r % P + i) / P) own pages (P = ``page_size``, n_r the row's
-                       prompt tokens, ``prompt_lengths``; None = Lp each), the shared prompt
-                       pages read by each of the G rows; ``buckets`` does not apply,
+      "paged":         what the Pallas TPU kernel reads from a `PagedDecodeCache`
+                       (`attention.paged_decode_pallas_tpu`): each group with a row still
+                       decoding its n_g // P full prompt pages once, each row still decoding
+                       its own n % P + i slots (prompt's partial page + completion), each
+                       rounded up to the kernel's block (`attention._compute_block` pages of
+                       P = ``page_size`` slots, at most ``compute_tokens``, default
+                       `attention.PAGED_COMPUTE_TOKENS`, over the pages the chunk's cache
+                       holds); n the rows' prompt tokens (``prompt_lengths``, None = Lp each);
+                       finished rows read nothing,
     with c the completion slots read at that step: the end of its decode chunk
     (`decode_buckets` with ``buckets`` = ``SamplingConfig.attention_buckets``), or exactly the
     i filled ones of step i for ``buckets=None`` (a ragged kernel). The loop runs decode steps
-    1 .. max(lengths) - 1 (it exits when every row has ended; finished rows are still read)
+    1 .. max(lengths) - 1 (it exits when every row has ended; the XLA layouts still read
+    finished rows)
     and decodes sum(lengths - 1) tokens (token 0 comes from the prefill); ``lengths``: the
     rows' completion lengths (e.g. `Rollouts.lengths` measured by the sampler), None = every
     row runs to ``new_tokens``. Units: bytes (``kv_bytes_per_slot``: `kv_bytes_per_slot` of
@@ -285,8 +295,8 @@ def decode_read_bytes(
 
     Returns {"params", "prefix", "completion", "total"}: float bytes per decoded token (the
     loop's reads / the tokens it decoded): the parameters, the prompt keys/values, the
-    completion keys/values ("paged": the prompt's n_r slots, and the rest of the pages read,
-    the completion's filled slots and the page rounding).
+    completion keys/values ("paged": the shared pages read and the partial pages' n % P slots,
+    then the rest of the own slots read, the completion's filled slots and the rounding).
     Raises ValueError: rows not a multiple of group_size, no decode step (new_tokens or every
     length < 2), lengths not [rows] in [1, new_tokens], prompt_lengths not [rows] in
     [0, prompt_len], page_size < 1, unknown layout.
@@ -313,9 +323,11 @@ def decode_read_bytes(
             kv_bytes_per_slot,
             prompt_len,
             prompt_lengths,
-            rows,
+            group_size,
             page_size,
-            steps,
+            compute_tokens,
+            lengths,
+            comp,
             decoded,
         )
     prompt_rows = rows if layout == "dense" else rows // group_size
@@ -328,22 +340,44 @@ def decode_read_bytes(
 
 
 def _paged_read_bytes(
-    param_bytes, kv_bytes_per_slot, prompt_len, prompt_lengths, rows, page_size, steps, decoded
+    param_bytes,
+    kv_bytes_per_slot,
+    prompt_len,
+    prompt_lengths,
+    group_size,
+    page_size,
+    compute_tokens,
+    lengths,
+    comp,
+    decoded,
 ) -> dict:
-    """`decode_read_bytes` of the "paged" layout (its docstring): the pages the Pallas kernel
-    reads at each decode step i in ``steps``, per row n // P + ceil((n % P + i) / P) pages."""
+    """`decode_read_bytes` of the "paged" layout (its docstring): decode step i = 1, 2, ...
+    (its chunk's cache holding ``comp[i - 1]`` completion slots) reads, per group with a live
+    row, its full prompt pages once, and per live row its n % P + i own slots, each rounded
+    up to the kernel's block; a row is live at step i while i < its length."""
+    rows = len(lengths)
     n = [prompt_len] * rows if prompt_lengths is None else [int(x) for x in prompt_lengths]
     if len(n) != rows or not all(0 <= x <= prompt_len for x in n):
         raise ValueError(f"prompt_lengths must be {rows} prompt lengths in [0, {prompt_len}]")
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    P = page_size
-    read = sum((x // P + -(-(x % P + i) // P)) * P for i in steps for x in n)  # slots
-    prompt = len(steps) * sum(n)
+    tokens = attention.PAGED_COMPUTE_TOKENS if compute_tokens is None else compute_tokens
+    P, G = page_size, group_size
+    up = lambda x, b: -(-x // b) * b
+    shared_block = attention._compute_block(max(prompt_len // P, 1), P, tokens) * P
+    L, n = np.asarray(lengths, np.int64), np.asarray(n, np.int64)
+    shared = up(n[::G] // P * P, shared_block)  # [groups] slots read per step while live
+    prefix = completion = 0
+    for i, c in enumerate(comp, start=1):
+        own = PagedDecodeCache.own_pages_for(prompt_len, prompt_len + c, P)
+        own_block = attention._compute_block(own, P, tokens) * P
+        live = i < L
+        prefix += int(shared[live.reshape(-1, G).any(1)].sum() + (n % P)[live].sum())
+        completion += int((up(n % P + i, own_block) - n % P)[live].sum())
     out = {
-        "params": len(steps) * param_bytes / decoded,
-        "prefix": prompt * kv_bytes_per_slot / decoded,
-        "completion": (read - prompt) * kv_bytes_per_slot / decoded,
+        "params": len(comp) * param_bytes / decoded,
+        "prefix": prefix * kv_bytes_per_slot / decoded,
+        "completion": completion * kv_bytes_per_slot / decoded,
     }
     return {**out, "total": sum(out.values())}
 
@@ -399,10 +433,12 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, config, max_len
     def body(carry):
         i, tok, cache, done, out_tokens, out_lp, rng = carry
         pos = (prompt_len + i - 1)[:, None]
+        # the paged cache's kernel skips finished rows (their outputs are replaced below)
+        live = ~done[:, None] if config.decode_cache == "paged" else jnp.ones((R, 1), bool)
         hidden, cache = model(
             tok[:, None],
             pos,
-            jnp.ones((R, 1), bool),
+            live,
             cache=cache,
             return_hidden=True,
             layer_params=layers,

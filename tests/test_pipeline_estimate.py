@@ -64,25 +64,28 @@ def test_the_xla_decode_reads_every_row_up_to_its_bucket():
         m, [3, 3], RATES, new_tokens=3, cache="prefix_shared", buckets=1
     )
     assert shared["seconds"] == pytest.approx(2 * (10 + 2 + 4))
-    # the ragged kernel that is not built (log-sum-exp output): 1 then 2 filled slots per
-    # row, the prefix once per group
+    # exact reads: 1 then 2 filled slots per row, the prefix once per group
     assert pe.call_seconds(m, [3, 3], RATES)["seconds"] == pytest.approx(
         (10 + 2 + 2) + (10 + 2 + 4)
     )
 
 
-def test_the_built_paged_kernel_reads_the_shared_prefix_once_per_row():
-    # one group of G = 2 rows, prompts of 2 slots, 3 new tokens. The Pallas TPU kernel reads
-    # each row's pages: pages of 1 slot, step 1 reads (2 prompt + 1 own) slots per row, step 2
-    # (2 + 2): 10 + 6 and 10 + 8 = 34 bytes; a prefix read once per group would be 30
+def test_the_built_paged_kernel_reads_the_prompt_once_per_group_and_skips_finished_rows():
+    # one group of G = 2 rows, prompts of 2 slots, 3 new tokens, rows of 3 and 2 tokens. Pages
+    # and kernel blocks of 1 slot: step 1 reads the group's prompt once (2 slots) and 1 own
+    # slot per row; step 2 (row 1 finished) the prompt and row 0's 2 slots: 14 + 14 bytes,
+    # as exact reads; a prompt read once per row would be 16 + 14
     m = pe.DecodeModel(param_bytes=10, kv_slot_bytes=1, prompt_len=2, group_size=2, data=1)
-    out = pe.sampler_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="paged", page_size=1)
-    assert out["steps"] == 2 and out["seconds"] == pytest.approx(34)
-    assert out["reads"] == pytest.approx({"params": 10, "prefix": 4, "completion": 3})
-    # pages of 4 slots: each row reads its one page (4 slots) at both steps: 20 + 2 x 2 x 4
-    out = pe.sampler_call_seconds(m, [3, 3], RATES, new_tokens=3, cache="paged", page_size=4)
-    assert out["seconds"] == pytest.approx(36)
-    assert out["reads"] == pytest.approx({"params": 10, "prefix": 4, "completion": 4})
+    kw = dict(new_tokens=3, cache="paged")
+    out = pe.sampler_call_seconds(m, [3, 2], RATES, **kw, page_size=1, compute_tokens=1)
+    assert out["steps"] == 2 and out["seconds"] == pytest.approx(28)
+    assert out["reads"] == pytest.approx({"params": 10, "prefix": 2, "completion": 2})
+    assert pe.call_seconds(m, [3, 2], RATES)["seconds"] == pytest.approx(28)
+    # pages and blocks of 4 slots: no full prompt page (the 2 prompt tokens are each row's
+    # partial page), each live row reads its one page: 10 + 2 x 4 and 10 + 4
+    out = pe.sampler_call_seconds(m, [3, 2], RATES, **kw, page_size=4, compute_tokens=4)
+    assert out["seconds"] == pytest.approx(32)
+    assert out["reads"] == pytest.approx({"params": 10, "prefix": 3, "completion": 3})
 
 
 def test_the_headline_is_the_chips_built_decode():

@@ -172,36 +172,113 @@ def test_xla_paged_kernel_equals_softmax_over_each_rows_sequence():
         np.testing.assert_allclose(out[r, 0], ref, atol=1e-5)
 
 
-def test_pallas_tpu_kernel_in_interpret_mode_equals_the_xla_path():
-    # JAX's Pallas TPU paged-attention kernel run by the TPU interpreter on the CPU (~10 s);
-    # head_dim 128 (the kernel's lane tiling); ragged prompts 10 and 3 over pages of 4
-    q, cache, own_len = _random_paged_layer(1)
+@pytest.mark.parametrize("group,prompt_lengths", [(2, (10, 3)), (4, (13, 2))])
+def test_pallas_tpu_kernel_in_interpret_mode_equals_the_xla_path(group, prompt_lengths):
+    # JAX's Pallas TPU paged-attention kernel run by the TPU interpreter on the CPU (~5 s);
+    # head_dim 128 (the kernel's lane tiling); ragged prompts over pages of 4; groups of 2 and
+    # 4 (the prefix call's query block: 4 and 8 rows of the kv head's queries); the rows not
+    # live (finished) may differ but stay finite
+    q, cache, own_len = _random_paged_layer(1, G=group, prompt_lengths=prompt_lengths)
     args = (q, cache.k[0], cache.v[0], cache.prefix_len, own_len, cache.shared_pages)
     ref = attention.paged_decode_xla(*args)
     out = attention.paged_decode_pallas_tpu(*args, interpret=True)
     np.testing.assert_allclose(out, ref, atol=1e-4)
+    live = jnp.arange(q.shape[0]) % 3 != 1
+    live = live.at[:group].set(False)  # group 0 has no live row: it reads no prefix
+    out = attention.paged_decode_pallas_tpu(*args, live=live, interpret=True)
+    np.testing.assert_allclose(out[live], ref[live], atol=1e-4)
+    assert np.isfinite(np.asarray(out)).all()
     assert attention.paged_kernel("splash") == "pallas_tpu"
     assert attention.paged_kernel("einsum") == attention.paged_kernel("cudnn") == "xla"
 
 
+def test_pallas_kernel_reads_each_groups_prompt_once_and_only_live_rows(monkeypatch):
+    # what the two kernel calls are asked to read: the prefix call one sequence per GROUP (its
+    # G rows' queries together) of its full shared pages, 0 keys for a group with no live row;
+    # the own call one sequence per row of its own_len slots, 0 for a row not live
+    calls = []
+    real = attention._pallas_paged_lse
+
+    def spy(q, k_pages, v_pages, lengths, table, interpret=False):
+        calls.append((q.shape, np.asarray(lengths), np.asarray(table)))
+        return real(q, k_pages, v_pages, lengths, table, interpret)
+
+    monkeypatch.setattr(attention, "_pallas_paged_lse", spy)
+    q, cache, own_len = _random_paged_layer(2, G=2, prompt_lengths=(10, 3))  # pages of 4
+    live = jnp.asarray([True, False, False, False])  # group 1 has no live row
+    attention.paged_decode_pallas_tpu(
+        q,
+        cache.k[0],
+        cache.v[0],
+        cache.prefix_len,
+        own_len,
+        cache.shared_pages,
+        live=live,
+        interpret=True,
+    )
+    (own_q, own_lengths, own_table), (pre_q, pre_lengths, pre_table) = calls
+    # 2 kv heads, 2 groups; prompt budget 13 over pages of 4: 3 shared pages per group, then 3
+    # own pages per row (9 per group)
+    K, P, ppg, ps, D = cache.k[0].shape
+    assert (K, P, ppg, ps) == (2, 2, 9, 4)
+    # rows x 4 heads; groups x (2 kv heads x G rows x 2 heads each)
+    assert own_q == (4, 4, D) and pre_q == (2, 8, D)
+    np.testing.assert_array_equal(own_lengths, [4, 0, 0, 0])  # 10 % 4 + 2 completion slots
+    np.testing.assert_array_equal(own_table[1], [6, 7, 8])  # row 1: group 0's pages 6-8
+    np.testing.assert_array_equal(pre_lengths, [8, 0])  # group 0: 2 full pages; group 1: none
+    np.testing.assert_array_equal(pre_table, [[0, 1, 2], [9, 10, 11]])
+
+
+def test_sampler_with_the_pallas_kernel_in_interpret_mode_equals_dense(monkeypatch):
+    # the whole paged sampler with the Pallas TPU kernel (TPU interpreter) in its decode loop,
+    # finished rows skipped, against the dense decode, greedy: the same tokens; log-probs to
+    # the interpreter's rounding (its float32 matmuls take bfloat16 passes, as a TPU's default
+    # precision: ~1e-2 here; a wrong key read would move them by O(1))
+    import functools
+
+    kernel = functools.partial(attention.paged_decode_pallas_tpu, interpret=True)
+    monkeypatch.setitem(attention.PAGED_DECODE_KERNELS, "interpreted", kernel)
+    monkeypatch.setitem(attention.PAGED_KERNEL_OF_IMPL, "einsum", "interpreted")
+    assert attention.paged_kernel("einsum") == "interpreted"
+    toks, mask = _left_pad([p for p in PROMPTS for _ in range(2)], 7)
+    dense = SamplingConfig(max_new_tokens=12, eos_ids=(7, 21), prompt_group_size=2, temperature=0.0)
+    paged = dataclasses.replace(dense, decode_cache="paged", page_size=4)
+    lengths = jnp.asarray([3, 12, 1, 7, 12, 5, 9, 2], jnp.int32)
+    _assert_same_rollouts(GD, PARAMS, toks, mask, dense, paged, lengths, 2, atol=3e-2)
+
+
 def test_decode_read_bytes_paged_by_hand():
     # 1000 parameter bytes, 10 KV bytes per slot, 8 rows in groups of 4, prompt budget 5,
-    # 3 new tokens (decode steps 1 and 2), pages of 4; prompts of 5 tokens (rows 0-3) and 2
-    # (rows 4-7). Rows 0-3: 1 full page + own slots 1 + i -> 1 own page: 8 slots at steps 1
-    # and 2; rows 4-7: own slots 2 + i -> 1 page: 4 slots. Read: 4 x 16 + 4 x 8 = 96 slots,
-    # of which the prompts 2 x (4 x 5 + 4 x 2) = 56; 16 tokens decoded
+    # 3 new tokens (decode steps 1 and 2), pages of 4 read one page per kernel block; prompts
+    # of 5 tokens (group 0) and 2 (group 1). Per step while live: group 0 its 1 full page once
+    # (4 slots), group 1 none; rows 0-3 own slots 1 + i -> 1 page (4 slots, 1 of them prompt),
+    # rows 4-7 own slots 2 + i -> 1 page (2 of them prompt).
     kw = dict(param_bytes=1000, kv_bytes_per_slot=10, rows=8, group_size=4, prompt_len=5)
-    paged = decode_read_bytes(
-        **kw, new_tokens=3, layout="paged", page_size=4, prompt_lengths=[5] * 4 + [2] * 4
-    )
-    assert paged == {"params": 125.0, "prefix": 35.0, "completion": 25.0, "total": 185.0}
-    # pages of 1 slot read exactly the filled ones: the ragged kernel of the dense formula
-    exact = decode_read_bytes(**kw, new_tokens=3, layout="paged", page_size=1)
-    assert exact == decode_read_bytes(**kw, new_tokens=3, layout="dense", buckets=None)
+    kw |= dict(new_tokens=3, layout="paged", page_size=4, compute_tokens=4)
+    prompts = [5] * 4 + [2] * 4
+    # every row to 3 tokens: per step prefix 4 + 4 x 1 + 4 x 2 = 16 slots, own completion
+    # 4 x 3 + 4 x 2 = 20; 2 steps, 16 tokens decoded
+    paged = decode_read_bytes(**kw, prompt_lengths=prompts)
+    assert paged == {"params": 125.0, "prefix": 20.0, "completion": 25.0, "total": 170.0}
+    # group 1 ends after 2 tokens: it reads nothing at step 2 (prefix 8, completion 12 then);
+    # 12 tokens decoded
+    paged = decode_read_bytes(**kw, prompt_lengths=prompts, lengths=[3] * 4 + [2] * 4)
+    assert paged["params"] == pytest.approx(2000 / 12)
+    assert paged["prefix"] == pytest.approx(240 / 12)
+    assert paged["completion"] == pytest.approx(320 / 12)
+    # the kernel's default block (128 keys: the 2 own pages of this cache): 8 own slots a row
+    rounded = decode_read_bytes(**(kw | {"compute_tokens": None}), prompt_lengths=prompts)
+    assert rounded["completion"] == pytest.approx(2 * (4 * 7 + 4 * 6) * 10 / 16)
+    # pages and blocks of 1 slot read exactly the filled ones, the prompt once per group:
+    # the prefix-shared formula of a ragged kernel
+    exact = decode_read_bytes(**(kw | {"page_size": 1, "compute_tokens": 1}))
+    kw_xla = {k: v for k, v in kw.items() if k not in ("layout", "page_size", "compute_tokens")}
+    ragged = decode_read_bytes(**kw_xla, layout="prefix_shared", buckets=None)
+    assert exact == pytest.approx(ragged)
     with pytest.raises(ValueError, match="prompt_lengths"):
-        decode_read_bytes(**kw, new_tokens=3, layout="paged", prompt_lengths=[6] * 8)
+        decode_read_bytes(**kw, prompt_lengths=[6] * 8)
     with pytest.raises(ValueError, match="page_size"):
-        decode_read_bytes(**kw, new_tokens=3, layout="paged", page_size=0)
+        decode_read_bytes(**(kw | {"page_size": 0}))
 
 
 def test_paged_config_is_validated_and_reaches_both_samplers():
@@ -271,8 +348,12 @@ def test_sampler_with_paged_cache_and_pallas_kernel_compiles_for_tpu():
     )
     hlo = compiled.as_text()
     kernels = re.findall(r'custom_call_target="tpu_custom_call"[^\n]*?op_name="([^"]+)"', hlo)
-    # the decode loop runs the kernel per chip on its own rows (`attention._sharded`)
-    assert any("while/body/shard_map" in k and "paged_attention" in k for k in kernels), kernels
+    # the decode loop runs the kernel per chip on its own rows (`attention._sharded`), twice per
+    # layer in each decode chunk's loop: the group's shared prompt pages once, then each row's
+    # own pages
+    decode = [k for k in kernels if "while/body/shard_map" in k and "paged_attention_lse" in k]
+    chunks = len(sampling.decode_buckets(32, 32, sc.attention_buckets))
+    assert len(decode) == 2 * cfg.num_layers * chunks, kernels
 
 
 def test_paged_decode_on_a_data_fsdp_mesh():

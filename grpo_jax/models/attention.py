@@ -540,7 +540,7 @@ def paged_table(prefix_len, rows: int, shared_pages: int, pages_per_group: int, 
 
 
 @register_paged_kernel("xla")
-def paged_decode_xla(q, k_pages, v_pages, prefix_len, own_len, shared_pages: int):
+def paged_decode_xla(q, k_pages, v_pages, prefix_len, own_len, shared_pages: int, live=None):
     """One decode token per row over a `PagedDecodeCache` layer in plain XLA: the group's
     shared pages read once for its G rows (one product per group, as
     `decode_attention_prefix`) and each row's own pages, both under a length mask.
@@ -549,10 +549,12 @@ def paged_decode_xla(q, k_pages, v_pages, prefix_len, own_len, shared_pages: int
     (real prompt tokens per group); own_len [R] int32: filled slots of each row's own pages
     (the prompt's last partial page + the completion so far, this step's token included);
     shared_pages fp (static). Row r attends to its group's first prefix_len // page_size full
-    pages and its own first own_len slots. Returns [R, 1, H, D] in q.dtype; float32 scores,
+    pages and its own first own_len slots. live [R] bool: ignored (every row is computed; the
+    Pallas kernel skips rows not live). Returns [R, 1, H, D] in q.dtype; float32 scores,
     softmax over the concatenated [shared, own] scores, the two value products accumulated in
     float32 and rounded once (equal to the dense decode up to float rounding).
     """
+    del live
     dt = q.dtype
     R, _, H, D = q.shape
     K, P, ppg, ps, _ = k_pages.shape
@@ -576,7 +578,12 @@ def paged_decode_xla(q, k_pages, v_pages, prefix_len, own_len, shared_pages: int
     return out.astype(dt).reshape(R, 1, H, D)
 
 
-def _compute_block(pages: int, page_size: int, tokens: int = 512) -> int:
+# keys per compute block of the Pallas paged kernel (`_compute_block`): a row's reads are its
+# filled slots rounded up to a block (`sampling.decode_read_bytes` counts the rounding)
+PAGED_COMPUTE_TOKENS = 128
+
+
+def _compute_block(pages: int, page_size: int, tokens: int = PAGED_COMPUTE_TOKENS) -> int:
     """The largest divisor of ``pages`` whose pages hold at most ``tokens`` keys (>= 1): the
     Pallas paged kernel's ``pages_per_compute_block`` (it must divide the pages per row)."""
     return max(
@@ -584,51 +591,154 @@ def _compute_block(pages: int, page_size: int, tokens: int = 512) -> int:
     )
 
 
+def _pallas_paged_lse(q, k_pages, v_pages, lengths, table, interpret: bool = False):
+    """JAX's Pallas TPU paged-attention kernel (``jax.experimental.pallas.ops.tpu.
+    paged_attention``'s ``paged_flash_attention_kernel_inline_seq_dim``, single core) launched
+    to return its softmax statistics too, which its own wrapper drops.
+
+    q [B, Hq, D] (scaled; the kernel applies no scale), k_pages / v_pages [K, pages, page_size,
+    D], lengths [B] int32 (keys of sequence b; 0 reads nothing), table [B, n] int32 (sequence
+    b's pages in order). The kernel reads ceil(length / block) blocks of `_compute_block` pages.
+    Returns (out [B, Hq, D] float32, normalised; lse [B, Hq] float32 = log sum exp of the
+    scores, -inf for an empty sequence).
+    """
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pak
+
+    B, Hq, D = q.shape
+    K, _, ps, _ = k_pages.shape
+    ng = Hq // K
+    ppcb = _compute_block(table.shape[1], ps)
+    if ng % 8:  # as the kernel's own wrapper: a [ng, 1, D] float32 block (TPU layout hint)
+        q = q.reshape(B, Hq, 1, D).astype(jnp.float32)
+        spec = pl.BlockSpec((None, ng, None, D), lambda c, b, h, *_: (b, h, 0, 0))
+    else:
+        spec = pl.BlockSpec((None, ng, D), lambda c, b, h, *_: (b, h, 0))
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    buf = pltpu.VMEM((2, ppcb, ps, D), k_pages.dtype)
+    stat = jax.ShapeDtypeStruct((*q.shape[:-1], 1), jnp.float32)
+
+    def launch():
+        return pl.pallas_call(
+            functools.partial(
+                pak.paged_flash_attention_kernel_inline_seq_dim,
+                batch_size=B,
+                pages_per_compute_block=ppcb,
+                pages_per_sequence=table.shape[1],
+                mask_value=pak.DEFAULT_MASK_VALUE,
+                attn_logits_soft_cap=None,
+                megacore_mode=None,
+            ),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=4,  # lengths, table, buffer index, init flag
+                in_specs=[spec, hbm, None, hbm, None],
+                out_specs=[spec, spec, spec],
+                grid=(1, B, K),
+                scratch_shapes=(
+                    buf,
+                    None,
+                    buf,
+                    None,
+                    pltpu.SemaphoreType.DMA((2,)),
+                    pltpu.SemaphoreType.DMA((2,)),
+                ),
+            ),
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "arbitrary", "arbitrary")
+            ),
+            out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), stat, stat],
+            name="paged_attention_lse",
+        )(*args)
+
+    args = (
+        lengths.astype(jnp.int32),
+        table.reshape(-1).astype(jnp.int32),
+        jnp.zeros((1,), jnp.int32),
+        jnp.ones((1,), jnp.int32),
+        q,
+        k_pages,
+        None,
+        v_pages,
+        None,
+    )
+    if interpret:  # the mode is read when the pallas_call is made, so both run under it
+        with pltpu.force_tpu_interpret_mode():
+            out, m, l = launch()
+    else:
+        out, m, l = launch()
+    lse = (m + jnp.log(l)).reshape(B, Hq)
+    return out.reshape(B, Hq, D).astype(jnp.float32), lse
+
+
+def _merge_softmax(out_a, lse_a, out_b, lse_b):
+    """Attention over keys A and B from each part's normalised output [..., D] and log-sum-exp
+    [...] (float32); a part with lse -inf (no key) weighs 0; neither -> 0."""
+    m = jnp.maximum(jnp.maximum(lse_a, lse_b), -1e30)
+    wa, wb = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
+    total = wa + wb
+    total = jnp.where(total > 0, total, 1.0)
+    return (wa[..., None] * out_a + wb[..., None] * out_b) / total[..., None]
+
+
 @register_paged_kernel("pallas_tpu")
 def paged_decode_pallas_tpu(
-    q, k_pages, v_pages, prefix_len, own_len, shared_pages: int, *, interpret: bool = False
+    q,
+    k_pages,
+    v_pages,
+    prefix_len,
+    own_len,
+    shared_pages: int,
+    live=None,
+    *,
+    interpret: bool = False,
 ):
-    """`paged_decode_xla` with JAX's Pallas TPU paged-attention kernel
-    (``jax.experimental.pallas.ops.tpu.paged_attention``, one query per row): each row reads
-    only the pages that hold its filled slots (`paged_table`: its group's full shared pages,
-    then its own), so the shared pages are stored once per group but read by each of its G
-    rows (the kernel returns no log-sum-exp to merge a once-per-group prompt product with).
-    Under a mesh it runs per device on its groups' rows and its kv heads (`_sharded`).
-    ``interpret=True`` runs the kernel in JAX's TPU interpreter (any backend; tests), whose
-    matmuls round as the TPU's default precision (bfloat16 passes). Args/Returns: as
-    `paged_decode_xla`.
+    """`paged_decode_xla` on the TPU with JAX's Pallas paged-attention kernel, in two calls whose
+    softmax statistics are merged (`_pallas_paged_lse`, `_merge_softmax`):
+
+    - the group's shared prompt pages, **once per group**: the G rows' queries of each kv head
+      in one block ([P, K * G * Hg, D]) against the group's prefix_len // page_size full pages;
+    - each row's own pages (the prompt's partial page and its completion): own_len slots.
+
+    So a decode step reads the shared prompt once per group and each row's filled own pages
+    (rounded up to the kernel's block of `PAGED_COMPUTE_TOKENS` keys), nothing else.
+    ``live`` [R] bool (None = every row): a row not live (finished: its output is not used)
+    reads nothing, and a group with no live row reads no prefix; their outputs are then
+    attention over what remains (0 when nothing does). Under a mesh it runs per device on its
+    groups' rows and its kv heads (`_sharded`). ``interpret=True`` runs the kernel in JAX's TPU
+    interpreter (any backend; tests), whose matmuls round as the TPU's default precision
+    (bfloat16 passes). Args/Returns: as `paged_decode_xla`.
     """
-    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-
     R, _, H, D = q.shape
+    if live is None:
+        live = jnp.ones((R,), bool)
 
-    def local(q, k_pages, v_pages, prefix_len, own_len):
+    def local(q, k_pages, v_pages, prefix_len, own_len, live):
         K, P, ppg, ps, _ = k_pages.shape
-        rows = q.shape[0]
-        table = paged_table(prefix_len, rows, shared_pages, ppg, ps)
-        G = rows // P
-        lengths = (jnp.repeat(prefix_len, G) // ps) * ps + own_len
+        rows, fp = q.shape[0], shared_pages
+        G, Hg = rows // P, H // K
+        own = (ppg - fp) // G
         flat = lambda x: x.reshape(K, P * ppg, ps, D)
-        call = functools.partial(
-            paged_attention,
-            (q[:, 0] * jnp.asarray(D**-0.5, q.dtype)),  # the kernel applies no scale
-            flat(k_pages),
-            flat(v_pages),
-            lengths.astype(jnp.int32),
-            table,
-            pages_per_compute_block=_compute_block(table.shape[1], ps),
-        )
-        if interpret:
-            from jax.experimental.pallas import tpu as pltpu
-
-            with pltpu.force_tpu_interpret_mode():
-                return call()[:, None].astype(q.dtype)
-        return call()[:, None].astype(q.dtype)
+        kf, vf = flat(k_pages), flat(v_pages)
+        qs = q[:, 0] * jnp.asarray(D**-0.5, q.dtype)  # [R, H, D]
+        r = jnp.arange(rows, dtype=jnp.int32)[:, None]
+        own_table = (r // G) * ppg + fp + (r % G) * own + jnp.arange(own, dtype=jnp.int32)
+        own_lengths = jnp.where(live, own_len, 0)
+        out, lse = _pallas_paged_lse(qs, kf, vf, own_lengths, own_table, interpret)
+        if fp:
+            qp = qs.reshape(P, G, K, Hg, D).transpose(0, 2, 1, 3, 4).reshape(P, K * G * Hg, D)
+            g = jnp.arange(P, dtype=jnp.int32)[:, None]
+            shared_table = g * ppg + jnp.arange(fp, dtype=jnp.int32)
+            shared_len = jnp.where(live.reshape(P, G).any(1), prefix_len // ps * ps, 0)
+            o_s, l_s = _pallas_paged_lse(qp, kf, vf, shared_len, shared_table, interpret)
+            back = lambda x, *d: x.reshape(P, K, G, Hg, *d).swapaxes(1, 2).reshape(rows, H, *d)
+            out = _merge_softmax(back(o_s, D), back(l_s), out, lse)
+        return out[:, None].astype(q.dtype)
 
     pages = ("heads", "rows", None, None, None)
-    args = (("rows", None, "heads", None), pages, pages, ("rows",), ("rows",))
+    args = (("rows", None, "heads", None), pages, pages, ("rows",), ("rows",), ("rows",))
     return _sharded(local, args, ("rows", None, "heads", None))(
-        q, k_pages, v_pages, prefix_len, own_len
+        q, k_pages, v_pages, prefix_len, own_len, live
     )
 
 

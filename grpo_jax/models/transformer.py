@@ -874,7 +874,7 @@ class Decoder(nnx.Module):
         if isinstance(cache, PrefixDecodeCache):
             return self._decode_prefix(graphdef, layer_params, x, positions, cache)
         if isinstance(cache, PagedDecodeCache):
-            return self._decode_paged(graphdef, layer_params, x, positions, cache)
+            return self._decode_paged(graphdef, layer_params, x, positions, attention_mask, cache)
         c = self.config
         B, T = attention_mask.shape
         S = cache.key_mask.shape[1]
@@ -957,16 +957,20 @@ class Decoder(nnx.Module):
         x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         return x, cache.replace(k=tuple(ks), v=tuple(vs), index=cache.index + 1)
 
-    def _decode_paged(self, graphdef, layer_params, x, positions, cache: PagedDecodeCache):
+    def _decode_paged(
+        self, graphdef, layer_params, x, positions, attention_mask, cache: PagedDecodeCache
+    ):
         """The layers over a `PagedDecodeCache`: one token per row, x [R, 1, E] ->
         (hidden [R, 1, E], the cache with the token's keys/values in each row's next own slot).
         Each layer scatters its R new keys/values into its pages and attends to the row's
         filled slots (`attention.PAGED_DECODE_KERNELS`, chosen by ``model.attention_impl``:
-        the Pallas TPU kernel for "splash", else XLA). Raises ValueError unless T = 1."""
+        the Pallas TPU kernel for "splash", else XLA). attention_mask [R, 1] bool: False marks
+        a row whose output is not used (a finished row: the Pallas kernel reads nothing for
+        it; its token's keys/values are still written). Raises ValueError unless T = 1."""
         c = self.config
         if x.shape[1] != 1:
             raise ValueError(f"a PagedDecodeCache decodes one token per row, got {x.shape[1]}")
-        meta = (cache.prefix_len, cache.own_len(), cache.shared_pages)
+        meta = (cache.prefix_len, cache.own_len(), cache.shared_pages, attention_mask[:, 0])
         ks, vs = list(cache.k), list(cache.v)
         for l in range(c.num_layers):
             block = _layer_block(graphdef, layer_params, l)
