@@ -2,7 +2,8 @@
 addition curriculum, asked in natural language through the chat template.
 
 Arguments: `grpo` (default) | `prompt_gdro` | `rollout_gdro`, optionally `,smoke` (2 RL steps of
-2 prompts x 4 rollouts, 8 held-out problems x 2 samples: a CPU test) and `,paper_gdro`.
+2 prompts x 4 rollouts, 8 held-out problems x 2 samples, the model's first 2 layers: a CPU test)
+and `,paper_gdro`.
 
 The instruct model needs no warm start (``sft.steps = 0``): RL starts from the released weights.
 Difficulty d = 2, 3 (d + 1 digits over two addends, `grpo_jax.data.arithmetic.ladder_problem`);
@@ -76,7 +77,8 @@ def get_config(arg: str = "grpo"):
     if "paper_gdro" in parts:  # the paper's controllers (docs/gdro.md)
         common.paper_gdro(c)
     c.algorithm.shared_prompt_forward = algorithms.get(algorithm).curriculum.fixed_group_size
-    if "smoke" in parts:  # a CPU test: every stage, the least compute (a 135M model's FLOPs)
+    if "smoke" in parts:  # a CPU test: every stage, the least compute
+        c.model.first_layers = 2  # the checkpoint's first 2 of 30 layers (compiles ~15x less)
         c.steps = 2
         c.rollout.prompts_per_step = 2
         c.rollout.max_new_tokens = 8

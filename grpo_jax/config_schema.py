@@ -64,6 +64,9 @@ class ModelSection:
     hf_checkpoint: str = ""
     # tokenizer dir (tokenizer.json [+ tokenizer_config.json]) or hub id; "" = the checkpoint's
     tokenizer: str = ""
+    # keep only the checkpoint's first N layers (a truncated model: smoke tests of a real
+    # checkpoint's pipeline at a fraction of its compute); 0 = all
+    first_layers: int = 0
     gguf_path: str = ""  # GGUF file to load (dequantised); "" = none
     # the model's numerics: their defaults are `ModelConfig`'s (one home), which the run's
     # values override. dtype: compute dtype, float32 | bfloat16

@@ -337,6 +337,13 @@ def _validate_ranges(config) -> None:
             f"config.model.preset={config.model.preset!r} is not one of "
             f"{sorted(model_config_lib.PRESETS)}"
         )
+    _num(config, "model.first_layers", 0, integer=True)
+    if config.model.first_layers and not (config.model.hf_checkpoint or config.model.gguf_path):
+        raise ConfigError(
+            f"config.model.first_layers={config.model.first_layers} keeps a checkpoint's first "
+            "layers; set config.model.hf_checkpoint or config.model.gguf_path, or "
+            "config.model.overrides.num_layers for a preset"
+        )
     for key in config.model.overrides:
         if key not in fields:
             close = difflib.get_close_matches(key, sorted(fields), n=3)

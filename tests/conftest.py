@@ -9,9 +9,10 @@ workers and any subprocess start; they inherit it). Thresholds 0: every program 
 A cached program is the same executable: results are bit-identical (the resume tests compare
 cache-hit runs with the run that compiled, bit for bit). Reads and writes hold JAX's file lock
 (a size cap of 16 GiB turns it on). Set ``JAX_COMPILATION_CACHE_DIR`` yourself to keep a cache
-across sessions; otherwise a fresh temporary one is removed at exit. On CPUs whose LLVM tuning
-flags XLA:CPU's loader refuses (jax#38445: some AVX-512 Xeons) every read misses and the programs
-compile as without a cache; tests/test_compilation_cache.py says so and skips.
+across sessions; otherwise a fresh temporary one is removed at exit. XLA:CPU's loader refuses
+the entries of an AVX-512 target on some Xeons (jax#38445: XLA adds the LLVM tuning flags
++prefer-no-gather/+prefer-no-scatter there, read back as missing CPU features), so every read
+would miss: the tests compile for AVX2 at most (below), whose entries carry no such flag.
 """
 
 import atexit
@@ -25,8 +26,10 @@ import tempfile
 # results stay within every test's tolerance, and each comparison test runs both sides under
 # the same flags (subprocesses inherit them)
 # (a subprocess that sets XLA_FLAGS itself adds $GRPO_JAX_TEST_COMPILE_FLAGS)
+# (--xla_cpu_max_isa=AVX2: the persistent cache's entries are loadable on AVX-512 Xeons too,
+# see above; the tests' tiny programs lose nothing measurable)
 os.environ["GRPO_JAX_TEST_COMPILE_FLAGS"] = (
-    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_max_isa=AVX2"
 )
 os.environ.setdefault(
     "XLA_FLAGS",

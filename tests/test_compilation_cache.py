@@ -68,6 +68,27 @@ def test_a_cache_hit_on_cpu_computes_the_same_bits_as_the_compile(tmp_path):
     assert outs[0][1] == outs[1][1]
 
 
+def test_cache_entries_carry_no_avx512_tuning_flags(tmp_path):
+    # jax#38445: an entry compiled for an AVX-512 target records +prefer-no-gather and
+    # +prefer-no-scatter, which XLA:CPU's loader reads as missing features on some Xeons (every
+    # read misses there). Under the tests' flags (--xla_cpu_max_isa=AVX2, conftest.py) the
+    # entry's recorded target has neither, on any x86 machine
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 only: the flags are x86 LLVM tuning features")
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, check=True)
+    entries = [
+        p for p in tmp_path.iterdir() if p.name.startswith("jit_f-") and p.name.endswith("-cache")
+    ]
+    assert entries, sorted(p.name for p in tmp_path.iterdir())
+    data = compilation_cache.decompress_executable(entries[0].read_bytes())
+    assert b"x86_64" in data  # the recorded target machine is there to read
+    assert b"prefer-no-gather" not in data and b"prefer-no-scatter" not in data
+    assert b"+avx512f" not in data
+
+
 _CRASHES_ONCE = """
 import ctypes, os
 

@@ -332,3 +332,35 @@ def test_tokenizer_from_dir_eos_union_and_errors(tmp_path):
         tok.apply_chat_template([{"role": "user", "content": "a"}])
         == "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_first_layers_keeps_the_checkpoints_first_layers(ckpt):
+    # model.first_layers = 1 of the tiny checkpoint's 2: the first layer's weights exactly,
+    # embedding and final norm unchanged; the config is checked in one line either way
+    from grpo_jax import config_utils
+    from grpo_jax.config_schema import base_config
+    from grpo_jax.errors import ConfigError
+    from grpo_jax.models.from_config import load_model
+
+    cfg, params, path = ckpt
+    assert cfg.num_layers == 2
+    c = base_config()
+    c.model.hf_checkpoint, c.model.first_layers = str(path), 1
+    config_utils.validate(c)
+    model_cfg, _, init = load_model(c, tokenizer=None)
+    assert model_cfg.num_layers == 1
+    got = init()["model"]
+    want = params.to_pure_dict()["model"]
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(a, b[:1]), got["layers"], want["layers"]
+    )
+    np.testing.assert_array_equal(got["embed"], want["embed"])
+    c.model.first_layers = 3
+    with pytest.raises(ConfigError, match=r"first_layers=3: the checkpoint has 2 layers"):
+        load_model(c, tokenizer=None)
+    c.model.first_layers = -1
+    with pytest.raises(ConfigError, match="model.first_layers"):
+        config_utils.validate(c)
+    c.model.hf_checkpoint, c.model.first_layers = "", 1
+    with pytest.raises(ConfigError, match="keeps a checkpoint's first layers"):
+        config_utils.validate(c)

@@ -65,10 +65,26 @@ def _overrides(config, tokenizer, platform) -> dict:
     return overrides
 
 
+def _first_layers(model_cfg, pure, n):
+    """(config, params) of the checkpoint's first ``n`` layers (a truncated model: smoke tests
+    of a real checkpoint's pipeline at a fraction of its compute). Raises ConfigError unless
+    1 <= n <= its layers."""
+    total = model_cfg.num_layers
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= total:
+        raise ConfigError(
+            f"config.model.first_layers={n!r}: the checkpoint has {total} layers; give "
+            f"1..{total}, or 0 for all"
+        )
+    pure = {**pure, "model": {**pure["model"]}}
+    pure["model"]["layers"] = jax.tree.map(lambda x: x[:n], pure["model"]["layers"])
+    return dataclasses.replace(model_cfg, num_layers=n), pure
+
+
 def load_model(config, tokenizer, platform=None):
     """(ModelConfig, graphdef, init) of ``config.model``: a preset initialised from
-    ``config.seed``, or a checkpoint's weights (HF dir / hub id, GGUF) with fresh LoRA adapters
-    when ``model.lora.rank > 0``. ``init() -> params`` (a pure dict) is pure; ``platform``
+    ``config.seed``, or a checkpoint's weights (HF dir / hub id, GGUF; its first
+    ``model.first_layers`` layers when > 0) with fresh LoRA adapters when
+    ``model.lora.rank > 0``. Raises ConfigError: first_layers outside 0..the checkpoint's. ``init() -> params`` (a pure dict) is pure; ``platform``
     (the mesh's devices') resolves ``model.attention_impl="auto"`` (None: the default
     backend's)."""
     mc = config.model
@@ -89,8 +105,10 @@ def load_model(config, tokenizer, platform=None):
         model_cfg, _, params = loading.load_gguf(mc.gguf_path)
     keep = ("dtype", "remat", "attention_impl", "lora_rank", "lora_alpha", "lora_targets")
     model_cfg = dataclasses.replace(model_cfg, **{k: v for k, v in overrides.items() if k in keep})
-    graphdef, _ = nnx.split(abstract_model(model_cfg), nnx.Param)
     pure = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
+    if mc.first_layers:
+        model_cfg, pure = _first_layers(model_cfg, pure, mc.first_layers)
+    graphdef, _ = nnx.split(abstract_model(model_cfg), nnx.Param)
     if mc.param_dtype:
         pure = jax.tree.map(lambda x: x.astype(mc.param_dtype), pure)
     if model_cfg.lora_rank:  # fresh adapters on the loaded base, in its storage dtype
