@@ -301,10 +301,12 @@ def test_paged_config_is_validated_and_reaches_both_samplers():
 
 
 @pytest.mark.slow  # ~20-40 s: libtpu compiles the sampler
-def test_sampler_with_paged_cache_and_pallas_kernel_compiles_for_tpu():
+@pytest.mark.parametrize("axes", [("data",), ("data", "tensor")])
+def test_sampler_with_paged_cache_and_pallas_kernel_compiles_for_tpu(axes):
     # the whole sampler (prefill + decode loops) with the paged cache, attention_impl splash
     # (prefill: splash kernel; decode: the Pallas paged kernel), rows over the 4 chips of a
-    # v5e:2x2 topology, compiled by the real TPU compiler; nothing runs
+    # v5e:2x2 topology, or rows over 2 and kv heads over 2 (each chip's kernel then sees its
+    # own heads), compiled by the real TPU compiler; nothing runs
     import re
 
     from flax import nnx
@@ -317,7 +319,7 @@ def test_sampler_with_paged_cache_and_pallas_kernel_compiles_for_tpu():
 
     if aot.libtpu_missing():
         pytest.skip(aot.libtpu_missing())
-    mesh = Mesh(np.asarray(aot.tpu_devices("v5e-4")), ("data",))
+    mesh = Mesh(np.asarray(aot.tpu_devices("v5e-4")).reshape({1: (4,), 2: (2, 2)}[len(axes)]), axes)
     cfg = get_preset(
         "tiny",
         vocab_size=512,

@@ -709,13 +709,13 @@ def paged_decode_pallas_tpu(
     interpreter (any backend; tests), whose matmuls round as the TPU's default precision
     (bfloat16 passes). Args/Returns: as `paged_decode_xla`.
     """
-    R, _, H, D = q.shape
+    R, D = q.shape[0], q.shape[3]
     if live is None:
         live = jnp.ones((R,), bool)
 
-    def local(q, k_pages, v_pages, prefix_len, own_len, live):
+    def local(q, k_pages, v_pages, prefix_len, own_len, live):  # this device's rows and heads
         K, P, ppg, ps, _ = k_pages.shape
-        rows, fp = q.shape[0], shared_pages
+        rows, H, fp = q.shape[0], q.shape[2], shared_pages
         G, Hg = rows // P, H // K
         own = (ppg - fp) // G
         flat = lambda x: x.reshape(K, P * ppg, ps, D)
