@@ -42,7 +42,6 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax.models import attention
-from grpo_jax.models.paged_cache import PagedDecodeCache
 from grpo_jax.models.transformer import (
     DECODE_CACHES,
     init_decode_cache,
@@ -278,10 +277,10 @@ def decode_read_bytes(
                        (`attention.paged_decode_pallas_tpu`): each group with a row still
                        decoding its n_g // P full prompt pages once, each row still decoding
                        its own n % P + i slots (prompt's partial page + completion), each
-                       rounded up to the kernel's block (`attention._compute_block` pages of
-                       P = ``page_size`` slots, at most ``compute_tokens``, default
-                       `attention.PAGED_COMPUTE_TOKENS`, over the pages the chunk's cache
-                       holds); n the rows' prompt tokens (``prompt_lengths``, None = Lp each);
+                       rounded up to the kernel's block (`attention.paged_block_pages` pages
+                       of P = ``page_size`` slots: at most ``compute_tokens`` keys, default
+                       `attention.PAGED_COMPUTE_TOKENS`); n the rows' prompt tokens
+                       (``prompt_lengths``, None = Lp each);
                        finished rows read nothing,
     with c the completion slots read at that step: the end of its decode chunk
     (`decode_buckets` with ``buckets`` = ``SamplingConfig.attention_buckets``), or exactly the
@@ -351,10 +350,10 @@ def _paged_read_bytes(
     comp,
     decoded,
 ) -> dict:
-    """`decode_read_bytes` of the "paged" layout (its docstring): decode step i = 1, 2, ...
-    (its chunk's cache holding ``comp[i - 1]`` completion slots) reads, per group with a live
-    row, its full prompt pages once, and per live row its n % P + i own slots, each rounded
-    up to the kernel's block; a row is live at step i while i < its length."""
+    """`decode_read_bytes` of the "paged" layout (its docstring): decode step i = 1 ..
+    len(comp) reads, per group with a live row, its full prompt pages once, and per live row
+    its n % P + i own slots, each rounded up to the kernel's block; a row is live at step i
+    while i < its length."""
     rows = len(lengths)
     n = [prompt_len] * rows if prompt_lengths is None else [int(x) for x in prompt_lengths]
     if len(n) != rows or not all(0 <= x <= prompt_len for x in n):
@@ -363,17 +362,15 @@ def _paged_read_bytes(
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     tokens = attention.PAGED_COMPUTE_TOKENS if compute_tokens is None else compute_tokens
     P, G = page_size, group_size
-    up = lambda x, b: -(-x // b) * b
-    shared_block = attention._compute_block(max(prompt_len // P, 1), P, tokens) * P
+    block = attention.paged_block_pages(P, tokens) * P  # keys per kernel block
+    up = lambda x: -(-x // block) * block
     L, n = np.asarray(lengths, np.int64), np.asarray(n, np.int64)
-    shared = up(n[::G] // P * P, shared_block)  # [groups] slots read per step while live
+    shared = up(n[::G] // P * P)  # [groups] slots read per step while a row of it is live
     prefix = completion = 0
-    for i, c in enumerate(comp, start=1):
-        own = PagedDecodeCache.own_pages_for(prompt_len, prompt_len + c, P)
-        own_block = attention._compute_block(own, P, tokens) * P
+    for i in range(1, len(comp) + 1):
         live = i < L
         prefix += int(shared[live.reshape(-1, G).any(1)].sum() + (n % P)[live].sum())
-        completion += int((up(n % P + i, own_block) - n % P)[live].sum())
+        completion += int((up(n % P + i) - n % P)[live].sum())
     out = {
         "params": len(comp) * param_bytes / decoded,
         "prefix": prefix * kv_bytes_per_slot / decoded,

@@ -224,9 +224,12 @@ def test_pallas_kernel_reads_each_groups_prompt_once_and_only_live_rows(monkeypa
     # rows x 4 heads; groups x (2 kv heads x G rows x 2 heads each)
     assert own_q == (4, 4, D) and pre_q == (2, 8, D)
     np.testing.assert_array_equal(own_lengths, [4, 0, 0, 0])  # 10 % 4 + 2 completion slots
-    np.testing.assert_array_equal(own_table[1], [6, 7, 8])  # row 1: group 0's pages 6-8
+    # row 1: group 0's pages 6-8, the table padded with its last page to the kernel's block
+    # (128 keys: 32 pages of 4)
+    assert own_table.shape == (4, 32) and pre_table.shape == (2, 32)
+    np.testing.assert_array_equal(own_table[1], [6, 7] + [8] * 30)
     np.testing.assert_array_equal(pre_lengths, [8, 0])  # group 0: 2 full pages; group 1: none
-    np.testing.assert_array_equal(pre_table, [[0, 1, 2], [9, 10, 11]])
+    np.testing.assert_array_equal(pre_table, [[0, 1] + [2] * 30, [9, 10] + [11] * 30])
 
 
 def test_sampler_with_the_pallas_kernel_in_interpret_mode_equals_dense(monkeypatch):
@@ -266,9 +269,9 @@ def test_decode_read_bytes_paged_by_hand():
     assert paged["params"] == pytest.approx(2000 / 12)
     assert paged["prefix"] == pytest.approx(240 / 12)
     assert paged["completion"] == pytest.approx(320 / 12)
-    # the kernel's default block (128 keys: the 2 own pages of this cache): 8 own slots a row
+    # the kernel's default block (128 keys = 32 pages of 4): 128 slots a row and step
     rounded = decode_read_bytes(**(kw | {"compute_tokens": None}), prompt_lengths=prompts)
-    assert rounded["completion"] == pytest.approx(2 * (4 * 7 + 4 * 6) * 10 / 16)
+    assert rounded["completion"] == pytest.approx(2 * (4 * 127 + 4 * 126) * 10 / 16)
     # pages and blocks of 1 slot read exactly the filled ones, the prompt once per group:
     # the prefix-shared formula of a ragged kernel
     exact = decode_read_bytes(**(kw | {"page_size": 1, "compute_tokens": 1}))

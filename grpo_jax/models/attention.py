@@ -578,16 +578,25 @@ def paged_decode_xla(q, k_pages, v_pages, prefix_len, own_len, shared_pages: int
     return out.astype(dt).reshape(R, 1, H, D)
 
 
-# keys per compute block of the Pallas paged kernel (`_compute_block`): a row's reads are its
-# filled slots rounded up to a block (`sampling.decode_read_bytes` counts the rounding)
+# keys per compute block of the Pallas paged kernel: a sequence's reads are its filled slots
+# rounded up to a block (`sampling.decode_read_bytes` counts the rounding)
 PAGED_COMPUTE_TOKENS = 128
 
 
-def _compute_block(pages: int, page_size: int, tokens: int = PAGED_COMPUTE_TOKENS) -> int:
-    """The largest divisor of ``pages`` whose pages hold at most ``tokens`` keys (>= 1): the
-    Pallas paged kernel's ``pages_per_compute_block`` (it must divide the pages per row)."""
-    return max(
-        [d for d in range(1, pages + 1) if pages % d == 0 and d * page_size <= tokens] or [1]
+def paged_block_pages(page_size: int, tokens: int = PAGED_COMPUTE_TOKENS) -> int:
+    """Pages per compute block of the Pallas paged kernel: as many as hold at most ``tokens``
+    keys (>= 1). Its page tables are padded to a multiple of it (`_padded_table`), so every
+    block is this size whatever the pages a sequence holds."""
+    return max(1, tokens // page_size)
+
+
+def _padded_table(first, pages: int, block: int):
+    """[S, ceil(pages / block) * block] int32 page indices: sequence s's ``pages`` pages
+    first[s] .. first[s] + pages - 1, then its last page repeated (a block past a sequence's
+    length is never read; one that starts inside it reads the repeats: the rounding)."""
+    width = -(-pages // block) * block
+    return (first[:, None] + jnp.minimum(jnp.arange(width, dtype=jnp.int32), pages - 1)).astype(
+        jnp.int32
     )
 
 
@@ -598,7 +607,8 @@ def _pallas_paged_lse(q, k_pages, v_pages, lengths, table, interpret: bool = Fal
 
     q [B, Hq, D] (scaled; the kernel applies no scale), k_pages / v_pages [K, pages, page_size,
     D], lengths [B] int32 (keys of sequence b; 0 reads nothing), table [B, n] int32 (sequence
-    b's pages in order). The kernel reads ceil(length / block) blocks of `_compute_block` pages.
+    b's pages in order, a multiple of `paged_block_pages` wide). The kernel reads
+    ceil(length / block) blocks of `paged_block_pages` pages.
     Returns (out [B, Hq, D] float32, normalised; lse [B, Hq] float32 = log sum exp of the
     scores, -inf for an empty sequence).
     """
@@ -609,7 +619,9 @@ def _pallas_paged_lse(q, k_pages, v_pages, lengths, table, interpret: bool = Fal
     B, Hq, D = q.shape
     K, _, ps, _ = k_pages.shape
     ng = Hq // K
-    ppcb = _compute_block(table.shape[1], ps)
+    ppcb = paged_block_pages(ps)
+    if table.shape[1] % ppcb:
+        raise ValueError(f"page table width {table.shape[1]} is not a multiple of {ppcb}")
     if ng % 8:  # as the kernel's own wrapper: a [ng, 1, D] float32 block (TPU layout hint)
         q = q.reshape(B, Hq, 1, D).astype(jnp.float32)
         spec = pl.BlockSpec((None, ng, None, D), lambda c, b, h, *_: (b, h, 0, 0))
@@ -701,7 +713,8 @@ def paged_decode_pallas_tpu(
     - each row's own pages (the prompt's partial page and its completion): own_len slots.
 
     So a decode step reads the shared prompt once per group and each row's filled own pages
-    (rounded up to the kernel's block of `PAGED_COMPUTE_TOKENS` keys), nothing else.
+    (rounded up to the kernel's block: `paged_block_pages`, 128 keys at pages of 16), nothing
+    else.
     ``live`` [R] bool (None = every row): a row not live (finished: its output is not used)
     reads nothing, and a group with no live row reads no prefix; their outputs are then
     attention over what remains (0 when nothing does). Under a mesh it runs per device on its
@@ -721,14 +734,14 @@ def paged_decode_pallas_tpu(
         flat = lambda x: x.reshape(K, P * ppg, ps, D)
         kf, vf = flat(k_pages), flat(v_pages)
         qs = q[:, 0] * jnp.asarray(D**-0.5, q.dtype)  # [R, H, D]
-        r = jnp.arange(rows, dtype=jnp.int32)[:, None]
-        own_table = (r // G) * ppg + fp + (r % G) * own + jnp.arange(own, dtype=jnp.int32)
+        block = paged_block_pages(ps)
+        r = jnp.arange(rows, dtype=jnp.int32)
+        own_table = _padded_table((r // G) * ppg + fp + (r % G) * own, own, block)
         own_lengths = jnp.where(live, own_len, 0)
         out, lse = _pallas_paged_lse(qs, kf, vf, own_lengths, own_table, interpret)
         if fp:
             qp = qs.reshape(P, G, K, Hg, D).transpose(0, 2, 1, 3, 4).reshape(P, K * G * Hg, D)
-            g = jnp.arange(P, dtype=jnp.int32)[:, None]
-            shared_table = g * ppg + jnp.arange(fp, dtype=jnp.int32)
+            shared_table = _padded_table(jnp.arange(P, dtype=jnp.int32) * ppg, fp, block)
             shared_len = jnp.where(live.reshape(P, G).any(1), prefix_len // ps * ps, 0)
             o_s, l_s = _pallas_paged_lse(qp, kf, vf, shared_len, shared_table, interpret)
             back = lambda x, *d: x.reshape(P, K, G, Hg, *d).swapaxes(1, 2).reshape(rows, H, *d)

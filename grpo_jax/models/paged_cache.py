@@ -20,12 +20,13 @@ class PagedDecodeCache:
     pages (the prompt's first n_g // page_size full pages, stored once for the G rows) followed
     by each of its rows' ``own`` pages (the prompt's partial last page, n_g % page_size tokens
     copied per row, then the row's completion tokens). `attention.paged_table` lists a row's
-    pages in sequence order (what the Pallas kernel reads); the XLA kernel reads the shared
-    pages once per group. Row-major over groups, so the pages shard with the rows.
+    pages in sequence order; both kernels read the shared pages once per group, then each
+    row's own pages. Row-major over groups, so the pages shard with the rows.
 
     prefix_len [P] int32: n_g. index [] int32: completion slots written (the static sampler's
-    rows are all at the same step). shared_pages (static): fp. Every token fed is a real key;
-    a finished row's tail is attended as in the dense cache (its outputs are masked).
+    rows are all at the same step). shared_pages (static): fp. Every token fed is written as a
+    real key; the Pallas kernel reads nothing for a finished row (the XLA path attends its
+    tail as the dense cache does); its outputs are masked either way.
     """
 
     k: tuple

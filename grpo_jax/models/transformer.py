@@ -615,7 +615,7 @@ class Attention(nnx.Module):
         `PrefixDecodeCache`, T = 1): keys/values are (prompt block, completion cache) pairs
         and mask the pair of float32 biases of `attention.decode_attention_prefix`. kv_layout
         "paged" (a `PagedDecodeCache`, T = 1): keys/values a layer's pages, mask the
-        (prefix_len, own_len, shared_pages) of `attention.paged_decode_xla`."""
+        (prefix_len, own_len, shared_pages, live) of `attention.paged_decode_xla`."""
         if kv_layout == "paged":
             kernel = attention.PAGED_DECODE_KERNELS[
                 attention.paged_kernel(attention_impl(self.config))
