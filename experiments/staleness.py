@@ -17,6 +17,7 @@ same figures for pass@8.
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ def _seeds(text):
 
 
 def _run(arm, seed):
-    """Runs one arm at one seed unless its summary exists; returns the summary's eval_after."""
+    """Runs one arm at one seed unless its summary exists; returns its summary.json."""
     workdir = os.path.join(_RUNS.value, f"{arm}_seed{seed}")
     summary = os.path.join(workdir, "summary.json")
     if not os.path.exists(summary):
@@ -64,7 +65,32 @@ def _run(arm, seed):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         print(f"{arm} seed {seed}: {time.time() - start:.0f} s", flush=True)
     with open(summary) as f:
-        return json.load(f)["eval_after"]
+        return json.load(f)
+
+
+def _figures(summary):
+    """The report's figures of one run: held-out after (METRICS), mean@1 before, wall seconds."""
+    out = {m: summary["eval_after"][m] for m in METRICS}
+    out["mean_at_1_before"] = summary["eval_before"]["mean_at_1"]
+    out["wall_seconds"] = summary["wall_seconds"]
+    return out
+
+
+def _machine():
+    """One line: CPU model, cores, Python, jax, the commit the report was built at."""
+    import jax
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, jax {jax.__version__}"
+        f", report built at {head.stdout.strip() or 'unknown commit'}"
+    )
 
 
 def _interval(diffs):
@@ -87,13 +113,15 @@ def report(out, rows):
         "table; k = 1 adds `--config.rollout.max_staleness=1 --config.algorithm.tis_cap=2`.",
         "Criterion (fixed before the runs): within noise when the 95% paired t-interval of "
         "k = 1 minus k = 0 contains 0.",
+        f"Machine: {_machine()}.",
         "",
-        "| seed | mean@1 k = 0 | mean@1 k = 1 | difference | pass@8 k = 0 | pass@8 k = 1 | difference |",
-        "|---|---|---|---|---|---|---|",
+        "| seed | mean@1 before | mean@1 k = 0 | mean@1 k = 1 | difference "
+        "| pass@8 k = 0 | pass@8 k = 1 | difference |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     summary = {"seeds": seeds, "runs": {str(s): rows[s] for s in seeds}}
     for s in seeds:
-        cells = []
+        cells = [f"{rows[s]['k0']['mean_at_1_before']:.4f}"]
         for m in METRICS:
             a, b = rows[s]["k0"][m], rows[s]["k1"][m]
             cells += [f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}"]
@@ -117,6 +145,14 @@ def report(out, rows):
             f"{mean:+.4f}, 95% paired t-interval [{low:+.4f}, {high:+.4f}] over {len(seeds)} "
             f"seeds: {'within noise' if within else 'NOT within noise'}."
         )
+    walls = {a: [rows[s][a]["wall_seconds"] for s in seeds] for a in ARMS}
+    summary["wall_seconds_median"] = {a: float(np.median(w)) for a, w in walls.items()}
+    lines.append(
+        "- Wall seconds per run (warm start, RL steps and evaluations; median over seeds; "
+        "nothing to overlap on one CPU's cores, so no speed-up is expected): "
+        + ", ".join(f"{a} {np.median(w):.0f}" for a, w in walls.items())
+        + "."
+    )
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "staleness.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True)
@@ -135,7 +171,7 @@ def main(argv):
             if not all(os.path.exists(p) for p in paths):
                 continue
         rows[seed] = {arm: _run(arm, seed) for arm in ARMS}
-    rows = {s: {a: {m: r[a][m] for m in METRICS} for a in r} for s, r in rows.items()}
+    rows = {s: {a: _figures(r[a]) for a in r} for s, r in rows.items()}
     if not rows:
         print(f"error: no finished seed under {_RUNS.value}", file=sys.stderr)
         sys.exit(2)
