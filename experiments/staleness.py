@@ -23,8 +23,10 @@ import sys
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from scipy import stats
+
+from grpo_jax import cli
 
 _OUT = flags.DEFINE_string("out", "reports/staleness", "output directory")
 _SEEDS = flags.DEFINE_string("seeds", "8", "N (= seeds 0..N-1) or a list '3,5'")
@@ -42,9 +44,21 @@ METRICS = ("mean_at_1", "pass_at_8")
 
 
 def _seeds(text):
-    if "," in text:
-        return [int(s) for s in text.split(",") if s]
-    return list(range(int(text)))
+    """--seeds: N (seeds 0 .. N-1) or a list "3,5"; raises UsageError naming the flag."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s] if "," in text else list(range(int(text)))
+    except ValueError:
+        raise cli.UsageError(f"--seeds={text}: give N or a list like 3,5") from None
+    if not seeds or min(seeds) < 0:
+        raise cli.UsageError(f"--seeds={text}: give at least one seed, none negative")
+    return seeds
+
+
+def _check_config(spec):
+    """--config: the file must exist (before any run starts); raises UsageError."""
+    path = spec.split(":", 1)[0]
+    if not os.path.isfile(path):
+        raise cli.UsageError(f"--config={spec}: no file {path}")
 
 
 def _run(arm, seed):
@@ -62,7 +76,9 @@ def _run(arm, seed):
             *ARMS[arm],
         ]
         start = time.time()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        code = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+        if code:  # its own error line or traceback is above; its workdir resumes on a rerun
+            raise SystemExit(f"error: {arm} seed {seed}: experiments.run exited {code} ({workdir})")
         print(f"{arm} seed {seed}: {time.time() - start:.0f} s", flush=True)
     with open(summary) as f:
         return json.load(f)
@@ -165,7 +181,10 @@ def main(argv):
     del argv
     out = _OUT.value
     rows = {}
-    for seed in _seeds(_SEEDS.value):
+    seeds = _seeds(_SEEDS.value)
+    if not _REPORT_ONLY.value:
+        _check_config(_CONFIG.value)
+    for seed in seeds:
         if _REPORT_ONLY.value:
             paths = [os.path.join(_RUNS.value, f"{a}_seed{seed}", "summary.json") for a in ARMS]
             if not all(os.path.exists(p) for p in paths):
@@ -173,10 +192,9 @@ def main(argv):
         rows[seed] = {arm: _run(arm, seed) for arm in ARMS}
     rows = {s: {a: _figures(r[a]) for a in r} for s, r in rows.items()}
     if not rows:
-        print(f"error: no finished seed under {_RUNS.value}", file=sys.stderr)
-        sys.exit(2)
+        raise cli.UsageError(f"no finished seed under {_RUNS.value}")
     report(out, rows)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_absl(main)

@@ -138,6 +138,13 @@ CASES = {
         (["--out={root}/d", "--dataset=gsm8k", "--from={missing}"], "{missing}"),
         (["--out={root}/d", "--nope=1"], "nope"),
     ],
+    "experiments.staleness": [
+        (["--seeds=lots"], "--seeds=lots"),
+        (["--seeds=-1,2"], "--seeds=-1,2"),
+        (["--config=configs/nope.py:grpo", "--runs={root}/sr"], "configs/nope.py"),
+        (["--report_only", "--runs={empty}", "--out={root}/st"], "{empty}"),
+        (["--nope=1"], "nope"),
+    ],
     "experiments.simulate_gdro": [
         (["--steps=0", "--out_dir={root}/s"], "--steps"),
         (["--allocators=uniform,bogus", "--out_dir={root}/s"], "bogus"),
