@@ -77,11 +77,11 @@ def draw_lengths(pool, rows: int, seed: int = 0) -> np.ndarray:
 def call_seconds(model: DecodeModel, lengths, rates: Rates) -> dict:
     """One sampler call of ``len(lengths)`` rows (completion lengths, >= 1, prefill token
     included) in ``model``'s layout reading exactly what a ragged decode needs (the paged
-    kernel's reads without page or block rounding): per decode step i (1 .. the longest length - 1) one chip reads its parameters, the
-    shared prompt prefix once per group that still has a row decoding (groups x
-    ``prompt_len`` slots) and the i filled slots of each row still decoding (a finished row
-    reads nothing); the slowest data shard sets each step. The built decodes are
-    `sampler_call_seconds`.
+    kernel's reads without page or block rounding): per decode step i (1 .. the longest
+    length - 1) one chip reads its parameters, the shared prompt prefix once per group that
+    still has a row decoding (groups x ``prompt_len`` slots) and the i filled slots of each
+    row still decoding (a finished row reads nothing); the slowest data shard sets each step.
+    The built decodes are `sampler_call_seconds`.
 
     Returns {"seconds", "prefill_seconds", "decode_seconds", "steps" (decode steps run),
     "tokens" (completion tokens), "reads": {"params", "prefix", "completion"}: bytes per

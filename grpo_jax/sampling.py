@@ -15,8 +15,8 @@ the cache or the weights: tests/test_sampling_hlo.py checks the optimized HLO). 
 ``decode_cache="paged"`` (`PagedDecodeCache`, pages with left-aligned prompts, each group's
 full prompt pages once) each step scatters the rows' new keys/values into their pages and
 attends to each row's filled slots (the Pallas TPU paged kernel, reading each group's prompt
-pages once and nothing for finished rows, or an XLA path; not covered by the HLO check). The decode
-steps run in up to `attention_buckets` chunks, one while_loop each; between chunks the cache
+pages once and nothing for finished rows, or an XLA path; not covered by the HLO check). The
+decode steps run in up to `attention_buckets` chunks, one while_loop each; between chunks the cache
 grows (one copy) to the slots the next chunk's last step needs, so a step attends to at most
 16-ish more slots than it needs rather than all Lp + Lc. The prompt is processed once; there
 is no host sync inside the loops, which exit as soon as every row has produced an EOS id.
@@ -326,7 +326,7 @@ def decode_read_bytes(
             page_size,
             compute_tokens,
             lengths,
-            comp,
+            len(comp),
             decoded,
         )
     prompt_rows = rows if layout == "dense" else rows // group_size
@@ -347,11 +347,11 @@ def _paged_read_bytes(
     page_size,
     compute_tokens,
     lengths,
-    comp,
+    num_steps,
     decoded,
 ) -> dict:
     """`decode_read_bytes` of the "paged" layout (its docstring): decode step i = 1 ..
-    len(comp) reads, per group with a live row, its full prompt pages once, and per live row
+    num_steps reads, per group with a live row, its full prompt pages once, and per live row
     its n % P + i own slots, each rounded up to the kernel's block; a row is live at step i
     while i < its length."""
     rows = len(lengths)
@@ -367,12 +367,12 @@ def _paged_read_bytes(
     L, n = np.asarray(lengths, np.int64), np.asarray(n, np.int64)
     shared = up(n[::G] // P * P)  # [groups] slots read per step while a row of it is live
     prefix = completion = 0
-    for i in range(1, len(comp) + 1):
+    for i in range(1, num_steps + 1):
         live = i < L
         prefix += int(shared[live.reshape(-1, G).any(1)].sum() + (n % P)[live].sum())
         completion += int((up(n % P + i) - n % P)[live].sum())
     out = {
-        "params": len(comp) * param_bytes / decoded,
+        "params": num_steps * param_bytes / decoded,
         "prefix": prefix * kv_bytes_per_slot / decoded,
         "completion": completion * kv_bytes_per_slot / decoded,
     }

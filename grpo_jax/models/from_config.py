@@ -68,7 +68,7 @@ def _overrides(config, tokenizer, platform) -> dict:
 def _first_layers(model_cfg, pure, n):
     """(config, params) of the checkpoint's first ``n`` layers (a truncated model: smoke tests
     of a real checkpoint's pipeline at a fraction of its compute). Raises ConfigError unless
-    1 <= n <= its layers."""
+    1 <= n <= its layers (checked here too: `build_experiment` may be called unvalidated)."""
     total = model_cfg.num_layers
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= total:
         raise ConfigError(
@@ -84,9 +84,9 @@ def load_model(config, tokenizer, platform=None):
     """(ModelConfig, graphdef, init) of ``config.model``: a preset initialised from
     ``config.seed``, or a checkpoint's weights (HF dir / hub id, GGUF; its first
     ``model.first_layers`` layers when > 0) with fresh LoRA adapters when
-    ``model.lora.rank > 0``. Raises ConfigError: first_layers outside 0..the checkpoint's. ``init() -> params`` (a pure dict) is pure; ``platform``
-    (the mesh's devices') resolves ``model.attention_impl="auto"`` (None: the default
-    backend's)."""
+    ``model.lora.rank > 0``. ``init() -> params`` (a pure dict) is pure; ``platform`` (the
+    mesh's devices') resolves ``model.attention_impl="auto"`` (None: the default backend's).
+    Raises ConfigError: ``model.first_layers`` not an integer in 0 .. the checkpoint's layers."""
     mc = config.model
     overrides = _overrides(config, tokenizer, platform)
     if not (mc.hf_checkpoint or mc.gguf_path):
