@@ -39,7 +39,7 @@ EXTRAS_REQUIRE = {
         # a worker that dies in native code (a segfault in XLA) gets its test run once more,
         # shown as "rerun"; assertion failures are never rerun (pytest.ini)
         "pytest-rerunfailures>=15.0",
-        "filelock>=3.12",  # JAX's lock on the tests' shared compilation cache (tests/conftest.py)
+        "filelock>=3.12",  # JAX's lock on a capped compilation cache (experiments.compare's, in its tests)
         "hypothesis>=6.100",
         "nbclient>=0.10",
         "ipykernel>=6.29",

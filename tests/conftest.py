@@ -7,12 +7,19 @@ first compile of each program is written to a directory that the pytest-xdist wo
 subprocesses share through the environment (set here in the controlling process, before the
 workers and any subprocess start; they inherit it). Thresholds 0: every program is cached.
 A cached program is the same executable: results are bit-identical (the resume tests compare
-cache-hit runs with the run that compiled, bit for bit). Reads and writes hold JAX's file lock
-(a size cap of 16 GiB turns it on). Set ``JAX_COMPILATION_CACHE_DIR`` yourself to keep a cache
-across sessions; otherwise a fresh temporary one is removed at exit. XLA:CPU's loader refuses
-the entries of an AVX-512 target on some Xeons (jax#38445: XLA adds the LLVM tuning flags
-+prefer-no-gather/+prefer-no-scatter there, read back as missing CPU features), so every read
-would miss: the tests compile for AVX2 at most (below), whose entries carry no such flag.
+cache-hit runs with the run that compiled, bit for bit). No size cap: a capped JAX cache
+(``JAX_COMPILATION_CACHE_MAX_SIZE`` > 0) takes a file lock and, on every write, stats and reads
+every entry of the directory to decide what to evict, so the suite's ~6,000 writes cost O(N^2):
+late in a CI run one write took 0.1-0.4 s under the lock both workers share, and two Pallas
+interpreter tests took 142 s instead of 27 (benchmarks/test_suite_time.md). Uncapped, entries
+are written in place without a lock; a read that races a write sees a torn entry, which zlib's
+checksum rejects (a miss, one warning, a compile), never a wrong program:
+`tests/test_compilation_cache.py` checks both. Set ``JAX_COMPILATION_CACHE_DIR`` yourself to
+keep a cache across sessions; otherwise a fresh temporary one is removed at exit. XLA:CPU's
+loader refuses the entries of an AVX-512 target on some Xeons (jax#38445: XLA adds the LLVM
+tuning flags +prefer-no-gather/+prefer-no-scatter there, read back as missing CPU features), so
+every read would miss: the tests compile for AVX2 at most (below), whose entries carry no such
+flag.
 """
 
 import atexit
@@ -42,9 +49,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (or a plain 
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# A size cap turns on JAX's file lock around every cache read and write (jax/_src/lru_cache.py:
-# without a cap, entries are written in place, unlocked, while the other worker may read them).
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
+# No cap (-1): no lock and no scan of the whole directory on every write (docstring)
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
 
 import jax
 

@@ -1,5 +1,6 @@
 """The session's persistent compilation cache (tests/conftest.py): set for this process and
-inherited by subprocesses, locked, hit on CPU, and a hit computes the same bits as the compile."""
+inherited by subprocesses, uncapped (no lock, no directory scan per write), hit on CPU, a hit
+computes the same bits as the compile, and a torn entry is a miss, not a wrong program."""
 
 import os
 import subprocess
@@ -40,14 +41,29 @@ def test_the_session_cache_is_set_here_and_in_subprocesses():
     assert out.stdout.strip() == cache
 
 
-def test_the_workers_read_and_write_the_cache_under_its_file_lock():
-    assert jax.config.jax_compilation_cache_max_size > 0  # a cap is what turns the lock on
+def test_the_session_cache_is_uncapped_so_a_write_scans_nothing():
+    # a cap (> 0) makes every write stat and read every entry of the directory (O(N^2) over the
+    # suite's ~6,000 writes, under a lock both workers share): conftest.py
+    assert jax.config.jax_compilation_cache_max_size == -1
     jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(5.0)).block_until_ready()  # opens the cache
     cache = compilation_cache._cache
-    assert cache is not None and cache.eviction_enabled
-    assert cache.lock.lock_file == os.path.join(
-        os.environ["JAX_COMPILATION_CACHE_DIR"], ".lockfile"
+    assert cache is not None and not cache.eviction_enabled
+
+
+def test_a_torn_entry_is_a_miss_with_a_warning_and_the_same_bits(tmp_path):
+    # uncapped, an entry is written in place: a read racing the write sees a prefix of it.
+    # zlib (JAX's codec without zstandard) rejects it, so the program compiles again
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path))
+    run = lambda: subprocess.run(
+        [sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, check=True
     )
+    first = run()
+    (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith("jit_f-")]
+    data = entry.read_bytes()
+    entry.write_bytes(data[: len(data) // 2])
+    torn = run()
+    assert "Error reading persistent compilation cache entry for 'jit_f'" in torn.stderr
+    assert torn.stdout.split()[1] == first.stdout.split()[1]
 
 
 def test_a_cache_hit_on_cpu_computes_the_same_bits_as_the_compile(tmp_path):
