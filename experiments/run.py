@@ -312,6 +312,8 @@ def main(argv):
             )
         finally:
             _ignore_late_signals()
+            if groups is not None:  # the generation group exits with this process
+                groups.release()
     except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact
         _fail(e, 1)
     except (

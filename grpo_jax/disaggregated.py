@@ -25,6 +25,7 @@ and one generation process (a group-wide publisher is not built).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -91,6 +92,16 @@ class Groups:
     def connect(self, exp) -> GenerationGroup:
         """The training group's handle on the generation group (`train.train_and_evaluate`)."""
         return GenerationGroup(exp, name=self.name, timeout_s=self.timeout_s)
+
+    def release(self) -> None:
+        """The training process's last word, whatever ended its run: when it never started the
+        generation group (a refused config, a signal during the set-up), tells it there is no
+        order (``first`` = -1) so it exits too. Otherwise `GenerationGroup.close` has sent the
+        stop order and this does nothing."""
+        # without overwrite: refused (ALREADY_EXISTS) when `GenerationGroup.start` / `close` set
+        # it; a service already gone has nobody to tell
+        with contextlib.suppress(Exception):
+            weight_channel.coordination_client().key_value_set(f"{_ROOT}/{self.name}/first", "-1")
 
 
 def _batch_like(exp):
@@ -226,7 +237,7 @@ def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0) -> int:
       name: the run's channel prefix (as `Groups.name`).
       timeout_s: seconds to wait for an order, a version or room in the stream.
 
-    Returns: the number of batches generated.
+    Returns: the number of batches generated (0 when the trainer stopped before ordering any).
 
     Raises:
       TimeoutError: the trainer wrote no order, published no version or took no batch in time.
@@ -239,7 +250,7 @@ def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0) -> int:
         f"{name}/rollouts", capacity=exp.run.rollout.max_staleness + 1, timeout_s=timeout_s
     )
     n, held, params, done = int(kv.blocking_key_value_get(f"{ns}/first", ms)), None, None, 0
-    while (text := kv.blocking_key_value_get(f"{ns}/order/{n}", ms)) != STOP:
+    while n >= 0 and (text := kv.blocking_key_value_get(f"{ns}/order/{n}", ms)) != STOP:
         order = json.loads(text)
         if order["version"] != held:  # max(n - k, 0): a new version every order after the fill
             params, held = weights.fetch(order["version"], shardings), order["version"]
