@@ -1029,11 +1029,12 @@ def _train(config, workdir, allow_changes, sig, stack, callables, group) -> dict
     if group is not None:  # the generation group generates the rollouts in flight
         generation = group.connect(job.exp)
         stack.callback(generation.close)  # its stop order, whatever ends the run
-        job.complete = generation.complete
-        run = generation.start(run, job.source)
-    if not restored:
+        job.complete = generation.complete  # a checkpoint receives the batches ordered
+        run = generation.start(run, job.source)  # a new run: the first k orders
+    elif not restored:
         # rollouts in flight (rollout.max_staleness): generated now, part of every checkpoint
-        run = fill_in_flight(job.exp, job.fns, run, job.source) if group is None else run
+        run = fill_in_flight(job.exp, job.fns, run, job.source)
+    if not restored:
         job.save(run)
     pending = job.meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
     step = int(run.train.step)
