@@ -165,6 +165,13 @@ _TRAIN_PROCESSES = flags.DEFINE_integer(
     1,
     "Two-group run: processes [0, T) train, [T, num_processes) generate.",
 )
+_CHANNEL_HOST = flags.DEFINE_string(
+    "channel_host",
+    None,
+    "Two-group run: the address the other group reaches this process's weight / rollout "
+    "channels at (default: this host name's address; give the interface the other hosts route "
+    "to).",
+)
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config (file + overrides) and exit."
 )
@@ -251,7 +258,7 @@ def _groups(config):
             f"--role={role} is one group of a two-group jax.distributed job: give "
             "--coordinator_address, --num_processes and --process_id (or GRPO_JAX_*)"
         )
-    groups = disaggregated.Groups(_TRAIN_PROCESSES.value, n)
+    groups = disaggregated.Groups(_TRAIN_PROCESSES.value, n, host=_CHANNEL_HOST.value)
     try:
         groups.check(config)
     except ValueError as e:
@@ -274,7 +281,11 @@ def _generate(config, groups) -> None:
     exp = build_experiment(config, devices=groups.devices)
     try:
         done = disaggregated.generate(
-            exp, steps.make_steps(exp), name=groups.name, timeout_s=groups.timeout_s
+            exp,
+            steps.make_steps(exp),
+            name=groups.name,
+            timeout_s=groups.timeout_s,
+            host=groups.host,
         )
     finally:
         exp.close()

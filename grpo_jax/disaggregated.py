@@ -56,6 +56,7 @@ class Groups:
     num_processes: int
     name: str = "run"
     timeout_s: float = 3600.0  # seconds a side waits for the other (an order, a batch, weights)
+    host: str | None = None  # this process's address for the channels (`weight_channel`)
 
     def check(self, config) -> None:
         T, N = self.train_processes, self.num_processes
@@ -91,7 +92,7 @@ class Groups:
 
     def connect(self, exp) -> GenerationGroup:
         """The training group's handle on the generation group (`train.train_and_evaluate`)."""
-        return GenerationGroup(exp, name=self.name, timeout_s=self.timeout_s)
+        return GenerationGroup(exp, name=self.name, timeout_s=self.timeout_s, host=self.host)
 
     def release(self) -> None:
         """The training process's last word, whatever ended its run: when it never started the
@@ -121,15 +122,17 @@ class GenerationGroup:
     `complete` before a checkpoint, `close` at the end (the stop order).
     """
 
-    def __init__(self, exp, *, name: str = "run", timeout_s: float = 3600.0):
+    def __init__(self, exp, *, name: str = "run", timeout_s: float = 3600.0, host=None):
         self._exp, self._k = exp, exp.run.rollout.max_staleness
         self._kv = weight_channel.coordination_client()
         self._ns = f"{_ROOT}/{name}"
-        self._publisher = weight_channel.WeightPublisher(f"{name}/policy", keep=self._k + 1)
+        self._publisher = weight_channel.WeightPublisher(
+            f"{name}/policy", keep=self._k + 1, host=host
+        )
         self._like = _batch_like(exp)
         self._shardings = jax.tree.map(lambda s: s.sharding, self._like)
         self._receiver = weight_channel.BatchReceiver(
-            f"{name}/rollouts", self._like, timeout_s=timeout_s
+            f"{name}/rollouts", self._like, timeout_s=timeout_s, host=host
         )
         self._queue: list[rollout_queue.Generated] = []
         self._next = None  # the next work order's number (= the step its batch trains)
@@ -228,7 +231,7 @@ class GenerationGroup:
         self._publisher.close()
 
 
-def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0) -> int:
+def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0, host=None) -> int:
     """The generation group's loop (one process): work orders in, rollout batches out, until
     the stop order. Holds no run state: a restarted job starts at the order the trainer names.
 
@@ -236,6 +239,7 @@ def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0) -> int:
       exp, fns: this group's experiment (its mesh: this group's devices) and step programs.
       name: the run's channel prefix (as `Groups.name`).
       timeout_s: seconds to wait for an order, a version or room in the stream.
+      host: this process's address for the channels (default: its host name's address).
 
     Returns: the number of batches generated (0 when the trainer stopped before ordering any).
 
@@ -245,9 +249,14 @@ def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0) -> int:
     kv, ns, ms = weight_channel.coordination_client(), f"{_ROOT}/{name}", int(timeout_s * 1000)
     like = exp.abstract_state.params
     shardings = jax.tree.map(lambda s: s.sharding, like)
-    weights = weight_channel.WeightSubscriber(f"{name}/policy", like, timeout_s=timeout_s)
+    weights = weight_channel.WeightSubscriber(
+        f"{name}/policy", like, timeout_s=timeout_s, host=host
+    )
     sender = weight_channel.BatchSender(
-        f"{name}/rollouts", capacity=exp.run.rollout.max_staleness + 1, timeout_s=timeout_s
+        f"{name}/rollouts",
+        capacity=exp.run.rollout.max_staleness + 1,
+        timeout_s=timeout_s,
+        host=host,
     )
     n, held, params, done = int(kv.blocking_key_value_get(f"{ns}/first", ms)), None, None, 0
     while n >= 0 and (text := kv.blocking_key_value_get(f"{ns}/order/{n}", ms)) != STOP:
