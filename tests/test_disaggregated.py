@@ -99,7 +99,7 @@ def _rows(workdir):
     return [drop(r) if r["step"] == 2 else r for r in rows]
 
 
-@pytest.mark.slow  # ~50 s on 2 cores: the one-process run, then the pair twice (a restart)
+@pytest.mark.slow  # 44-56 s on 2 cores: the one-process run, then the pair twice (a restart)
 def test_two_groups_follow_the_single_host_run_step_for_step_across_a_restart(tmp_path):
     single, pair = tmp_path / "single", tmp_path / "pair"
     # one after the other, so the later runs find the programs compiled (2 cores: at once is
