@@ -160,9 +160,9 @@ class GenerationGroup:
         return run.replace(in_flight=None)
 
     def _order(self, run, source, step: int, key, times: dict) -> rollout_queue.Generated:
-        """Decides the batch for ``step`` and writes its work order (number ``step``)."""
+        """Decides the batch for ``step`` and writes its work order (number ``step``: the orders
+        are written in step order, from `start` on)."""
         gen = train.decide_round(self._exp, run, source, step, times)
-        assert step == self._next, (step, self._next)
         order = {
             "rows": gen.ids[gen.placement.segment_ids].tolist(),
             "key": np.asarray(jax.device_get(key)).tolist(),  # uint32 [2]: the sampling key
