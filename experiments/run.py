@@ -9,6 +9,11 @@ Multi-host (every process runs the same command): `jax.distributed.initialize` i
   - with no arguments (JAX reads the cluster: TPU pod workers, Slurm, Open MPI) when
     `--distributed=on`, or by default (`auto`) when such a multi-process cluster is detected.
 `--distributed=off` never initialises. CPU processes use the gloo collectives.
+
+Two groups (docs/disaggregated.md; `grpo_jax.disaggregated`): with `--role=train` /
+`--role=generate` processes [0, `--train_processes`) train and the rest generate, each group on
+its own devices; every process runs the same command but for its `--role` and `--process_id`,
+with `--config.rollout.max_staleness` >= 1. Supported: one training and one generation process.
 """
 
 import os
@@ -148,6 +153,25 @@ _ALLOW_CHANGES = flags.DEFINE_list(
     "the trajectory, e.g. --allow_changes=reward.format_reward,optimizer.learning_rate "
     "(grpo_jax.config_utils.SAFE_TO_CHANGE lists the fields that never need it).",
 )
+_ROLE = flags.DEFINE_enum(
+    "role",
+    "single",
+    ["single", "train", "generate"],
+    "single: every process trains and generates (the usual run); train / generate: this "
+    "process's group in a two-group run (docs/disaggregated.md).",
+)
+_TRAIN_PROCESSES = flags.DEFINE_integer(
+    "train_processes",
+    1,
+    "Two-group run: processes [0, T) train, [T, num_processes) generate.",
+)
+_CHANNEL_HOST = flags.DEFINE_string(
+    "channel_host",
+    None,
+    "Two-group run: the address the other group reaches this process's weight / rollout "
+    "channels at (default: this host name's address; give the interface the other hosts route "
+    "to).",
+)
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config (file + overrides) and exit."
 )
@@ -198,17 +222,8 @@ def _fail(message, code):
     os._exit(code)
 
 
-def main(argv):
-    del argv
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, _exit_before_training)
-    distributed.initialize(  # a bad setting: ValueError, one `error:` line (cli.run_absl)
-        _DISTRIBUTED.value,
-        _COORDINATOR.value,
-        _NUM_PROCESSES.value,
-        _PROCESS_ID.value,
-        _INIT_TIMEOUT.value,
-    )
+def _loaded_config():
+    """The run's config (file + overrides); a file that failed to load: `cli.UsageError`."""
     try:
         config = _CONFIG.value
         config.get("steps")  # a config file that failed to load raises here
@@ -218,8 +233,83 @@ def main(argv):
             f"--config: {reason}; give a config file and argument, e.g. "
             "--config=configs/arithmetic.py:grpo"
         ) from None
+    return config
+
+
+def _groups(config):
+    """The two-group split of a ``--role=train|generate`` process (None for ``single``), checked
+    before the job is joined where the flags (or GRPO_JAX_*) give the process count and index.
+
+    Raises:
+      cli.UsageError: no distributed job, a role that is not the process's group, or a split
+        or config `disaggregated.Groups.check` refuses.
+    """
+    role = _ROLE.value
+    if role == "single":
+        return None
+    from grpo_jax import disaggregated
+
+    env = os.environ
+    n = _NUM_PROCESSES.value or int(env.get("GRPO_JAX_NUM_PROCESSES") or 0) or None
+    pid = _PROCESS_ID.value
+    pid = pid if pid is not None else int(env.get("GRPO_JAX_PROCESS_ID") or -1)
+    if _DISTRIBUTED.value == "off" or n is None:
+        raise cli.UsageError(
+            f"--role={role} is one group of a two-group jax.distributed job: give "
+            "--coordinator_address, --num_processes and --process_id (or GRPO_JAX_*)"
+        )
+    groups = disaggregated.Groups(_TRAIN_PROCESSES.value, n, host=_CHANNEL_HOST.value)
+    try:
+        groups.check(config)
+    except ValueError as e:
+        raise cli.UsageError(str(e)) from None
+    if pid >= 0 and groups.role(pid) != role:
+        raise cli.UsageError(
+            f"--role={role} on process {pid}: processes [0, {groups.train_processes}) train "
+            f"and [{groups.train_processes}, {n}) generate"
+        )
+    return groups
+
+
+def _generate(config, groups) -> None:
+    """The generation group's process: builds its experiment on its own devices and runs the
+    generation loop until the trainer's stop order."""
+    from grpo_jax import config_utils, disaggregated, steps
+    from grpo_jax.experiment import build_experiment
+
+    config_utils.validate(config)
+    exp = build_experiment(config, devices=groups.devices)
+    try:
+        done = disaggregated.generate(
+            exp,
+            steps.make_steps(exp),
+            name=groups.name,
+            timeout_s=groups.timeout_s,
+            host=groups.host,
+        )
+    finally:
+        exp.close()
+    print(f"generation group: {done} batches generated; stopped by the training group", flush=True)
+
+
+def main(argv):
+    del argv
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, _exit_before_training)
+    groups = None if _PRINT_CONFIG.value else _groups(_loaded_config())
+    distributed.initialize(  # a bad setting: ValueError, one `error:` line (cli.run_absl)
+        _DISTRIBUTED.value,
+        _COORDINATOR.value,
+        _NUM_PROCESSES.value,
+        _PROCESS_ID.value,
+        _INIT_TIMEOUT.value,
+    )
+    config = _loaded_config()
     if _PRINT_CONFIG.value:
         print(config)
+        return
+    if groups is not None and _ROLE.value == "generate":
+        _generate(config, groups)
         return
     from grpo_jax import checkpointing, train
     from grpo_jax.rewards import failures as reward_failures
@@ -229,10 +319,12 @@ def main(argv):
     try:
         try:
             result = train.train_and_evaluate(
-                config, _WORKDIR.value, allow_changes=_ALLOW_CHANGES.value
+                config, _WORKDIR.value, allow_changes=_ALLOW_CHANGES.value, group=groups
             )
         finally:
             _ignore_late_signals()
+            if groups is not None:  # the generation group exits with this process
+                groups.release()
     except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact
         _fail(e, 1)
     except (

@@ -259,9 +259,18 @@ class Checkpointer:
       directory: ``<workdir>/checkpoints``; created if missing. Temporary directories left by
         an interrupted save are reported and removed.
       keep: how many of the newest checkpoints to keep.
+      processes: the process indices that save and restore (default: every process of the
+        job); a two-group run passes its training group, so the generation group takes part
+        in no barrier. One process only (`ValueError` otherwise).
     """
 
-    def __init__(self, directory: str, keep: int = 3):
+    def __init__(self, directory: str, keep: int = 3, processes=None):
+        if processes is not None and len(processes) != 1:
+            raise ValueError("Checkpointer: a group of several processes is not supported")
+        # a one-process group of a multi-process job: every array is host-local (`_host_local`:
+        # written as numpy by that process), restored as numpy into the template's layout
+        self._multi = jax.process_count() > 1 and processes is None
+        self._group = processes is not None and jax.process_count() > 1
         self.directory = os.path.abspath(directory)
         self._unreadable: list[int] = []
         if os.path.isdir(self.directory):
@@ -271,13 +280,22 @@ class Checkpointer:
                     f"{len(partial)} incomplete checkpoint(s) in {self.directory} from an interrupted save "
                     f"({', '.join(partial)}); discarding them, the last complete checkpoint is used"
                 )
+        group = {}
+        if processes is not None:  # Orbax's barriers over these processes only
+            os.makedirs(self.directory, exist_ok=True)  # Orbax refuses create=True here
+            group = dict(
+                multiprocessing_options=ocp.options.MultiprocessingOptions(
+                    primary_host=min(processes), active_processes=set(processes)
+                )
+            )
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
-                create=True,
+                create=processes is None,
                 enable_async_checkpointing=False,
                 cleanup_tmp_directories=True,
+                **group,
             ),
             item_names=("state", "meta"),
         )
@@ -342,6 +360,11 @@ class Checkpointer:
         steps = self.all_steps()
         if not steps:
             return None
+        target = abstract_state
+        if self._group:  # a one-process group: every leaf restored as numpy (as written)
+            abstract_state = jax.tree.map(
+                lambda t: np.zeros(t.shape, t.dtype) if hasattr(t, "shape") else t, target
+            )
         errors, unreadable = [], []
         for step in reversed(steps):
             try:
@@ -380,8 +403,14 @@ class Checkpointer:
             self._unreadable = unreadable
             # host-local leaves (numpy templates, see abstract_like) come back as local arrays
             tree = jax.tree.map(
-                lambda t, x: jnp.asarray(x) if isinstance(t, np.ndarray) else x,
-                abstract_state,
+                lambda t, x: (
+                    jax.device_put(x, t.sharding)
+                    if self._group and isinstance(t, jax.ShapeDtypeStruct)
+                    else jnp.asarray(x)
+                    if isinstance(t, np.ndarray)
+                    else x
+                ),
+                target,
                 restored["state"],
             )
             return step, tree, meta
@@ -405,7 +434,7 @@ class Checkpointer:
                     dst, n = f"{src}{UNREADABLE_SUFFIX}.{n}", n + 1
                 os.rename(src, dst)
                 _warn(f"moved unreadable checkpoint {step} to {dst}")
-        if jax.process_count() > 1:
+        if self._multi:
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("grpo_jax.checkpointing.set_aside")

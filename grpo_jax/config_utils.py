@@ -477,14 +477,18 @@ def saved_config(checkpoints_dir: str) -> tuple[int, dict] | None:
     return None
 
 
-def check_workdir(config: ml_collections.ConfigDict, workdir: str, allow_changes=()) -> list[str]:
+def check_workdir(
+    config: ml_collections.ConfigDict, workdir: str, allow_changes=(), *, processes=None
+) -> list[str]:
     """Refuses a workdir that holds a run with an incompatible config (unless overwrite).
 
     The first call writes ``<workdir>/config.json``; later calls compare against it and against
     the config stored in the newest checkpoint (the copy that counts; it stands in for a
     missing config.json), ignoring `SAFE_TO_CHANGE` and the fields in ``allow_changes``.
     Multi-process runs: every process compares, only process 0 writes (or clears, on
-    overwrite), and all of them wait for it before returning.
+    overwrite), and all of them wait for it before returning. ``processes``: the process
+    indices that run it (default: every process of the job; a two-group run passes its
+    training group, which must then be one process: the barrier spans the whole job).
 
     Returns: the allowed changes (``"path: old -> new"``; empty for a new or unchanged run).
     Raises:
@@ -492,7 +496,9 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str, allow_changes
       ``--allow_changes``.
     """
 
-    if jax.process_count() > 1:
+    if processes is not None and len(processes) > 1:
+        raise ValueError("check_workdir: a group of several processes is not supported")
+    if processes is None and jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         try:

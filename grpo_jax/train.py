@@ -130,30 +130,38 @@ def sample_round(exp: Experiment, fns: steps.Steps, run: RunState, source, key) 
 def dispatch_round(
     exp: Experiment, fns: steps.Steps, run: RunState, source, key, step: int, times: dict
 ) -> rollout_queue.Generated:
-    """Steps 1-3 for the batch step ``step`` trains on: draw, classify and allocate, then the
-    sampler's calls from ``run``'s parameters (dispatched; nothing waits for them). Sets the
-    seconds of each phase in ``times["prepare"]`` / ``times["generate"]``."""
+    """Steps 1-3 for the batch step ``step`` trains on: draw, classify and allocate
+    (`decide_round`), then the sampler's calls from ``run``'s parameters (dispatched; nothing
+    waits for them). Sets the seconds of each phase in ``times["prepare"]`` /
+    ``times["generate"]``."""
+    gen = decide_round(exp, run, source, step, times)
+    rows = gen.ids[gen.placement.segment_ids]
+    t = _timer()
+    if exp.environment is None:
+        (rollouts, util), episode = dispatch_samples(exp, fns, run.train.params, rows, key), None
+    else:  # multi-turn episodes run their turns here, on the host (max_staleness 0 only)
+        (rollouts, episode), util = _episodes(exp, fns, run, rows, key), []
+    times["generate"] = t()
+    return gen.replace(
+        rollouts=rollouts, utilisation=jnp.stack(util) if util else None, episodes=episode
+    )
+
+
+def decide_round(
+    exp: Experiment, run: RunState, source, step: int, times: dict
+) -> rollout_queue.Generated:
+    """Steps 1-2 for the batch step ``step`` trains on: draw, classify and allocate with
+    ``run``'s controllers. Returns a `Generated` of host bookkeeping (version: ``run``'s step)
+    with no rollouts yet; sets ``times["prepare"]``. The two-group run sends its rows to the
+    generation group instead of sampling here (`grpo_jax.disaggregated`)."""
     t = _timer()
     cur = exp.curriculum
     prompts = cur.draw(run.controllers, source, step)
     ids = np.asarray([p["id"] for p in prompts], np.int32)
     placement = cur.allocate(run.controllers, ids)
-    rows = ids[placement.segment_ids]
     times["prepare"] = t()
-
-    t = _timer()
-    if exp.environment is None:
-        (rollouts, util), episode = _dispatch_samples(exp, fns, run, rows, key), None
-    else:  # multi-turn episodes run their turns here, on the host (max_staleness 0 only)
-        (rollouts, episode), util = _episodes(exp, fns, run, rows, key), []
-    times["generate"] = t()
     return rollout_queue.Generated(
-        version=np.int32(int(run.train.step)),
-        ids=ids,
-        placement=placement,
-        rollouts=rollouts,
-        utilisation=jnp.stack(util) if util else None,
-        episodes=episode,
+        version=np.int32(int(run.train.step)), ids=ids, placement=placement, rollouts=None
     )
 
 
@@ -214,12 +222,14 @@ def score_round(
     )
 
 
-def _dispatch_samples(exp: Experiment, fns: steps.Steps, run: RunState, rows, key):
-    """One completion per rollout, the sampler's calls dispatched (nothing waits): (rollouts,
-    the calls' decode utilisations, device scalars of continuous batching)."""
+def dispatch_samples(exp: Experiment, fns: steps.Steps, params, rows, key):
+    """One completion per rollout of the pool's ``rows`` [R] int32, sampled from ``params``
+    (the training layout) with ``key``; the sampler's calls dispatched (nothing waits).
+    Returns (rollouts [R, ...], the calls' decode utilisations: device scalars of continuous
+    batching, else empty)."""
     R, gbs = len(rows), exp.batching.generate_batch_size
     keys = [key] if gbs >= R else _split_keys(key, R // gbs)
-    params = fns.to_generation(run.train.params)  # the sampler's layout, once per round
+    params = fns.to_generation(params)  # the sampler's layout, once per round
     parts = [
         fns.generate(
             params,
@@ -424,14 +434,21 @@ def _step_keys(rng: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return rng, gen_key, jax.random.fold_in(gen_key, 0x5EED)
 
 
-def rl_step(exp: Experiment, fns: steps.Steps, run: RunState, source) -> StepResult:
+def rl_step(
+    exp: Experiment, fns: steps.Steps, run: RunState, source, sample_in_flight=None
+) -> StepResult:
     """One RL step (see the module docstring): sample, score, update, let the curriculum
-    learn. Returns the `StepResult` (new run state, metrics row, placements, outcome)."""
+    learn. Returns the `StepResult` (new run state, metrics row, placements, outcome).
+
+    ``sample_in_flight``: steps 1-4 with rollouts in flight, ``(exp, fns, run, source, key) ->
+    ([Round], the run state's batches in flight after the step)``; default
+    `_sample_in_flight` (this process generates). The two-group run passes
+    `grpo_jax.disaggregated.GenerationGroup.sample` (the generation group generates)."""
     rng, gen_key, order_key = _step_keys(run.train.rng)
 
     # 1-4. prompts -> bins -> allocation -> R rollouts -> rewards
     if exp.run.rollout.max_staleness:  # rollouts in flight: trains on an older batch
-        rounds, in_flight = _sample_in_flight(exp, fns, run, source, gen_key)
+        rounds, in_flight = (sample_in_flight or _sample_in_flight)(exp, fns, run, source, gen_key)
     else:
         rounds, in_flight = _sample(exp, fns, run, source, gen_key), None
     rd = rounds[0] if len(rounds) == 1 else keep_informative_groups(exp, fns, rounds)
@@ -590,17 +607,25 @@ def _metrics_row(exp: Experiment, rounds, rd: Round, upd, summary, diagnostics, 
 
 
 def run_steps(
-    exp: Experiment, fns: steps.Steps, run: RunState, source, *, until: int, hooks=()
+    exp: Experiment,
+    fns: steps.Steps,
+    run: RunState,
+    source,
+    *,
+    until: int,
+    hooks=(),
+    sample_in_flight=None,
 ) -> tuple[RunState, bool]:
     """The RL loop: `rl_step` until ``run.train.step == until``.
 
     After each step every hook is called with its `StepResult`, in order; a hook that returns
     True stops the loop after that step (the others still see it); a hook may raise.
+    ``sample_in_flight``: as for `rl_step`.
 
     Returns: (the last run state, whether a hook stopped the loop).
     """
     while int(run.train.step) < until:
-        result = rl_step(exp, fns, run, source)
+        result = rl_step(exp, fns, run, source, sample_in_flight)
         run = result.run
         stop = False
         for hook in hooks:
@@ -656,7 +681,12 @@ def _say(message: str) -> None:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, *, allow_changes=(), reward_callables=None
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    allow_changes=(),
+    reward_callables=None,
+    group=None,
 ) -> dict:
     """Runs (or resumes) the experiment described by ``config`` in ``workdir``.
 
@@ -668,6 +698,10 @@ def train_and_evaluate(
         change the trajectory (`config_utils.SAFE_TO_CHANGE` never need naming).
       reward_callables: ``{"callable:<name>": callable}`` for the entries of
         ``config.reward.fns`` that name Python callables (`grpo_jax.api.train`).
+      group: the training group of a two-group run (`grpo_jax.disaggregated.Groups`): the
+        mesh is built from its devices, the checkpoints span its processes, and the
+        generation group generates the rollouts in flight. None: this job's every process
+        trains and generates (today's run).
 
     Returns:
       the summary; ``{"preempted": True, "step": int | None, "signal": name}`` after SIGTERM or
@@ -687,7 +721,7 @@ def train_and_evaluate(
     """
     created = not os.path.exists(workdir)
     try:
-        return _train_in(config, workdir, tuple(allow_changes), dict(reward_callables or {}))
+        return _train_in(config, workdir, tuple(allow_changes), dict(reward_callables or {}), group)
     except ConfigError:
         if created and jax.process_index() == 0:
             _remove_unused(workdir)  # a refused new run leaves no workdir behind
@@ -703,7 +737,7 @@ def _remove_unused(workdir: str) -> None:
         os.rmdir(workdir)
 
 
-def _train_in(config, workdir: str, allow_changes: tuple, callables: dict) -> dict:
+def _train_in(config, workdir: str, allow_changes: tuple, callables: dict, group) -> dict:
     # the signal handler first: a signal during the checks or the lock only sets the flag (the
     # set-up then stops before any work), and the lock is released under it too
     with contextlib.ExitStack() as stack:
@@ -716,7 +750,7 @@ def _train_in(config, workdir: str, allow_changes: tuple, callables: dict) -> di
                 os.path.join(workdir, "checkpoints"), "checkpoint directory"
             )
         stack.enter_context(checkpointing.WorkdirLock(workdir))
-        return _train(config, workdir, allow_changes, sig, stack, callables)
+        return _train(config, workdir, allow_changes, sig, stack, callables, group)
 
 
 @dataclasses.dataclass
@@ -737,6 +771,8 @@ class _Job:
     # time.perf_counter() when this process's part of the run began (`_train` sets it)
     wall0: float = dataclasses.field(default_factory=time.perf_counter)
     wall_before: float = 0.0  # seconds of the earlier parts, up to the checkpoint resumed from
+    # the two-group run: the run state with its batches in flight received (`save` calls it)
+    complete: Any = None
 
     def wall_seconds(self) -> float:
         """Seconds of the run so far, over every part (each up to its last checkpoint)."""
@@ -748,6 +784,8 @@ class _Job:
             "config": self.config.to_dict(),
             "wall_seconds": self.wall_seconds(),
         }
+        if self.complete is not None:
+            run = self.complete(run)
         self.ckpt.save(int(run.train.step), run, {**(self.meta if meta is None else meta), **extra})
 
     def evaluate(self, run: RunState) -> dict:
@@ -755,7 +793,7 @@ class _Job:
 
 
 def _start(
-    config, workdir, allow_changes, sig, stack, progress: dict, new_workdir: bool, callables
+    config, workdir, allow_changes, sig, stack, progress: dict, new_workdir: bool, callables, group
 ):
     """Set-up, then the initial state: a checkpoint's arrays restored into the run's shapes
     and shardings, or (a new run) the initialisation, warm start and "before" evaluation.
@@ -763,11 +801,13 @@ def _start(
     saved; ``progress["step"]``: the newest checkpoint's step while restoring, then the
     restored one's). ``new_workdir``: no config.json before this command, so a failed set-up
     removes the one it wrote.
-    ``callables``: the Python API's reward callables (`train_and_evaluate`)."""
+    ``callables``: the Python API's reward callables, ``group``: the training group of a
+    two-group run (`train_and_evaluate`)."""
     config_path = os.path.join(workdir, "config.json")  # written by check_workdir
     with sig.abortable():  # set-up, warm start, "before" evaluation: nothing on disk yet
         try:
-            exp = build_experiment(config, rewards=callables)
+            devices = group.devices if group is not None else None
+            exp = build_experiment(config, rewards=callables, devices=devices)
             stack.callback(exp.close)
             _check_runnable(config, exp)
         except (ValueError, TypeError, FileNotFoundError) as e:  # bad paths, data, values
@@ -777,7 +817,9 @@ def _start(
                 raise
             raise ConfigError(" ".join(str(e).split())) from None
         ckpt = checkpointing.Checkpointer(
-            os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep
+            os.path.join(workdir, "checkpoints"),
+            keep=config.checkpoint.keep,
+            processes=group.processes if group is not None else None,
         )
         stack.callback(ckpt.close)
         job = _Job(
@@ -956,14 +998,15 @@ def _watch_hooks(job: _Job, record):
     return reward_failures, diverged
 
 
-def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
+def _train(config, workdir, allow_changes, sig, stack, callables, group) -> dict:
     new_workdir = not os.path.exists(os.path.join(workdir, "config.json"))
-    changes = config_utils.check_workdir(config, workdir, allow_changes)
+    processes = group.processes if group is not None else None
+    changes = config_utils.check_workdir(config, workdir, allow_changes, processes=processes)
     wall0 = time.perf_counter()
     progress = {}
     try:
         job, run, restored = _start(
-            config, workdir, allow_changes, sig, stack, progress, new_workdir, callables
+            config, workdir, allow_changes, sig, stack, progress, new_workdir, callables, group
         )
     except preemption.Interrupted:
         preemption.quiesce()
@@ -982,9 +1025,16 @@ def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
             *job.meta.get("config_changes", []),
             {"step": int(run.train.step), "changes": changes},
         ]
-    if not restored:
+    generation = None
+    if group is not None:  # the generation group generates the rollouts in flight
+        generation = group.connect(job.exp)
+        stack.callback(generation.close)  # its stop order, whatever ends the run
+        job.complete = generation.complete  # a checkpoint receives the batches ordered
+        run = generation.start(run, job.source)  # a new run: the first k orders
+    elif not restored:
         # rollouts in flight (rollout.max_staleness): generated now, part of every checkpoint
         run = fill_in_flight(job.exp, job.fns, run, job.source)
+    if not restored:
         job.save(run)
     pending = job.meta.pop(_PENDING_EVAL, None)  # a step whose evaluation a signal interrupted
     step = int(run.train.step)
@@ -999,7 +1049,15 @@ def _train(config, workdir, allow_changes, sig, stack, callables) -> dict:
     hooks, finish_step = _step_hooks(job, writer, bar, final_eval)
     stopped = pending is not None and finish_step(run, pending, saved=True)
     if not stopped:
-        run, stopped = run_steps(job.exp, job.fns, run, job.source, until=config.steps, hooks=hooks)
+        run, stopped = run_steps(
+            job.exp,
+            job.fns,
+            run,
+            job.source,
+            until=config.steps,
+            hooks=hooks,
+            sample_in_flight=generation.sample if generation is not None else None,
+        )
     if stopped:
         return {"preempted": True, "step": int(run.train.step), "signal": sig.name}
     try:

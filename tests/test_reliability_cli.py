@@ -71,6 +71,9 @@ def dirs(tmp_path_factory):
     }
 
 
+_PAIR = ["--coordinator_address=localhost:1", "--num_processes=2"]  # never reached: refused first
+_K1 = ["--config.rollout.max_staleness=1", "--workdir={missing}"]
+
 # entry point -> [(argv, what the error line must name)]; {missing} / {empty}: see `dirs`
 CASES = {
     "experiments.run": [
@@ -79,6 +82,11 @@ CASES = {
         (["--config.stepz=3", "--workdir={missing}"], "config.stepz"),
         (["--config.rollout.top_p=2", "--workdir={missing}"], "top_p"),
         (["positional", "--workdir={missing}"], "positional"),
+        # the two-group run (docs/disaggregated.md): refused before joining the job
+        (["--role=generate", "--workdir={missing}"], "--role=generate is one group"),
+        (["--role=train", *_PAIR, "--process_id=0", "--workdir={missing}"], "max_staleness"),
+        (["--role=train", *_PAIR, "--process_id=0", "--train_processes=2", *_K1], "1 <= T"),
+        (["--role=generate", *_PAIR, "--process_id=0", *_K1], "--role=generate on process 0"),
     ],
     "experiments.evaluate": [
         (["--workdir={missing}"], "{missing}"),
