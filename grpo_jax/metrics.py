@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import numpy as np
-import scipy.stats
 
 ArrayLike = int | Sequence[int] | np.ndarray
 
@@ -278,6 +277,8 @@ def clopper_pearson(values, confidence: float = 0.95) -> list[float] | None:
     if values.size == 0 or not np.all((values == 0.0) | (values == 1.0)):
         return None
     n, x, alpha = values.size, int(values.sum()), 1.0 - confidence
+    import scipy.stats  # noqa: PLC0415 (~1 s of the start of every process importing grpo_jax)
+
     low = 0.0 if x == 0 else float(scipy.stats.beta.ppf(alpha / 2, x, n - x + 1))
     high = 1.0 if x == n else float(scipy.stats.beta.ppf(1 - alpha / 2, x + 1, n - x))
     return [low, high]
