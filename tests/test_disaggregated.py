@@ -10,11 +10,11 @@ of both processes that resumes from the checkpoint.
 """
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from processes import finish, free_port
 from workdirs import _same_tree, _state, untimed
 
 from grpo_jax import disaggregated, writers
@@ -44,12 +44,6 @@ ARGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _start(workdir, steps, tmp_path, *extra):
     env = {
         **os.environ,
@@ -68,28 +62,13 @@ def _start(workdir, steps, tmp_path, *extra):
 
 
 def _pair(workdir, steps, tmp_path):
-    port = _free_port()
+    port = free_port()
     flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
     flags.append("--distributed_timeout_s=120")
     return [
         _start(workdir, steps, tmp_path, *flags, f"--role={role}", f"--process_id={pid}")
         for pid, role in enumerate(("train", "generate"))
     ]
-
-
-def _finish(procs, timeout=300):
-    """Waits for every process; returns their (returncode, output) pairs."""
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            outs.append((p.returncode, out))
-    finally:
-        for p in procs:  # one process failing can leave the other waiting for it
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return outs
 
 
 def _rows(workdir):
@@ -104,9 +83,9 @@ def test_two_groups_follow_the_single_host_run_step_for_step_across_a_restart(tm
     single, pair = tmp_path / "single", tmp_path / "pair"
     # one after the other, so the later runs find the programs compiled (2 cores: at once is
     # slower, every process compiling the same programs)
-    runs = _finish([_start(single, 4, tmp_path)])
-    runs += _finish(_pair(pair, 2, tmp_path))  # steps 0-1, checkpoint 2
-    runs += _finish(_pair(pair, 4, tmp_path))  # both restart: resume at step 2
+    runs = finish([_start(single, 4, tmp_path)], timeout=300)
+    runs += finish(_pair(pair, 2, tmp_path), timeout=300)  # steps 0-1, checkpoint 2
+    runs += finish(_pair(pair, 4, tmp_path), timeout=300)  # both restart: resume at step 2
     for rc, out in runs:
         assert rc == 0, out[-3000:]
     first, second = runs[1:3], runs[3:]

@@ -11,12 +11,12 @@ processes with steps=3 that resumes from the checkpoint) must match one process 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from processes import finish, free_port
 
 from configs import arithmetic
 from grpo_jax import train, writers
@@ -54,15 +54,9 @@ COMPARED = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _run_pair(workdir, steps, *, use_env: bool, timeout=600):
     """Runs both processes to completion; returns their (returncode, output) pairs."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for pid in range(2):
         # a persistent compilation cache shared by both phases: the restart reuses the executables
@@ -101,17 +95,7 @@ def _run_pair(workdir, steps, *, use_env: bool, timeout=600):
                 args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            outs.append((p.returncode, out))
-    finally:
-        for p in procs:  # one process failing leaves the other waiting in a collective
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return outs
+    return finish(procs, timeout)
 
 
 def _rows(workdir):

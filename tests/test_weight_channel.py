@@ -8,7 +8,6 @@ must equal the bytes sent, leaf for leaf, with the version carried.
 """
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from processes import finish, free_port
 
 from grpo_jax import weight_channel
 
@@ -23,14 +23,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "weight_channel_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _run_pair(out, timeout=120, *, processes=2, mode=()):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
     procs = [
         subprocess.Popen(
@@ -43,17 +37,7 @@ def _run_pair(out, timeout=120, *, processes=2, mode=()):
         )
         for pid in range(processes)
     ]
-    outs = []
-    try:
-        for p in procs:
-            text, _ = p.communicate(timeout=timeout)
-            outs.append((p.returncode, text))
-    finally:
-        for p in procs:  # one side failing leaves the other blocked on a key
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return outs
+    return finish(procs, timeout)
 
 
 def _load(path):
