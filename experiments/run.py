@@ -309,7 +309,10 @@ def main(argv):
         print(config)
         return
     if groups is not None and _ROLE.value == "generate":
-        _generate(config, groups)
+        try:
+            _generate(config, groups)
+        except cli.BAD_INPUT as e:  # without the job's shutdown, which waits for the trainer
+            _fail(cli.one_line(e), 2)
         return
     from grpo_jax import checkpointing, train
     from grpo_jax.rewards import failures as reward_failures

@@ -544,9 +544,11 @@ def _check_workdir(config, workdir: str, allow_changes, write: bool) -> list[str
     return changes
 
 
-def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
+def first_difference(a: Any, b: Any, prefix: str = "") -> str:
+    """The first field (sorted paths) where the JSON-like trees ``a`` and ``b`` differ, as
+    ``"path: a -> b"``; call it only when they differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
+                return first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
     return f"{prefix.rstrip('.')}: {a!r} -> {b!r}"

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import rollout_queue, train, weight_channel
+from grpo_jax import config_utils, rollout_queue, train, weight_channel
 from grpo_jax.errors import ConfigError
 from grpo_jax.state import RunState
 
@@ -105,6 +105,31 @@ class Groups:
             weight_channel.coordination_client().key_value_set(f"{_ROOT}/{self.name}/first", "-1")
 
 
+def _config_text(config) -> str:
+    """The run's config as sorted JSON, without ``mesh`` (each group lays out its own devices):
+    what the two groups compare."""
+    tree = json.loads(config.to_json_best_effort(sort_keys=True))
+    tree.pop("mesh", None)
+    return json.dumps(tree, sort_keys=True)
+
+
+def check_same_config(train_text: str, config) -> None:
+    """Refuses a generation process whose config differs from the training process's
+    (``train_text``: its `_config_text`): its rollouts would come from other settings (a
+    temperature, a model, a seed) while the training side records its own.
+
+    Raises:
+      ConfigError: naming the first differing field.
+    """
+    theirs, ours = json.loads(train_text), json.loads(_config_text(config))
+    if theirs != ours:
+        raise ConfigError(
+            "the generation process's config differs from the training process's ("
+            f"{config_utils.first_difference(theirs, ours)}, train -> generate): run both "
+            "groups with the same --config and overrides"
+        )
+
+
 def _batch_like(exp):
     """A received batch's template: ``{"rollouts", "utilisation"}`` as `rollout_queue.park`
     lays them out (shapes, dtypes, shardings of `rollout_queue.abstract`)."""
@@ -134,6 +159,8 @@ class GenerationGroup:
         self._receiver = weight_channel.BatchReceiver(
             f"{name}/rollouts", self._like, timeout_s=timeout_s, host=host
         )
+        # the generation process checks its config against this one before it generates
+        self._kv.key_value_set(f"{self._ns}/config", _config_text(exp.config), allow_overwrite=True)
         self._queue: list[rollout_queue.Generated] = []
         self._next = None  # the next work order's number (= the step its batch trains)
         self._published = -1
@@ -244,9 +271,11 @@ def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0, host=Non
     Returns: the number of batches generated (0 when the trainer stopped before ordering any).
 
     Raises:
+      ConfigError: this process's config differs from the training process's.
       TimeoutError: the trainer wrote no order, published no version or took no batch in time.
     """
     kv, ns, ms = weight_channel.coordination_client(), f"{_ROOT}/{name}", int(timeout_s * 1000)
+    check_same_config(kv.blocking_key_value_get(f"{ns}/config", ms), exp.config)
     like = exp.abstract_state.params
     shardings = jax.tree.map(lambda s: s.sharding, like)
     weights = weight_channel.WeightSubscriber(

@@ -119,3 +119,21 @@ def test_groups_refuse_what_the_loop_does_not_run():
     with pytest.raises(ConfigError, match="max_staleness >= 1"):
         disaggregated.Groups(1, 2).check(Config)
     assert [disaggregated.Groups(1, 2).role(p) for p in (0, 1)] == ["train", "generate"]
+
+
+def test_a_generation_process_with_another_config_is_refused():
+    # the training process publishes its config; a generator launched with other settings
+    # would sample from them while the trainer records its own (silently off-policy)
+    from configs import arithmetic
+
+    train_config = arithmetic.get_config("grpo,smoke")
+    text = disaggregated._config_text(train_config)
+    same = arithmetic.get_config("grpo,smoke")
+    same.mesh.num_devices, same.mesh.tensor = 4, 2  # each group lays out its own devices
+    disaggregated.check_same_config(text, same)
+    for field, value in [("rollout.temperature", 0.3), ("seed", 7), ("model.dtype", "bfloat16")]:
+        other = arithmetic.get_config("grpo,smoke")
+        section, _, name = field.rpartition(".")
+        setattr(other[section] if section else other, name, value)
+        with pytest.raises(ConfigError, match=rf"\({field}: .* -> {value!r}, train -> generate\)"):
+            disaggregated.check_same_config(text, other)
