@@ -249,11 +249,8 @@ def _groups(config):
         return None
     from grpo_jax import disaggregated
 
-    env = os.environ
-    n = _NUM_PROCESSES.value or int(env.get("GRPO_JAX_NUM_PROCESSES") or 0) or None
-    pid = _PROCESS_ID.value
-    pid = pid if pid is not None else int(env.get("GRPO_JAX_PROCESS_ID") or -1)
-    if _DISTRIBUTED.value == "off" or n is None:
+    _, n, pid = distributed.job_settings(None, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if _DISTRIBUTED.value == "off" or not n:
         raise cli.UsageError(
             f"--role={role} is one group of a two-group jax.distributed job: give "
             "--coordinator_address, --num_processes and --process_id (or GRPO_JAX_*)"
@@ -263,7 +260,7 @@ def _groups(config):
         groups.check(config)
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
-    if pid >= 0 and groups.role(pid) != role:
+    if pid is not None and pid >= 0 and groups.role(pid) != role:
         raise cli.UsageError(
             f"--role={role} on process {pid}: processes [0, {groups.train_processes}) train "
             f"and [{groups.train_processes}, {n}) generate"

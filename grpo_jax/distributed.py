@@ -30,6 +30,20 @@ def _detected_cluster() -> str | None:
     return None
 
 
+def job_settings(
+    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> tuple[str | None, int | None, int | None]:
+    """(coordinator, num_processes, process_id): the flags' values, each missing one from the
+    environment (GRPO_JAX_COORDINATOR, GRPO_JAX_NUM_PROCESSES, GRPO_JAX_PROCESS_ID), else None."""
+    env = os.environ
+    coordinator = coordinator or env.get("GRPO_JAX_COORDINATOR") or None
+    if num_processes is None and env.get("GRPO_JAX_NUM_PROCESSES"):
+        num_processes = int(env["GRPO_JAX_NUM_PROCESSES"])
+    if process_id is None and env.get("GRPO_JAX_PROCESS_ID"):
+        process_id = int(env["GRPO_JAX_PROCESS_ID"])
+    return coordinator, num_processes, process_id
+
+
 def initialize(
     mode: str = "auto",
     coordinator: str | None = None,
@@ -53,18 +67,7 @@ def initialize(
     Raises:
       ValueError: a coordinator without the process count / id (or the reverse).
     """
-    env = os.environ
-    coordinator = coordinator or env.get("GRPO_JAX_COORDINATOR") or None
-    num_processes = (
-        num_processes
-        if num_processes is not None
-        else (int(env["GRPO_JAX_NUM_PROCESSES"]) if env.get("GRPO_JAX_NUM_PROCESSES") else None)
-    )
-    process_id = (
-        process_id
-        if process_id is not None
-        else (int(env["GRPO_JAX_PROCESS_ID"]) if env.get("GRPO_JAX_PROCESS_ID") else None)
-    )
+    coordinator, num_processes, process_id = job_settings(coordinator, num_processes, process_id)
     if mode == "off":
         return False
     explicit = coordinator is not None
