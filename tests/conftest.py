@@ -10,7 +10,7 @@ A cached program is the same executable: results are bit-identical (the resume t
 cache-hit runs with the run that compiled, bit for bit). No size cap: a capped JAX cache
 (``JAX_COMPILATION_CACHE_MAX_SIZE`` > 0) takes a file lock and, on every write, stats and reads
 every entry of the directory to decide what to evict, so the suite's ~6,000 writes cost O(N^2):
-late in a CI run one write took 0.1-0.4 s under the lock both workers share, and two Pallas
+at 1,000-3,000 entries one write took 0.12-0.38 s under the lock both workers share, and two Pallas
 interpreter tests took 142 s instead of 27 (benchmarks/test_suite_time.md). Uncapped, entries
 are written in place without a lock; a read that races a write sees a torn entry, which zlib's
 checksum rejects (a miss, one warning, a compile), never a wrong program:
