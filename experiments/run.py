@@ -21,15 +21,18 @@ import signal
 import sys
 
 
-def _exit_before_training(signum, frame):
+def _exit_before_training(signum, frame, peer=None):
     """SIGTERM / SIGINT before the training loop installs its own handler: nothing is saved yet
-    (nothing to flush either: no checkpoint manager exists), so the process leaves at once.
+    (nothing to flush either: no checkpoint manager exists), so the process leaves at once
+    (in a two-group run, after telling the other side: ``peer``, `disaggregated.Peer.leave`).
     After the run's own handling has ended (its files closed) a signal changes nothing: ignored."""
     del frame
     if getattr(sys.modules.get("grpo_jax.preemption"), "handled_runs_ended", 0):
         return
     name = signal.Signals(signum).name
     print(f"{name} before the run started: nothing saved; exiting.", file=sys.stderr, flush=True)
+    if peer is not None:
+        peer.leave("stopped", f"{name} before the run started")
     os._exit(130 if signum == signal.SIGINT else 0)
 
 
@@ -37,7 +40,9 @@ if __name__ == "__main__":  # first: a signal during the imports below is this o
     for _s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_s, _exit_before_training)
 
+import functools  # noqa: E402
 import re  # noqa: E402
+import traceback  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -172,6 +177,12 @@ _CHANNEL_HOST = flags.DEFINE_string(
     "channels at (default: this host name's address; give the interface the other hosts route "
     "to).",
 )
+_HEARTBEAT = flags.DEFINE_integer(
+    "distributed_heartbeat_s",
+    100,
+    "Seconds without a process's heartbeat before the job counts it dead (a two-group run's "
+    "trainer then stops with an error line instead of waiting).",
+)
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config (file + overrides) and exit."
 )
@@ -255,7 +266,9 @@ def _groups(config):
             f"--role={role} is one group of a two-group jax.distributed job: give "
             "--coordinator_address, --num_processes and --process_id (or GRPO_JAX_*)"
         )
-    groups = disaggregated.Groups(_TRAIN_PROCESSES.value, n, host=_CHANNEL_HOST.value)
+    groups = disaggregated.Groups(
+        _TRAIN_PROCESSES.value, n, host=_CHANNEL_HOST.value, stale_s=_HEARTBEAT.value
+    )
     try:
         groups.check(config)
     except ValueError as e:
@@ -268,25 +281,37 @@ def _groups(config):
     return groups
 
 
-def _generate(config, groups) -> None:
+def _generate(config, groups, peer) -> int:
     """The generation group's process: builds its experiment on its own devices and runs the
-    generation loop until the trainer's stop order."""
-    from grpo_jax import config_utils, disaggregated, steps
+    generation loop until the trainer's end; returns the exit status (1 when the trainer
+    failed, 130 after a SIGINT here, else 0). A failure here: one ``error:`` line, told to the
+    trainer (`disaggregated.Peer.leave`), exit status 2 (bad input) or 1."""
+    from grpo_jax import config_utils, disaggregated, preemption, steps
     from grpo_jax.experiment import build_experiment
 
-    config_utils.validate(config)
-    exp = build_experiment(config, devices=groups.devices)
-    try:
-        done = disaggregated.generate(
-            exp,
-            steps.make_steps(exp),
-            name=groups.name,
-            timeout_s=groups.timeout_s,
-            host=groups.host,
-        )
-    finally:
-        exp.close()
-    print(f"generation group: {done} batches generated; stopped by the training group", flush=True)
+    with preemption.Preemption() as sig:  # a signal: passed to the trainer (`generate`)
+        try:
+            config_utils.validate(config)
+            exp = build_experiment(config, devices=groups.devices)
+            try:
+                done, end = disaggregated.generate(exp, steps.make_steps(exp), groups, sig=sig)
+            finally:
+                exp.close()
+        except Exception as e:
+            bad_input = isinstance(e, cli.BAD_INPUT)
+            if not bad_input:  # a bug, or the machine (out of memory): its traceback
+                traceback.print_exc()
+            print(f"error: {cli.one_line(e)}", file=sys.stderr, flush=True)
+            peer.leave("failed", cli.one_line(e))
+            return 2 if bad_input else 1
+    how = {"done": "finished", "stopped": "stopped", "failed": "failed"}[end["status"]]
+    why = f" ({end['message']})" if end["message"] else ""
+    print(f"generation group: {done} batches generated; the training process {how}{why}")
+    sys.stdout.flush()
+    peer.leave("stopped" if sig.requested else "done")
+    if end["status"] == "failed":
+        return 1
+    return 130 if sig.signum == signal.SIGINT else 0
 
 
 def main(argv):
@@ -300,20 +325,29 @@ def main(argv):
         _NUM_PROCESSES.value,
         _PROCESS_ID.value,
         _INIT_TIMEOUT.value,
+        heartbeat_timeout_s=_HEARTBEAT.value,
+        recoverable=groups is not None,  # the two groups watch each other (Peer)
     )
+    peer = groups.peer(_ROLE.value) if groups is not None else None
+    if peer is not None:  # the generator's heartbeat; the trainer's relay of its signals
+        peer.start()
+    # again: jax.distributed.initialize installs a SIGTERM handler of its own (its preemption
+    # notifier), which logs the signal and lets the process go on
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, functools.partial(_exit_before_training, peer=peer))
     config = _loaded_config()
     if _PRINT_CONFIG.value:
         print(config)
         return
-    if groups is not None and _ROLE.value == "generate":
-        try:
-            _generate(config, groups)
-        except cli.BAD_INPUT as e:  # without the job's shutdown, which waits for the trainer
-            _fail(cli.one_line(e), 2)
-        return
-    from grpo_jax import checkpointing, train
+    if peer is not None and peer.role == "generate":
+        code = _generate(config, groups, peer)  # has said its end (Peer.leave): gone at once
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    from grpo_jax import checkpointing, disaggregated, train
     from grpo_jax.rewards import failures as reward_failures
 
+    end = ("failed", "")
     # errors.ConfigError (bad config, paths or data: nothing was trained) passes through:
     # one `error:` line, exit 2 (cli.run_absl)
     try:
@@ -321,10 +355,16 @@ def main(argv):
             result = train.train_and_evaluate(
                 config, _WORKDIR.value, allow_changes=_ALLOW_CHANGES.value, group=groups
             )
+            end = ("stopped", result["signal"]) if result.get("preempted") else ("done", "")
+        except BaseException as e:
+            end = ("failed", cli.one_line(e))
+            raise
         finally:
             _ignore_late_signals()
-            if groups is not None:  # the generation group exits with this process
-                groups.release()
+            if peer is not None:  # the generation process leaves first
+                peer.leave(*end)
+    except disaggregated.PeerEnded as e:  # the last complete checkpoint is intact
+        _fail(f"{e}; the last checkpoint is intact: rerun both processes to resume", 1)
     except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact
         _fail(e, 1)
     except (

@@ -15,12 +15,23 @@ splits into two loops that follow it step for step:
   order's rows with its key (`train.dispatch_samples`, the run's generation layout), put the
   rollouts (`weight_channel.BatchSender`).
 
-Work orders live under ``grpo_jax/run/<name>/``: ``first`` (the generation group's first
-order number), ``order/<n>`` (JSON ``{"rows", "key", "version"}``, or ``"stop"``). At a
+Keys under ``grpo_jax/run/<name>/``: ``config`` (the trainer's, which the generator must
+match), ``first`` (the generation group's first order number), ``order/<n>`` (JSON ``{"rows",
+"key", "version"}``), and each side's ``end/<role>`` and ``signal/<role>`` (`Peer`). At a
 checkpoint the trainer receives the batches already ordered (`GenerationGroup.complete`), so
 the checkpoint holds them in ``RunState.in_flight`` exactly as a single-host run's does; a
 resumed run republishes version t and orders from t + k on. Supported: one training process
 and one generation process (a group-wide publisher is not built).
+
+Ends, failures and signals (`Peer`; docs/disaggregated.md, "Failure handling"): every wait on
+the other side polls in slices (`weight_channel.wait_for_key`), checking the other side's end
+key and (on the trainer) the generator's heartbeat. The trainer's run ends (finished, stopped
+by a signal, failed) with ``end/train``; the generator then leaves at once, and the trainer
+waits for it to go before its coordination service does. A generator that fails writes
+``end/generate``; the trainer's next wait raises `PeerEnded` (one ``error:`` line; the last
+checkpoint intact), and so does a generator whose heartbeat stops (killed). A signal to the
+generator is passed on (``signal/generate``): the trainer stops at its next safe point as if
+signalled itself, and the generator generates what is ordered until then.
 """
 
 from __future__ import annotations
@@ -28,6 +39,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -39,7 +53,10 @@ from grpo_jax.errors import ConfigError
 from grpo_jax.state import RunState
 
 _ROOT = "grpo_jax/run"
-STOP = "stop"  # the work order that ends the generation loop
+
+
+class PeerEnded(RuntimeError):
+    """The other group's process ended, or stopped answering, while this side waited for it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +74,8 @@ class Groups:
     name: str = "run"
     timeout_s: float = 3600.0  # seconds a side waits for the other (an order, a batch, weights)
     host: str | None = None  # this process's address for the channels (`weight_channel`)
+    leave_timeout_s: float = 300.0  # seconds the trainer's end waits for the generator to leave
+    stale_s: float = 100.0  # seconds without the generator's heartbeat before it counts as dead
 
     def check(self, config) -> None:
         T, N = self.train_processes, self.num_processes
@@ -92,17 +111,148 @@ class Groups:
 
     def connect(self, exp) -> GenerationGroup:
         """The training group's handle on the generation group (`train.train_and_evaluate`)."""
-        return GenerationGroup(exp, name=self.name, timeout_s=self.timeout_s, host=self.host)
+        return GenerationGroup(exp, self)
 
-    def release(self) -> None:
-        """The training process's last word, whatever ended its run: when it never started the
-        generation group (a refused config, a signal during the set-up), tells it there is no
-        order (``first`` = -1) so it exits too. Otherwise `GenerationGroup.close` has sent the
-        stop order and this does nothing."""
-        # without overwrite: refused (ALREADY_EXISTS) when `GenerationGroup.start` / `close` set
-        # it; a service already gone has nobody to tell
+    def peer(self, role: str) -> Peer:
+        """This process's (``role``'s) view of the other group."""
+        return Peer(self, role)
+
+
+class Peer:
+    """One side of a two-group run facing the other, through the key-value store.
+
+    - ``end/<role>``: a side's last word, JSON ``{"status", "message"}``; status "done" (the
+      trainer's run finished; the generator's loop ended with it), "stopped" (a signal) or
+      "failed". `leave` writes it. The trainer's `check` raises `PeerEnded` on the
+      generator's; to the generator the trainer's end is its stop (`generate`).
+    - ``beat/generate``: a counter the generation process's thread raises every `BEAT_S`
+      (`start`). The trainer counts the generator dead when it stops changing for
+      ``stale_s``: JAX's own liveness query (`get_live_nodes`) is a barrier every live process
+      must enter, so it cannot be asked by one side alone. (A process whose coordination
+      service goes away aborts, so the generator needs no such watch of the trainer's.)
+    - ``signal/generate``: the name of a signal the generation process received
+      (`pass_signal`); the trainer's thread (`start`) delivers it to the trainer.
+    """
+
+    BEAT_S = 1.0
+
+    def __init__(self, groups: Groups, role: str):
+        self._kv = weight_channel.coordination_client()
+        self._ns = f"{_ROOT}/{groups.name}"
+        self.role, self.other = role, "generate" if role == "train" else "train"
+        self._leave_timeout_s, self._stale_s = groups.leave_timeout_s, groups.stale_s
+        self._thread_stop: threading.Event | None = None
+        self._beat: tuple[str | None, float] | None = None  # (last beat seen, when)
+
+    def _try_get(self, key: str) -> str | None:
+        try:
+            return self._kv.key_value_try_get(f"{self._ns}/{key}")
+        except Exception as e:  # a bare XlaRuntimeError
+            if "NOT_FOUND" in str(e):
+                return None
+            raise
+
+    def start(self) -> None:
+        """This side's thread until `leave`: the generator's heartbeat (``beat/generate``); the
+        trainer's relay of the generator's signal to its own main thread (once), so the run
+        stops at its next safe point as on one host."""
+        self._thread_stop = stop = threading.Event()
+        if self.role == "generate":
+
+            def beat():
+                n = 0
+                while not stop.wait(self.BEAT_S):
+                    n += 1
+                    try:
+                        self._kv.key_value_set(
+                            f"{self._ns}/beat/generate", str(n), allow_overwrite=True
+                        )
+                    except Exception:  # the service is going: the run is ending
+                        return
+
+            target = beat
+        else:
+            main = threading.main_thread().ident
+
+            def relay():
+                while not stop.wait(weight_channel.SLICE_S):
+                    try:
+                        name = self._try_get("signal/generate")
+                    except Exception:  # the service is going: the run is ending
+                        return
+                    if name is not None:
+                        print(f"the generation process received {name}: passed on", flush=True)
+                        signal.pthread_kill(main, getattr(signal, name, signal.SIGTERM))
+                        return
+
+            target = relay
+        threading.Thread(target=target, name=f"peer-{self.role}", daemon=True).start()
+
+    def their_end(self) -> dict | None:
+        """The other side's ``end`` (``{"status", "message"}``), or None while it runs."""
+        text = self._try_get(f"end/{self.other}")
+        return None if text is None else json.loads(text)
+
+    def generator_alive(self) -> bool:
+        """Training side: False once ``beat/generate`` has not changed for ``stale_s``
+        (counted from this side's first look)."""
+        beat, now = self._try_get("beat/generate"), time.monotonic()
+        if self._beat is None or beat != self._beat[0]:
+            self._beat = (beat, now)
+        return now - self._beat[1] <= self._stale_s
+
+    def check(self) -> None:
+        """The training side's check between wait slices.
+
+        Raises:
+          PeerEnded: the generation process ended, or its heartbeat stopped.
+        """
+        end = self.their_end()
+        if end is not None:
+            why = end["message"] or end["status"]
+            raise PeerEnded(f"the generation process ended before the training run did ({why})")
+        if not self.generator_alive():
+            raise PeerEnded(
+                f"the generation process stopped answering (no heartbeat for {self._stale_s:g} "
+                "s, --distributed_heartbeat_s: killed, or its host lost)"
+            )
+
+    def pass_signal(self, name: str) -> None:
+        """Generation side: tells the trainer this process received signal ``name``."""
+        self._kv.key_value_set(f"{self._ns}/signal/{self.role}", name, allow_overwrite=True)
+
+    def leave(self, status: str, message: str = "") -> None:
+        """This side's last word (``end/<role>``): the generator's caller exits right after
+        (`os._exit`, no shutdown: nothing of its own to save, and no call left in flight when
+        the trainer's coordination service goes); the trainer first waits up to
+        ``Groups.leave_timeout_s`` for the generator's end (or its heartbeat to stop), since a
+        process whose coordination service goes away aborts. Never raises (a service already
+        gone has nobody to tell)."""
+        if self._thread_stop is not None:
+            self._thread_stop.set()
+        end = json.dumps({"status": status, "message": message})
         with contextlib.suppress(Exception):
-            weight_channel.coordination_client().key_value_set(f"{_ROOT}/{self.name}/first", "-1")
+            self._kv.key_value_set(f"{self._ns}/end/{self.role}", end, allow_overwrite=True)
+        if self.role == "generate":
+            return
+        start, said = time.monotonic(), False
+        with contextlib.suppress(Exception):
+            while self.their_end() is None and self.generator_alive():
+                waited = time.monotonic() - start
+                if waited > self._leave_timeout_s:
+                    break
+                if not said and waited > 5:
+                    print("waiting for the generation process to leave", file=sys.stderr)
+                    said = True
+                time.sleep(0.05)
+
+
+class _TrainerEnded(Exception):
+    """Raised by the generation side's checks: the trainer wrote its end (``end``)."""
+
+    def __init__(self, end: dict):
+        super().__init__(end["status"])
+        self.end = end
 
 
 def _config_text(config) -> str:
@@ -144,12 +294,14 @@ class GenerationGroup:
     Holds the batches in flight oldest first: each a `rollout_queue.Generated` whose
     bookkeeping (version, ids, placement) the trainer decided and whose rollouts are None until
     received. `start` before the first step, `sample` as `rl_step`'s ``sample_in_flight``,
-    `complete` before a checkpoint, `close` at the end (the stop order).
+    `complete` before a checkpoint, `close` at the end. Its waits raise `PeerEnded` when the
+    generation process ends or stops answering (`Peer.check`).
     """
 
-    def __init__(self, exp, *, name: str = "run", timeout_s: float = 3600.0, host=None):
+    def __init__(self, exp, groups: Groups):
         self._exp, self._k = exp, exp.run.rollout.max_staleness
         self._kv = weight_channel.coordination_client()
+        name, host = groups.name, groups.host
         self._ns = f"{_ROOT}/{name}"
         self._publisher = weight_channel.WeightPublisher(
             f"{name}/policy", keep=self._k + 1, host=host
@@ -157,14 +309,17 @@ class GenerationGroup:
         self._like = _batch_like(exp)
         self._shardings = jax.tree.map(lambda s: s.sharding, self._like)
         self._receiver = weight_channel.BatchReceiver(
-            f"{name}/rollouts", self._like, timeout_s=timeout_s, host=host
+            f"{name}/rollouts",
+            self._like,
+            timeout_s=groups.timeout_s,
+            host=host,
+            check=groups.peer("train").check,  # the generation process ended: PeerEnded
         )
         # the generation process checks its config against this one before it generates
         self._kv.key_value_set(f"{self._ns}/config", _config_text(exp.config), allow_overwrite=True)
         self._queue: list[rollout_queue.Generated] = []
         self._next = None  # the next work order's number (= the step its batch trains)
         self._published = -1
-        self._closed = False
 
     def start(self, run: RunState, source) -> RunState:
         """Before this process's first step t: a restored ``run``'s batches in flight (t .. t+k-1,
@@ -210,7 +365,10 @@ class GenerationGroup:
         for j in range(i + 1):
             gen = self._queue[j]
             if gen.rollouts is None:
-                version, batch = self._receiver.get(self._shardings)
+                try:
+                    version, batch = self._receiver.get(self._shardings)
+                except ConnectionError as e:  # killed while its batch was on the wire
+                    raise PeerEnded(f"the generation process stopped answering ({e})") from None
                 if version != int(gen.version):
                     raise RuntimeError(
                         f"two-group run: a batch of version {version} arrived for the order of "
@@ -245,58 +403,70 @@ class GenerationGroup:
         )
 
     def close(self) -> None:
-        """Writes the stop order (the generation loop ends after its batches) and stops serving
-        weights. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._next is not None:
-            self._kv.key_value_set(f"{self._ns}/order/{self._next}", STOP)
-        else:  # stopped before `start`: the generation group's first order is the stop
-            self._kv.key_value_set(f"{self._ns}/first", "0", allow_overwrite=True)
-            self._kv.key_value_set(f"{self._ns}/order/0", STOP)
+        """Stops serving weights (the generation group stops at the trainer's `Peer.leave`)."""
         self._publisher.close()
 
 
-def generate(exp, fns, *, name: str = "run", timeout_s: float = 3600.0, host=None) -> int:
-    """The generation group's loop (one process): work orders in, rollout batches out, until
-    the stop order. Holds no run state: a restarted job starts at the order the trainer names.
+def generate(exp, fns, groups: Groups, sig=None) -> tuple[int, dict]:
+    """The generation group's loop (one process): work orders in, rollout batches out, until the
+    trainer's end (`Peer.leave`). Holds no run state: a restarted job starts at the order the
+    trainer names.
 
     Args:
       exp, fns: this group's experiment (its mesh: this group's devices) and step programs.
-      name: the run's channel prefix (as `Groups.name`).
-      timeout_s: seconds to wait for an order, a version or room in the stream.
-      host: this process's address for the channels (default: its host name's address).
+      groups: the job's split (its channel name, timeouts, this process's address).
+      sig: this process's `preemption.Preemption` (or None): a signal is passed to the trainer
+        (`Peer.pass_signal`) and generation goes on until the trainer stops.
 
-    Returns: the number of batches generated (0 when the trainer stopped before ordering any).
+    Returns: (the number of batches generated, the trainer's end ``{"status", "message"}``).
 
     Raises:
       ConfigError: this process's config differs from the training process's.
-      TimeoutError: the trainer wrote no order, published no version or took no batch in time.
+      TimeoutError: the trainer wrote no order, published no version or took no batch within
+        ``groups.timeout_s``.
     """
-    kv, ns, ms = weight_channel.coordination_client(), f"{_ROOT}/{name}", int(timeout_s * 1000)
-    check_same_config(kv.blocking_key_value_get(f"{ns}/config", ms), exp.config)
-    like = exp.abstract_state.params
-    shardings = jax.tree.map(lambda s: s.sharding, like)
-    weights = weight_channel.WeightSubscriber(
-        f"{name}/policy", like, timeout_s=timeout_s, host=host
-    )
-    sender = weight_channel.BatchSender(
-        f"{name}/rollouts",
-        capacity=exp.run.rollout.max_staleness + 1,
-        timeout_s=timeout_s,
-        host=host,
-    )
-    n, held, params, done = int(kv.blocking_key_value_get(f"{ns}/first", ms)), None, None, 0
-    while n >= 0 and (text := kv.blocking_key_value_get(f"{ns}/order/{n}", ms)) != STOP:
-        order = json.loads(text)
-        if order["version"] != held:  # max(n - k, 0): a new version every order after the fill
-            params, held = weights.fetch(order["version"], shardings), order["version"]
-        key = jax.device_put(np.asarray(order["key"], np.uint32))
-        rows = np.asarray(order["rows"], np.int32)
-        rollouts, util = train.dispatch_samples(exp, fns, params, rows, key)
-        batch = {"rollouts": rollouts, "utilisation": jnp.stack(util) if util else None}
-        sender.put(batch, held)
-        kv.key_value_delete(f"{ns}/order/{n}")
-        n, done = n + 1, done + 1
-    return done
+    kv, ns = weight_channel.coordination_client(), f"{_ROOT}/{groups.name}"
+    peer, passed = Peer(groups, "generate"), False
+
+    def check():  # between the slices of every wait
+        nonlocal passed
+        if sig is not None and sig.requested and not passed:
+            peer.pass_signal(sig.name)
+            passed = True
+            print(f"{sig.name}: passed to the training process (it stops at its next safe point)")
+        if (end := peer.their_end()) is not None:
+            raise _TrainerEnded(end)
+
+    def wait(key, what):
+        return weight_channel.wait_for_key(kv, f"{ns}/{key}", groups.timeout_s, what, check)
+
+    done = 0
+    try:
+        check_same_config(wait("config", "the training process's config"), exp.config)
+        like = exp.abstract_state.params
+        shardings = jax.tree.map(lambda s: s.sharding, like)
+        name, host, timeout_s = groups.name, groups.host, groups.timeout_s
+        weights = weight_channel.WeightSubscriber(
+            f"{name}/policy", like, timeout_s=timeout_s, host=host, check=check
+        )
+        sender = weight_channel.BatchSender(
+            f"{name}/rollouts",
+            capacity=exp.run.rollout.max_staleness + 1,
+            timeout_s=timeout_s,
+            host=host,
+            check=check,
+        )
+        n, held, params = int(wait("first", "the first work order's number")), None, None
+        while True:
+            order = json.loads(wait(f"order/{n}", f"work order {n}"))
+            if order["version"] != held:  # max(n - k, 0): a new version every order after the fill
+                params, held = weights.fetch(order["version"], shardings), order["version"]
+            key = jax.device_put(np.asarray(order["key"], np.uint32))
+            rows = np.asarray(order["rows"], np.int32)
+            rollouts, util = train.dispatch_samples(exp, fns, params, rows, key)
+            batch = {"rollouts": rollouts, "utilisation": jnp.stack(util) if util else None}
+            sender.put(batch, held)
+            kv.key_value_delete(f"{ns}/order/{n}")
+            n, done = n + 1, done + 1
+    except _TrainerEnded as e:
+        return done, e.end

@@ -50,6 +50,8 @@ def initialize(
     num_processes: int | None = None,
     process_id: int | None = None,
     timeout_s: int = 300,
+    heartbeat_timeout_s: int = 100,
+    recoverable: bool = False,
 ) -> bool:
     """Joins this process to a multi-process JAX job; returns whether it did.
 
@@ -60,6 +62,10 @@ def initialize(
       coordinator: "HOST:PORT" of process 0's coordinator service.
       num_processes, process_id: the job's size and this process's index in [0, num_processes).
       timeout_s: seconds to wait for every process to join before raising (instead of hanging).
+      heartbeat_timeout_s: seconds without a process's heartbeat before the job counts it dead.
+      recoverable: a dead process leaves the job (``jax_enable_recoverability``) instead of
+        aborting every other process; the two-group run's processes watch each other
+        (`grpo_jax.disaggregated.Peer`).
 
     Flags win over the environment (GRPO_JAX_COORDINATOR, GRPO_JAX_NUM_PROCESSES,
     GRPO_JAX_PROCESS_ID). Must run before anything touches a JAX device.
@@ -88,7 +94,8 @@ def initialize(
         jax.config.update(
             "jax_cpu_collectives_implementation", "gloo"
         )  # CPU cross-process collectives
-    kwargs = {"initialization_timeout": timeout_s}
+    jax.config.update("jax_enable_recoverability", recoverable)
+    kwargs = {"initialization_timeout": timeout_s, "heartbeat_timeout_seconds": heartbeat_timeout_s}
     if explicit:
         kwargs.update(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id

@@ -57,6 +57,34 @@ def coordination_client():
     return client
 
 
+SLICE_S = 0.25  # seconds a wait blocks before it runs its ``check`` (and Python's signal handlers)
+
+
+def wait_for_key(kv, key: str, timeout_s: float, what: str, check=None) -> str:
+    """The value of ``key`` in the key-value store, waiting for it in slices of `SLICE_S`.
+
+    Between slices ``check()`` runs (it raises to stop the wait: the other side ended, a signal)
+    and so do the process's Python signal handlers: one long blocking call would delay both
+    until it returned.
+
+    Raises:
+      TimeoutError: ``what`` did not come within ``timeout_s``.
+      Whatever ``check`` raises; the store's own errors (a service gone) as JAX raises them.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{what} did not come in {timeout_s:g} s")
+        try:
+            return kv.blocking_key_value_get(key, max(1, int(min(SLICE_S, left) * 1000)))
+        except Exception as e:  # a bare XlaRuntimeError; DEADLINE_EXCEEDED: the slice ran out
+            if "DEADLINE_EXCEEDED" not in str(e):
+                raise
+
+
 def wire_layout(tree, devices) -> object:
     """The agreed transfer layout: a pytree of `jax.ShapeDtypeStruct` with shardings.
 
@@ -219,16 +247,19 @@ class WeightSubscriber:
       wire_devices: as the publisher's (the same count).
       host: this process's reachable address (as for `WeightPublisher`).
       timeout_s: seconds `latest` waits for the publisher before raising.
+      check: called between the slices of every wait (`wait_for_key`); raises to stop it.
     """
 
-    def __init__(self, name: str, like, *, wire_devices: int = 1, host=None, timeout_s=60.0):
+    def __init__(
+        self, name: str, like, *, wire_devices: int = 1, host=None, timeout_s=60.0, check=None
+    ):
         self._kv = coordination_client()
         self._ns = f"{_ROOT}/{name}"
         self._like = like
         self._signature = signature(like)
         self._layout = wire_layout(like, jax.local_devices()[:wire_devices])
         self._server = _server(host or _local_host(), wire_devices)
-        self._timeout_ms = int(timeout_s * 1000)
+        self._timeout_s, self._check = timeout_s, check
         self._connection = None
 
     def latest_version(self) -> int | None:
@@ -244,7 +275,7 @@ class WeightSubscriber:
         Raises:
           TimeoutError: none within ``timeout_s`` (default: the subscriber's timeout).
         """
-        deadline = time.monotonic() + (self._timeout_ms / 1000 if timeout_s is None else timeout_s)
+        deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
         while (newest := self.latest_version()) is None or newest < version:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weight channel {self._ns}: no version >= {version} published")
@@ -279,26 +310,24 @@ class WeightSubscriber:
             raise KeyError(f"weight channel {self._ns}: version {version} is no longer held")
         return params
 
+    def _wait(self, key: str, what: str) -> str:
+        return wait_for_key(self._kv, f"{self._ns}/{key}", self._timeout_s, what, self._check)
+
     def _request(self, want: str, shardings) -> tuple[int, object]:
         kv = self._kv
-        try:
-            published = kv.blocking_key_value_get(f"{self._ns}/signature", self._timeout_ms)
-        except Exception as e:
-            raise TimeoutError(f"weight channel {self._ns}: nothing published") from e
+        published = self._wait("signature", f"weight channel {self._ns}: a first version")
         if published != self._signature:
             raise ValueError(
                 f"weight channel {self._ns}: the published tree differs from the expected one "
                 f"(signature {published} != {self._signature})"
             )
         if self._connection is None:
-            address = kv.blocking_key_value_get(f"{self._ns}/address", self._timeout_ms)
+            address = self._wait("address", f"weight channel {self._ns}: the address")
             self._connection = self._server.connect(address)
         uuid = kv.key_value_increment(f"{self._ns}/next", 1)
         kv.key_value_set(f"{self._ns}/request/{uuid}", want)
-        try:
-            version = int(kv.blocking_key_value_get(f"{self._ns}/offer/{uuid}", self._timeout_ms))
-        except Exception as e:
-            raise TimeoutError(f"weight channel {self._ns}: request {uuid} not answered") from e
+        what = f"weight channel {self._ns}: the answer to request {uuid} (version {want})"
+        version = int(self._wait(f"offer/{uuid}", what))
         kv.key_value_delete(f"{self._ns}/offer/{uuid}")
         if version < 0:
             return version, None
@@ -320,9 +349,12 @@ class BatchSender:
       capacity: the most batches put and not yet received (the queue bound).
       wire_devices, host: as for `WeightPublisher`.
       timeout_s: seconds `put` waits for room before raising `TimeoutError`.
+      check: called every `SLICE_S` while `put` waits; raises to stop it.
     """
 
-    def __init__(self, name: str, *, capacity=2, wire_devices=1, host=None, timeout_s=60.0):
+    def __init__(
+        self, name: str, *, capacity=2, wire_devices=1, host=None, timeout_s=60.0, check=None
+    ):
         if capacity < 1:
             raise ValueError(f"batch stream: capacity must be >= 1, got {capacity}")
         self._kv = coordination_client()
@@ -330,7 +362,7 @@ class BatchSender:
         self._devices = jax.local_devices()[:wire_devices]
         self._server = _server(host or _local_host(), len(self._devices))
         self._kv.key_value_set(f"{self._ns}/address", self._server.address(), allow_overwrite=True)
-        self._capacity, self._timeout_s = capacity, timeout_s
+        self._capacity, self._timeout_s, self._check = capacity, timeout_s, check
         self._next = 1
 
     def _received(self) -> int:
@@ -347,9 +379,14 @@ class BatchSender:
           TimeoutError: the receiver left ``capacity`` batches unreceived for ``timeout_s``.
         """
         deadline = time.monotonic() + self._timeout_s
+        checked = -float("inf")
         while self._next - self._received() > self._capacity:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"batch stream {self._ns}: the receiver took none for a while")
+            if self._check is not None and now - checked >= SLICE_S:
+                self._check()
+                checked = now
             time.sleep(0.005)
         n = self._next
         self._server.await_pull(n, _wire_copy(batch, self._devices))
@@ -366,15 +403,16 @@ class BatchReceiver:
       like: a pytree of arrays or `jax.ShapeDtypeStruct`, the batches' structure/shapes/dtypes.
       wire_devices, host: as the sender's.
       timeout_s: seconds `get` waits for the next batch before raising `TimeoutError`.
+      check: called between the slices of `get`'s wait (`wait_for_key`); raises to stop it.
     """
 
-    def __init__(self, name: str, like, *, wire_devices=1, host=None, timeout_s=60.0):
+    def __init__(self, name: str, like, *, wire_devices=1, host=None, timeout_s=60.0, check=None):
         self._kv = coordination_client()
         self._ns = f"{_ROOT}/{name}"
         self._signature = signature(like)
         self._layout = wire_layout(like, jax.local_devices()[:wire_devices])
         self._server = _server(host or _local_host(), wire_devices)
-        self._timeout_ms = int(timeout_s * 1000)
+        self._timeout_s, self._check = timeout_s, check
         self._connection = None
         self._next = 1
 
@@ -384,12 +422,11 @@ class BatchReceiver:
         Raises:
           TimeoutError: no batch within the receiver's timeout.
           ValueError: the batch's structure/shapes/dtypes differ from ``like``.
+          ConnectionError: the transfer broke (the sender's process went away).
         """
         n, kv = self._next, self._kv
-        try:
-            meta = kv.blocking_key_value_get(f"{self._ns}/item/{n}", self._timeout_ms)
-        except Exception as e:
-            raise TimeoutError(f"batch stream {self._ns}: batch {n} did not come") from e
+        what = f"batch stream {self._ns}: batch {n}"
+        meta = wait_for_key(kv, f"{self._ns}/item/{n}", self._timeout_s, what, self._check)
         version, sig = meta.split()
         if sig != self._signature:
             raise ValueError(
@@ -397,9 +434,14 @@ class BatchReceiver:
                 f"(signature {sig} != {self._signature})"
             )
         if self._connection is None:
-            address = kv.blocking_key_value_get(f"{self._ns}/address", self._timeout_ms)
+            where = f"batch stream {self._ns}: the address"
+            address = wait_for_key(kv, f"{self._ns}/address", self._timeout_s, where, self._check)
             self._connection = self._server.connect(address)
-        batch = jax.block_until_ready(self._connection.pull(n, self._layout))
+        try:
+            batch = jax.block_until_ready(self._connection.pull(n, self._layout))
+        except jax.errors.JaxRuntimeError as e:  # e.g. "SocketServer: Connection closed"
+            message = " ".join(str(e).split())
+            raise ConnectionError(f"{what}'s transfer broke: {message}") from e
         kv.key_value_delete(f"{self._ns}/item/{n}")
         kv.key_value_set(f"{self._ns}/received", str(n), allow_overwrite=True)
         self._next += 1

@@ -9,9 +9,13 @@ and the same checkpointed states (the batches in flight drained into them), acro
 of both processes that resumes from the checkpoint.
 """
 
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from processes import finish, free_port
@@ -61,49 +65,122 @@ def _start(workdir, steps, tmp_path, *extra):
     )
 
 
-def _pair(workdir, steps, tmp_path):
+def _pair(workdir, steps, tmp_path, train=(), generate=()):
+    """The trainer and the generator (``train`` / ``generate``: extra flags for each)."""
     port = free_port()
     flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
-    flags.append("--distributed_timeout_s=120")
+    flags += ["--distributed_timeout_s=120", "--distributed_heartbeat_s=10"]
     return [
-        _start(workdir, steps, tmp_path, *flags, f"--role={role}", f"--process_id={pid}")
-        for pid, role in enumerate(("train", "generate"))
+        _start(workdir, steps, tmp_path, *flags, f"--role={role}", f"--process_id={pid}", *extra)
+        for pid, role, extra in [(0, "train", train), (1, "generate", generate)]
     ]
 
 
+def _when_trained(workdir, step, procs, timeout=240):
+    """Waits until the run's metrics.jsonl has step ``step``'s training row."""
+    path, deadline = os.path.join(workdir, "metrics.jsonl"), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = writers.read_jsonl(path) if os.path.exists(path) else []
+        if any(r["step"] >= step and "loss" in r for r in rows):
+            return
+        assert all(p.poll() is None for p in procs), "a process ended before the step"
+        time.sleep(0.05)
+    raise AssertionError(f"no training row for step {step} in {timeout} s")
+
+
 def _rows(workdir):
-    """The untimed rows; step 2's without its evaluation (the end of the pair's first phase)."""
-    rows = [untimed(r) for r in writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
-    drop = lambda r: {k: v for k, v in r.items() if not k.startswith("eval/")}
-    return [drop(r) if r["step"] == 2 else r for r in rows]
+    return [untimed(r) for r in writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
 
-@pytest.mark.slow  # 44-56 s on 2 cores: the one-process run, then the pair twice (a restart)
-def test_two_groups_follow_the_single_host_run_step_for_step_across_a_restart(tmp_path):
-    single, pair = tmp_path / "single", tmp_path / "pair"
+def _one_error_line(out: str) -> str:
+    """The process's ``error:`` line; it must be its only one and no stack dump."""
+    lines = [x for x in out.splitlines() if x.startswith("error: ")]
+    assert len(lines) == 1, out[-3000:]
+    assert "Traceback" not in out and "stack trace" not in out, out[-3000:]
+    return lines[0]
+
+
+@pytest.mark.slow  # ~35 s on 2 cores: the one-process run, then the pair twice
+def test_two_groups_stopped_by_a_signal_to_the_generator_resume_to_the_single_host_run(tmp_path):
+    # a SIGTERM to the generation process stops both processes at the trainer's next safe point
+    # (a checkpoint with the batch in flight); rerunning both resumes there, and the run equals
+    # the one-process run with the same k = 1 step for step
+    single, pair, steps = tmp_path / "single", tmp_path / "pair", 8
     # one after the other, so the later runs find the programs compiled (2 cores: at once is
     # slower, every process compiling the same programs)
-    runs = finish([_start(single, 4, tmp_path)], timeout=300)
-    runs += finish(_pair(pair, 2, tmp_path), timeout=300)  # steps 0-1, checkpoint 2
-    runs += finish(_pair(pair, 4, tmp_path), timeout=300)  # both restart: resume at step 2
+    runs = finish([_start(single, steps, tmp_path)], timeout=300)
+    procs = _pair(pair, steps, tmp_path)
+    _when_trained(pair, 1, procs)
+    procs[1].send_signal(signal.SIGTERM)
+    runs += finish(procs, timeout=300)
+    runs += finish(_pair(pair, steps, tmp_path), timeout=300)  # both rerun: resume
     for rc, out in runs:
         assert rc == 0, out[-3000:]
-    first, second = runs[1:3], runs[3:]
-    assert "Resuming from checkpoint at step 2" in second[0][1]
-    # the generator holds no state: batches 0-2 (order 2 drained into checkpoint 2), then 3-4
-    assert "generation group: 3 batches generated" in first[1][1]
-    assert "generation group: 2 batches generated" in second[1][1]
+    (_, train1), (_, gen1), (_, train2), (_, gen2) = runs[1:]
+    assert "SIGTERM: passed to the training process" in gen1
+    assert "the training process stopped (SIGTERM)" in gen1
+    assert "the generation process received SIGTERM" in train1
+    stop = int(re.search(r"SIGTERM: checkpoint written at step (\d+); exiting", train1)[1])
+    assert 1 <= stop < steps, train1[-3000:]  # stopped mid-run
+    assert f"Resuming from checkpoint at step {stop}" in train2
+    # the generator holds no state: batches 0 .. stop (the last drained into the checkpoint),
+    # then the rest of the steps + k
+    done = [
+        int(re.search(r"generation group: (\d+) batches generated", g)[1]) for g in (gen1, gen2)
+    ]
+    assert done == [stop + 1, steps - stop], done
 
     a, b = _rows(single), _rows(pair)
     trained = [r for r in a if "loss" in r]
-    assert [r["step"] for r in trained] == [1, 2, 3, 4]
-    assert [r["policy_version"] for r in trained] == [0, 0, 1, 2]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    assert [r["policy_version"] for r in trained][:4] == [0, 0, 1, 2]
     assert any(r["advantage_abs_mean"] > 0 for r in trained)  # the parameters moved
     assert any(r["tis_weight_mean"] != 1.0 for r in trained)  # stale rollouts: TIS acts
     assert a == b  # every row, bit for bit (evaluations included)
-    for step in ("2", "4"):  # the checkpoints, batches in flight included
+    for step in {str(stop), str(steps)}:  # the checkpoints, batches in flight included
+        if not os.path.isdir(os.path.join(single, "checkpoints", step)):
+            continue  # (the single run checkpoints every 2 steps)
         ref, got = (_state(os.path.join(w, "checkpoints", step)) for w in (single, pair))
         assert "in_flight" in ref and _same_tree(ref, got), f"checkpoint {step} differs"
+
+
+@pytest.mark.slow  # ~10 s
+def test_a_generation_process_that_fails_stops_the_trainer_with_one_error_line(tmp_path):
+    # the generator refuses its config (differing from the trainer's): one error line, exit 2;
+    # the trainer, waiting for its first batch, ends with one error line too (was: SIGABRT and
+    # a stack dump when the job's heartbeat timed out, ~90 s later)
+    procs = _pair(tmp_path / "w", 4, tmp_path, generate=["--config.rollout.temperature=0.5"])
+    (rc_t, out_t), (rc_g, out_g) = finish(procs, timeout=240)
+    assert rc_g == 2 and "rollout.temperature: 1.0 -> 0.5" in _one_error_line(out_g), out_g
+    line = _one_error_line(out_t)
+    assert rc_t == 1, out_t[-3000:]
+    assert "the generation process ended before the training run did" in line
+    assert "rollout.temperature" in line and "rerun both processes" in line
+
+
+@pytest.mark.slow  # ~8 s
+def test_a_training_process_that_fails_ends_the_generator_cleanly(tmp_path):
+    (tmp_path / "file").write_text("")  # a workdir that is a file: the trainer refuses it
+    (rc_t, out_t), (rc_g, out_g) = finish(_pair(tmp_path / "file", 4, tmp_path), timeout=240)
+    assert rc_t != 0 and _one_error_line(out_t)
+    assert rc_g == 1, out_g[-3000:]  # not SIGABRT (134): it left before the trainer's service
+    assert "generation group: 0 batches generated; the training process failed" in out_g
+    assert "Traceback" not in out_g and "stack trace" not in out_g, out_g[-3000:]
+
+
+@pytest.mark.slow  # ~25 s: the 10 s heartbeat
+def test_a_killed_generator_stops_a_signalled_trainer_with_one_error_line(tmp_path):
+    # SIGKILL leaves no word: the trainer, waiting for a batch, finds the generator's heartbeat
+    # stopped (--distributed_heartbeat_s=10) and ends with one error line; the SIGTERM it got
+    # meanwhile does not leave it waiting (was: ~85 s, then SIGABRT and a stack dump)
+    procs = _pair(tmp_path / "w", 400, tmp_path)
+    _when_trained(tmp_path / "w", 1, procs)
+    procs[1].kill()
+    procs[0].send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    (rc_t, out_t), _ = finish(procs, timeout=120)
+    assert rc_t == 1 and time.monotonic() - t0 < 60, out_t[-3000:]
+    assert "the generation process stopped answering" in _one_error_line(out_t)
 
 
 def test_groups_refuse_what_the_loop_does_not_run():
@@ -137,3 +214,69 @@ def test_a_generation_process_with_another_config_is_refused():
         setattr(other[section] if section else other, name, value)
         with pytest.raises(ConfigError, match=rf"\({field}: .* -> {value!r}, train -> generate\)"):
             disaggregated.check_same_config(text, other)
+
+
+class _FakeStore:
+    """The key-value client calls `disaggregated.Peer` makes, on a dict."""
+
+    def __init__(self):
+        self.data = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        assert allow_overwrite or key not in self.data, key
+        self.data[key] = value
+
+    def key_value_try_get(self, key):
+        if key not in self.data:
+            raise RuntimeError(f"NOT_FOUND: {key}")  # as JAX's bare XlaRuntimeError says it
+        return self.data[key]
+
+
+def test_the_trainer_counts_the_generator_dead_only_when_its_heartbeat_stops(monkeypatch):
+    store, now = _FakeStore(), [0.0]
+    monkeypatch.setattr(disaggregated.weight_channel, "coordination_client", lambda: store)
+    monkeypatch.setattr(disaggregated.time, "monotonic", lambda: now[0])
+    groups = disaggregated.Groups(1, 2, stale_s=10.0)
+    trainer, generator = groups.peer("train"), groups.peer("generate")
+
+    def beats_for(seconds, beat=True):  # the trainer checking every 0.25 s meanwhile
+        for _ in range(int(seconds * 4)):
+            now[0] += 0.25
+            if beat:
+                store.data["grpo_jax/run/run/beat/generate"] = str(now[0])
+            trainer.check()
+
+    beats_for(60)  # a long generation: beating, never stale
+    now[0] += 9.9  # a pause under stale_s
+    trainer.check()
+    now[0] += 0.2  # 10.1 s without a change: dead
+    with pytest.raises(disaggregated.PeerEnded, match="stopped answering .no heartbeat for 10 s"):
+        trainer.check()
+    beats_for(1)  # beating again: alive
+    generator.leave("failed", "error: out of memory")  # the generator's word wins at once
+    with pytest.raises(disaggregated.PeerEnded, match=r"ended before the training run did \(error"):
+        trainer.check()
+    # a trainer that never saw a beat counts from its first look
+    late = disaggregated.Groups(1, 2, name="late", stale_s=5.0).peer("train")
+    late.check()
+    now[0] += 5.1
+    with pytest.raises(disaggregated.PeerEnded, match="stopped answering"):
+        late.check()
+
+
+def test_the_generators_thread_beats_until_it_leaves(monkeypatch):
+    store = _FakeStore()
+    monkeypatch.setattr(disaggregated.weight_channel, "coordination_client", lambda: store)
+    monkeypatch.setattr(disaggregated.Peer, "BEAT_S", 0.01)
+    generator = disaggregated.Groups(1, 2).peer("generate")
+    generator.start()
+    key, deadline = "grpo_jax/run/run/beat/generate", time.monotonic() + 30
+    while int(store.data.get(key, 0)) < 3:
+        assert time.monotonic() < deadline, "no heartbeat"
+        time.sleep(0.01)
+    generator.leave("done")
+    assert json.loads(store.data["grpo_jax/run/run/end/generate"])["status"] == "done"
+    time.sleep(0.1)
+    last = store.data[key]
+    time.sleep(0.1)
+    assert store.data[key] == last  # the thread stopped
