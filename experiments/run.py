@@ -298,12 +298,12 @@ def _generate(config, groups, peer) -> int:
             finally:
                 exp.close()
         except Exception as e:
-            bad_input = isinstance(e, cli.BAD_INPUT)
-            if not bad_input:  # a bug, or the machine (out of memory): its traceback
+            if not isinstance(e, cli.BAD_INPUT):  # a bug, or the machine: its traceback
                 traceback.print_exc()
             print(f"error: {cli.one_line(e)}", file=sys.stderr, flush=True)
             peer.leave("failed", cli.one_line(e))
-            return 2 if bad_input else 1
+            waited = isinstance(e, (TimeoutError, ConnectionError))  # OSErrors, not bad input
+            return 2 if isinstance(e, cli.BAD_INPUT) and not waited else 1
     how = {"done": "finished", "stopped": "stopped", "failed": "failed"}[end["status"]]
     why = f" ({end['message']})" if end["message"] else ""
     print(f"generation group: {done} batches generated; the training process {how}{why}")
@@ -347,7 +347,7 @@ def main(argv):
     from grpo_jax import checkpointing, disaggregated, train
     from grpo_jax.rewards import failures as reward_failures
 
-    end = ("failed", "")
+    end, gone = ("failed", ""), False
     # errors.ConfigError (bad config, paths or data: nothing was trained) passes through:
     # one `error:` line, exit 2 (cli.run_absl)
     try:
@@ -357,12 +357,12 @@ def main(argv):
             )
             end = ("stopped", result["signal"]) if result.get("preempted") else ("done", "")
         except BaseException as e:
-            end = ("failed", cli.one_line(e))
+            end, gone = ("failed", cli.one_line(e)), isinstance(e, disaggregated.PeerEnded)
             raise
         finally:
             _ignore_late_signals()
-            if peer is not None:  # the generation process leaves first
-                peer.leave(*end)
+            if peer is not None:  # the generation process leaves first (unless it is gone)
+                peer.leave(*end, wait=not gone)
     except disaggregated.PeerEnded as e:  # the last complete checkpoint is intact
         _fail(f"{e}; the last checkpoint is intact: rerun both processes to resume", 1)
     except checkpointing.CheckpointSaveError as e:  # the last complete checkpoint is intact

@@ -161,7 +161,7 @@ class Peer:
 
             def beat():
                 n = 0
-                while not stop.wait(self.BEAT_S):
+                while n == 0 or not stop.wait(self.BEAT_S):  # the first beat at once
                     n += 1
                     try:
                         self._kv.key_value_set(
@@ -221,22 +221,25 @@ class Peer:
         """Generation side: tells the trainer this process received signal ``name``."""
         self._kv.key_value_set(f"{self._ns}/signal/{self.role}", name, allow_overwrite=True)
 
-    def leave(self, status: str, message: str = "") -> None:
+    def leave(self, status: str, message: str = "", wait: bool = True) -> None:
         """This side's last word (``end/<role>``): the generator's caller exits right after
         (`os._exit`, no shutdown: nothing of its own to save, and no call left in flight when
-        the trainer's coordination service goes); the trainer first waits up to
-        ``Groups.leave_timeout_s`` for the generator's end (or its heartbeat to stop), since a
-        process whose coordination service goes away aborts. Never raises (a service already
-        gone has nobody to tell)."""
+        the trainer's coordination service goes); the trainer first waits (``wait``; False
+        when the generator is known gone) up to ``Groups.leave_timeout_s`` for the generator's
+        end or its heartbeat to stop, since a process whose coordination service goes away
+        aborts. A generator that never beat (`start`) is not waited for. Never raises (a
+        service already gone has nobody to tell)."""
         if self._thread_stop is not None:
             self._thread_stop.set()
         end = json.dumps({"status": status, "message": message})
         with contextlib.suppress(Exception):
             self._kv.key_value_set(f"{self._ns}/end/{self.role}", end, allow_overwrite=True)
-        if self.role == "generate":
+        if self.role == "generate" or not wait:
             return
         start, said = time.monotonic(), False
         with contextlib.suppress(Exception):
+            if self._try_get("beat/generate") is None:
+                return
             while self.their_end() is None and self.generator_alive():
                 waited = time.monotonic() - start
                 if waited > self._leave_timeout_s:

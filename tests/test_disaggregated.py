@@ -100,7 +100,7 @@ def _one_error_line(out: str) -> str:
     return lines[0]
 
 
-@pytest.mark.slow  # ~35 s on 2 cores: the one-process run, then the pair twice
+@pytest.mark.slow  # ~25 s on 2 cores: the one-process run, then the pair twice
 def test_two_groups_stopped_by_a_signal_to_the_generator_resume_to_the_single_host_run(tmp_path):
     # a SIGTERM to the generation process stops both processes at the trainer's next safe point
     # (a checkpoint with the batch in flight); rerunning both resumes there, and the run equals
@@ -168,7 +168,7 @@ def test_a_training_process_that_fails_ends_the_generator_cleanly(tmp_path):
     assert "Traceback" not in out_g and "stack trace" not in out_g, out_g[-3000:]
 
 
-@pytest.mark.slow  # ~25 s: the 10 s heartbeat
+@pytest.mark.slow  # ~20 s: the 10 s heartbeat
 def test_a_killed_generator_stops_a_signalled_trainer_with_one_error_line(tmp_path):
     # SIGKILL leaves no word: the trainer, waiting for a batch, finds the generator's heartbeat
     # stopped (--distributed_heartbeat_s=10) and ends with one error line; the SIGTERM it got
