@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 import jax
+from jax._src import distributed as _jax_distributed  # the key-value client; nowhere public
 
 
 def _detected_cluster() -> str | None:
@@ -108,3 +109,18 @@ def initialize(
         flush=True,
     )
     return True
+
+
+def coordination_client():
+    """The key-value client of this process's `jax.distributed` coordination service.
+
+    JAX keeps it in a private module (Orbax reads it from the same place); this is the one line
+    in grpo_jax that reaches for it.
+
+    Raises:
+      RuntimeError: `jax.distributed.initialize` has not run in this process.
+    """
+    client = _jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed.initialize has not run in this process")
+    return client

@@ -5,9 +5,13 @@ The run loop (`grpo_jax.train`) uses four names:
   with Preemption() as sig:            the handlers, for the whole job
       with sig.abortable(): ...        a phase that writes nothing (set-up, warm start,
                                        evaluation): a signal stops it, raising `Interrupted`
-      if sig.requested: ...            elsewhere a signal only sets this; the loop checks it
-                                       when a step is done (checkpoint, exit)
+      if sig.agree(): ...              elsewhere a signal only sets ``sig.requested``; the
+                                       loop asks when a step is done (checkpoint, exit)
   except Interrupted: quiesce()        wait for XLA's threads before unwinding
+
+A job of several processes stops together: `agree` makes every process see a signal that any
+one of them received, at the same step, and no phase is aborted (each process would abandon a
+different collective: the others would wait in theirs for ever).
 
 ``sig.name`` is the signal's name for the one line the run ends with. `handled_runs_ended`
 counts the runs whose handling has ended in this process (`experiments/run.py` reads it).
@@ -21,6 +25,8 @@ import signal
 import sys
 
 import jax
+
+from grpo_jax import distributed
 
 
 class Interrupted(BaseException):
@@ -66,13 +72,22 @@ class Preemption:
     phase ends first; CPython unsets tracing when a trace function raises.)
 
     Off the main thread (e.g. a notebook worker) no handler is installed.
+
+    Args:
+      processes: the process indices that stop together (the training group; default: every
+        process of the job). With more than one, phases are not aborted and `agree` is a
+        barrier of theirs.
     """
 
     _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    AGREE_TIMEOUT_S = 600  # seconds a process waits at `agree` for the others
 
-    def __init__(self):
-        self.requested = False  # a signal arrived: stop at the next safe point
+    def __init__(self, processes=None):
+        self.requested = False  # a signal arrived (here or, after `agree`, at another process)
         self.signum = None  # the first signal's number
+        self._processes = tuple(range(jax.process_count()) if processes is None else processes)
+        self.aborts = len(self._processes) <= 1  # whether `abortable` phases are aborted
+        self._rounds = 0  # `agree` calls so far (every process makes the same ones)
         self._old = {}
         self._abortable = False
         self._tracing = None  # (previous trace function, frames given a local one)
@@ -93,7 +108,7 @@ class Preemption:
     def _handle(self, signum, frame):
         self.requested = True
         self.signum = self.signum or signum
-        if not self._abortable or self._tracing is not None:
+        if not self._abortable or self._tracing is not None or not self.aborts:
             return
         if _own_frame(frame):
             self._abortable = False
@@ -133,8 +148,9 @@ class Preemption:
     @contextlib.contextmanager
     def abortable(self):
         """A phase a signal stops at once: raises `Interrupted` (at entry when a signal came
-        before it). Only for phases that write nothing and are redone exactly on a rerun."""
-        if self.requested:
+        before it). Only for phases that write nothing and are redone exactly on a rerun. In a
+        job of several processes (not `aborts`) it does nothing: `agree` stops them together."""
+        if self.requested and self.aborts:
             raise Interrupted()
         self._abortable = True
         try:
@@ -142,6 +158,30 @@ class Preemption:
         finally:
             self._abortable = False
             self._stop_tracing()
+
+    def agree(self) -> bool:
+        """Whether the run stops now: this process's ``requested``, or, with several processes,
+        whether any of them has received a signal (then ``requested`` and ``signum`` are set
+        here too). Every process must call it at the same points (once per step); a barrier
+        over the key-value store of `jax.distributed`.
+
+        Raises:
+          the store's error (a bare XlaRuntimeError) when a process does not arrive within
+          `AGREE_TIMEOUT_S`.
+        """
+        if self.aborts:
+            return self.requested
+        self._rounds += 1
+        kv, me = distributed.coordination_client(), jax.process_index()
+        ns = f"grpo_jax/stop/{handled_runs_ended}/{self._rounds}"
+        if self.requested:  # (a signal after this line is told at the next call)
+            kv.key_value_set(f"{ns}/{me}", signal.Signals(self.signum).name)
+        kv.wait_at_barrier(ns, self.AGREE_TIMEOUT_S * 1000, list(self._processes))
+        names = [name for _, name in kv.key_value_dir_get(f"{ns}/")]
+        if not names:  # every process answers the same, whatever arrived meanwhile
+            return False
+        self.requested, self.signum = True, self.signum or signal.Signals[names[0]].value
+        return True
 
     def __exit__(self, *exc):
         global handled_runs_ended

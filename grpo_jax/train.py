@@ -741,7 +741,10 @@ def _train_in(config, workdir: str, allow_changes: tuple, callables: dict, group
     # the signal handler first: a signal during the checks or the lock only sets the flag (the
     # set-up then stops before any work), and the lock is released under it too
     with contextlib.ExitStack() as stack:
-        sig = stack.enter_context(preemption.Preemption())
+        # the processes that stop together: the training group (every process of a single run)
+        sig = stack.enter_context(
+            preemption.Preemption(group.processes if group is not None else None)
+        )
         config_utils.validate(config)
         reward_from_config.check_functions(config, callables)
         checkpointing.probe_writable(workdir)
@@ -835,10 +838,11 @@ def _start(
         progress["step"] = max(ckpt.all_steps(), default=None)  # a signal now: "resuming"
         try:
             restored = ckpt.restore_latest(
-                steps.abstract_run_state(exp), interrupted=lambda: sig.requested
+                steps.abstract_run_state(exp), interrupted=lambda: sig.requested and sig.aborts
             )
         except Exception:
-            if sig.requested:  # the signal interrupted the read (nothing was skipped or moved)
+            if sig.requested and sig.aborts:  # the signal interrupted the read (nothing was
+                # skipped or moved; several processes: never interrupted, see Preemption)
                 raise preemption.Interrupted() from None
             raise
         if restored is None:
@@ -932,11 +936,12 @@ def _step_hooks(job: _Job, writer, bar, final_eval: dict):
                 pass_rate=f"{row['pass_rate']:.3f}",
                 tok_s=f"{row['tokens_per_s/generate']:.0f}",
             )
+        stop = sig.agree()  # several processes: any one's signal stops them all at this step
         if not saved and (
-            sig.requested or step % config.checkpoint.every_steps == 0 or step == config.steps
+            stop or step % config.checkpoint.every_steps == 0 or step == config.steps
         ):
             job.save(run)
-        if sig.requested:
+        if stop:
             _say(f"{sig.name}: checkpoint written at step {step}; exiting.")
             return True
         return False

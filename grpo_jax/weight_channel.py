@@ -35,26 +35,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import distributed as _jax_distributed  # the key-value client; nowhere public
 from jax.experimental import transfer
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from grpo_jax.distributed import coordination_client
+
 _ROOT = "grpo_jax/channels"
-
-
-def coordination_client():
-    """The key-value client of this process's `jax.distributed` coordination service.
-
-    JAX keeps it in a private module (Orbax reads it from the same place); this is the one line
-    in grpo_jax that reaches for it.
-
-    Raises:
-      RuntimeError: `jax.distributed.initialize` has not run in this process.
-    """
-    client = _jax_distributed.global_state.client
-    if client is None:
-        raise RuntimeError("weight channel: jax.distributed.initialize has not run in this process")
-    return client
 
 
 SLICE_S = 0.25  # seconds a wait blocks before it runs its ``check`` (and Python's signal handlers)

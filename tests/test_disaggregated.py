@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from processes import finish, free_port
+from processes import finish, free_port, wait_for_training_row
 from workdirs import _same_tree, _state, untimed
 
 from grpo_jax import disaggregated, writers
@@ -76,18 +76,6 @@ def _pair(workdir, steps, tmp_path, train=(), generate=()):
     ]
 
 
-def _when_trained(workdir, step, procs, timeout=240):
-    """Waits until the run's metrics.jsonl has step ``step``'s training row."""
-    path, deadline = os.path.join(workdir, "metrics.jsonl"), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = writers.read_jsonl(path) if os.path.exists(path) else []
-        if any(r["step"] >= step and "loss" in r for r in rows):
-            return
-        assert all(p.poll() is None for p in procs), "a process ended before the step"
-        time.sleep(0.05)
-    raise AssertionError(f"no training row for step {step} in {timeout} s")
-
-
 def _rows(workdir):
     return [untimed(r) for r in writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
@@ -110,7 +98,7 @@ def test_two_groups_stopped_by_a_signal_to_the_generator_resume_to_the_single_ho
     # slower, every process compiling the same programs)
     runs = finish([_start(single, steps, tmp_path)], timeout=300)
     procs = _pair(pair, steps, tmp_path)
-    _when_trained(pair, 1, procs)
+    wait_for_training_row(pair, 1, procs)
     procs[1].send_signal(signal.SIGTERM)
     runs += finish(procs, timeout=300)
     runs += finish(_pair(pair, steps, tmp_path), timeout=300)  # both rerun: resume
@@ -174,7 +162,7 @@ def test_a_killed_generator_stops_a_signalled_trainer_with_one_error_line(tmp_pa
     # stopped (--distributed_heartbeat_s=10) and ends with one error line; the SIGTERM it got
     # meanwhile does not leave it waiting (was: ~85 s, then SIGABRT and a stack dump)
     procs = _pair(tmp_path / "w", 400, tmp_path)
-    _when_trained(tmp_path / "w", 1, procs)
+    wait_for_training_row(tmp_path / "w", 1, procs)
     procs[1].kill()
     procs[0].send_signal(signal.SIGTERM)
     t0 = time.monotonic()

@@ -3,20 +3,22 @@
 `python -m experiments.run` is launched twice per phase on localhost, once with the
 `--coordinator_address/--num_processes/--process_id` flags and once with the GRPO_JAX_*
 environment variables. Every process draws the same global batch and supplies the shards its
-devices own; Orbax saves and restores across both. The run (2 steps, then a restart of both
-processes with steps=3 that resumes from the checkpoint) must match one process driving the same
-8-device mesh straight through 3 steps.
+devices own; Orbax saves and restores across both. The run (stopped by a SIGTERM to one process,
+then a restart of both that resumes from the checkpoint to step 3) must match one process
+driving the same 8-device mesh straight through 3 steps.
 """
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from processes import finish, free_port
+from processes import finish, free_port, wait_for_training_row
 
 from configs import arithmetic
 from grpo_jax import train, writers
@@ -56,6 +58,10 @@ COMPARED = (
 
 def _run_pair(workdir, steps, *, use_env: bool, timeout=600):
     """Runs both processes to completion; returns their (returncode, output) pairs."""
+    return finish(_start_pair(workdir, steps, use_env=use_env), timeout)
+
+
+def _start_pair(workdir, steps, *, use_env: bool) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for pid in range(2):
@@ -95,7 +101,7 @@ def _run_pair(workdir, steps, *, use_env: bool, timeout=600):
                 args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
-    return finish(procs, timeout)
+    return procs
 
 
 def _rows(workdir):
@@ -103,19 +109,29 @@ def _rows(workdir):
 
 
 @pytest.mark.slow
-def test_two_processes_train_save_restart_and_match_one_process(tmp_path):
+def test_two_processes_stopped_by_a_signal_to_one_resume_and_match_one_process(tmp_path):
+    # a SIGTERM to process 1 alone (a preemption notice to one host) stops both at the same
+    # step: the signal is agreed at the step's end (Preemption.agree), both checkpoint and exit
+    # 0 (was: process 1 stopped to save while process 0 went on into the next step's
+    # collectives, and both hung). Both rerun: resume there and match one process throughout.
     multi = str(tmp_path / "multi")
-    first = _run_pair(multi, 2, use_env=False)
+    procs = _start_pair(multi, 3, use_env=False)
+    wait_for_training_row(multi, 1, procs, timeout=400)
+    procs[1].send_signal(signal.SIGTERM)
+    first = finish(procs, 400)
     for rc, out in first:
         assert rc == 0, out[-3000:]
     for i, (_, out) in enumerate(first):
         assert f"process {i}/2" in out and "4 local / 8 global devices" in out
-    assert sorted(os.listdir(os.path.join(multi, "checkpoints")))[-1] == "2"
+    # process 0, which got no signal, reports the stop
+    stop = int(re.search(r"SIGTERM: checkpoint written at step (\d+); exiting", first[0][1])[1])
+    assert 1 <= stop < 3, first[0][1][-3000:]
+    assert sorted(os.listdir(os.path.join(multi, "checkpoints")))[-1] == str(stop)
 
-    second = _run_pair(multi, 3, use_env=True)  # both restart: resume at step 2
+    second = _run_pair(multi, 3, use_env=True)  # both restart: resume at the stop
     for rc, out in second:
         assert rc == 0, out[-3000:]
-        assert "Resuming from checkpoint at step 2" in out
+        assert f"Resuming from checkpoint at step {stop}" in out
     assert sum("algorithm=grpo steps=3" in out for _, out in second) == 1  # process 0 reports
 
     cfg = arithmetic.get_config("grpo,smoke")
