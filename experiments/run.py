@@ -319,15 +319,18 @@ def main(argv):
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, _exit_before_training)
     groups = None if _PRINT_CONFIG.value else _groups(_loaded_config())
-    distributed.initialize(  # a bad setting: ValueError, one `error:` line (cli.run_absl)
-        _DISTRIBUTED.value,
-        _COORDINATOR.value,
-        _NUM_PROCESSES.value,
-        _PROCESS_ID.value,
-        _INIT_TIMEOUT.value,
-        heartbeat_timeout_s=_HEARTBEAT.value,
-        recoverable=groups is not None,  # the two groups watch each other (Peer)
-    )
+    try:  # a signal meanwhile: `_exit_before_training` (the join waits in slices)
+        distributed.initialize(  # a bad setting: ValueError, one `error:` line (cli.run_absl)
+            _DISTRIBUTED.value,
+            _COORDINATOR.value,
+            _NUM_PROCESSES.value,
+            _PROCESS_ID.value,
+            _INIT_TIMEOUT.value,
+            heartbeat_timeout_s=_HEARTBEAT.value,
+            recoverable=groups is not None,  # the two groups watch each other (Peer)
+        )
+    except distributed.JoinError as e:  # without the interpreter's shutdown (JAX's threads)
+        _fail(e, 1)
     peer = groups.peer(_ROLE.value) if groups is not None else None
     if peer is not None:  # the generator's heartbeat; the trainer's relay of its signals
         peer.start()

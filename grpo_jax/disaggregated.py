@@ -227,8 +227,8 @@ class Peer:
         the trainer's coordination service goes); the trainer first waits (``wait``; False
         when the generator is known gone) up to ``Groups.leave_timeout_s`` for the generator's
         end or its heartbeat to stop, since a process whose coordination service goes away
-        aborts. A generator that never beat (`start`) is not waited for. Never raises (a
-        service already gone has nobody to tell)."""
+        aborts. (Both joined the job before either runs this, so the generator is there.)
+        Never raises (a service already gone has nobody to tell)."""
         if self._thread_stop is not None:
             self._thread_stop.set()
         end = json.dumps({"status": status, "message": message})
@@ -238,8 +238,6 @@ class Peer:
             return
         start, said = time.monotonic(), False
         with contextlib.suppress(Exception):
-            if self._try_get("beat/generate") is None:
-                return
             while self.their_end() is None and self.generator_alive():
                 waited = time.monotonic() - start
                 if waited > self._leave_timeout_s:

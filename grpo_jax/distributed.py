@@ -11,9 +11,15 @@ cluster detection (TPU VM workers, Slurm, Open MPI). Used by `experiments/run.py
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import jax
 from jax._src import distributed as _jax_distributed  # the key-value client; nowhere public
+
+
+class JoinError(RuntimeError):
+    """Not every process joined the job in time (or joining failed): one line."""
 
 
 def _detected_cluster() -> str | None:
@@ -62,7 +68,9 @@ def initialize(
         coordinator is given), "off" (never).
       coordinator: "HOST:PORT" of process 0's coordinator service.
       num_processes, process_id: the job's size and this process's index in [0, num_processes).
-      timeout_s: seconds to wait for every process to join before raising (instead of hanging).
+      timeout_s: seconds to wait for every process to join (the coordinator, then the devices'
+        topology) before raising `JoinError` (instead of hanging). JAX's own deadline is set
+        later than this one: past it JAX aborts the process (SIGABRT, a stack dump).
       heartbeat_timeout_s: seconds without a process's heartbeat before the job counts it dead.
       recoverable: a dead process leaves the job (``jax_enable_recoverability``) instead of
         aborting every other process; the two-group run's processes watch each other
@@ -71,8 +79,12 @@ def initialize(
     Flags win over the environment (GRPO_JAX_COORDINATOR, GRPO_JAX_NUM_PROCESSES,
     GRPO_JAX_PROCESS_ID). Must run before anything touches a JAX device.
 
+    The join runs in a thread while the calling (main) thread waits in short slices, so the
+    process's Python signal handlers run during it (JAX's join is one blocking call).
+
     Raises:
       ValueError: a coordinator without the process count / id (or the reverse).
+      JoinError: the job was not joined within ``timeout_s``, or joining failed.
     """
     coordinator, num_processes, process_id = job_settings(coordinator, num_processes, process_id)
     if mode == "off":
@@ -96,12 +108,15 @@ def initialize(
             "jax_cpu_collectives_implementation", "gloo"
         )  # CPU cross-process collectives
     jax.config.update("jax_enable_recoverability", recoverable)
-    kwargs = {"initialization_timeout": timeout_s, "heartbeat_timeout_seconds": heartbeat_timeout_s}
+    kwargs = {  # JAX's deadline after ours: ours is one line, JAX's an abort
+        "initialization_timeout": timeout_s + 60,
+        "heartbeat_timeout_seconds": heartbeat_timeout_s,
+    }
     if explicit:
         kwargs.update(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
         )
-    jax.distributed.initialize(**kwargs)
+    _join(kwargs, timeout_s, f"{num_processes or 'the'} processes")
     how = f"coordinator {coordinator}" if explicit else (cluster or "auto-detected")
     print(
         f"process {jax.process_index()}/{jax.process_count()} ({how}): "
@@ -124,3 +139,35 @@ def coordination_client():
     if client is None:
         raise RuntimeError("jax.distributed.initialize has not run in this process")
     return client
+
+
+def _join(kwargs: dict, timeout_s: float, who: str) -> None:
+    """`jax.distributed.initialize(**kwargs)` and the backend's start (every process's devices:
+    another wait for all of them), in a thread; the main thread waits in slices (its signal
+    handlers run meanwhile).
+
+    Raises:
+      JoinError: not done within ``timeout_s``, or either step raised.
+    """
+    failed: list[BaseException] = []
+
+    def join():
+        try:
+            jax.distributed.initialize(**kwargs)
+            jax.devices()  # the topology exchange: waits for every process too
+        except BaseException as e:  # told to the main thread
+            failed.append(e)
+
+    thread = threading.Thread(target=join, name="join-job", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.25)
+    if thread.is_alive():
+        raise JoinError(
+            f"not every one of {who} joined the job within --distributed_timeout_s={timeout_s:g} "
+            "s (one not started, or stopped while joining); nothing was run"
+        )
+    if failed:
+        message = " ".join(str(failed[0]).split())
+        raise JoinError(f"joining the job of {who} failed: {message}") from failed[0]

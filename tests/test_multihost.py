@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -152,6 +153,50 @@ def test_two_processes_stopped_by_a_signal_to_one_resume_and_match_one_process(t
             )
     summaries = [json.load(open(os.path.join(d, "summary.json"))) for d in (single, multi)]
     assert summaries[0]["eval_after"]["mean_at_1"] == summaries[1]["eval_after"]["mean_at_1"]
+
+
+def test_a_job_that_never_forms_ends_on_a_signal_or_at_the_join_timeout_with_one_line(tmp_path):
+    # process 0 of 2 alone: JAX's join is one blocking call; a SIGTERM during it is acted on at
+    # once, and a job that does not form ends at --distributed_timeout_s with one error line
+    # (was: the signal ignored, then JAX's abort with a stack dump at its deadline)
+    def start(timeout_s):
+        args = [
+            sys.executable,
+            "-m",
+            "experiments.run",
+            "--config=configs/arithmetic.py:grpo,smoke",
+        ]
+        args += [f"--workdir={tmp_path / 'w'}", f"--coordinator_address=localhost:{free_port()}"]
+        args += ["--num_processes=2", "--process_id=0", f"--distributed_timeout_s={timeout_s}"]
+        # a two-group trainer: its coordination service logs a line as the join starts
+        args += ["--role=train", "--config.rollout.max_staleness=1", "--config.mesh.num_devices=1"]
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        return subprocess.Popen(
+            args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    alone = start(120)
+    seen = ""
+    while "recoverable task" not in seen:  # in the join
+        seen += alone.stdout.readline()
+        assert alone.poll() is None, seen
+    alone.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    ((rc, out),) = finish([alone], timeout=60)
+    out = seen + out
+    assert rc == 0 and time.monotonic() - t0 < 30, out[-3000:]
+    assert "SIGTERM before the run started: nothing saved" in out
+
+    t0 = time.monotonic()
+    ((rc, out),) = finish([start(8)], timeout=120)
+    assert rc == 1 and time.monotonic() - t0 < 60, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: not every one of 2 processes joined the job within --distributed_timeout_s=8 s "
+        "(one not started, or stopped while joining); nothing was run"
+    ], out[-3000:]
+    assert "stack trace" not in out and "Traceback" not in out
+    assert not os.path.exists(tmp_path / "w")  # nothing written
 
 
 # ----------------------------------------------------------------------------- flags and scripts
