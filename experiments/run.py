@@ -300,10 +300,14 @@ def _generate(config, groups, peer) -> int:
         except Exception as e:
             if not isinstance(e, cli.BAD_INPUT):  # a bug, or the machine: its traceback
                 traceback.print_exc()
-            print(f"error: {cli.one_line(e)}", file=sys.stderr, flush=True)
-            peer.leave("failed", cli.one_line(e))
-            waited = isinstance(e, (TimeoutError, ConnectionError))  # OSErrors, not bad input
-            return 2 if isinstance(e, cli.BAD_INPUT) and not waited else 1
+            message = cli.one_line(e)
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            peer.leave("failed", message)
+            # a wait that ran out or a broken transfer is an OSError, but not bad input
+            bad_input = isinstance(e, cli.BAD_INPUT) and not isinstance(
+                e, (TimeoutError, ConnectionError)
+            )
+            return 2 if bad_input else 1
     how = {"done": "finished", "stopped": "stopped", "failed": "failed"}[end["status"]]
     why = f" ({end['message']})" if end["message"] else ""
     print(f"generation group: {done} batches generated; the training process {how}{why}")

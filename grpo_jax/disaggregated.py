@@ -145,12 +145,7 @@ class Peer:
         self._beat: tuple[str | None, float] | None = None  # (last beat seen, when)
 
     def _try_get(self, key: str) -> str | None:
-        try:
-            return self._kv.key_value_try_get(f"{self._ns}/{key}")
-        except Exception as e:  # a bare XlaRuntimeError
-            if "NOT_FOUND" in str(e):
-                return None
-            raise
+        return weight_channel.try_get(self._kv, f"{self._ns}/{key}")
 
     def start(self) -> None:
         """This side's thread until `leave`: the generator's heartbeat (``beat/generate``); the

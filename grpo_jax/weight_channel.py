@@ -46,6 +46,20 @@ _ROOT = "grpo_jax/channels"
 SLICE_S = 0.25  # seconds a wait blocks before it runs its ``check`` (and Python's signal handlers)
 
 
+def try_get(kv, key: str) -> str | None:
+    """The value of ``key`` in the key-value store, or None when it is not set.
+
+    Raises:
+      the store's other errors (a service gone) as JAX raises them (a bare XlaRuntimeError).
+    """
+    try:
+        return kv.key_value_try_get(key)
+    except Exception as e:  # JAX raises a bare XlaRuntimeError(NOT_FOUND) for a missing key
+        if "NOT_FOUND" in str(e):
+            return None
+        raise
+
+
 def wait_for_key(kv, key: str, timeout_s: float, what: str, check=None) -> str:
     """The value of ``key`` in the key-value store, waiting for it in slices of `SLICE_S`.
 
@@ -250,10 +264,8 @@ class WeightSubscriber:
 
     def latest_version(self) -> int | None:
         """The newest published version (None before the first publish); a cheap key lookup."""
-        try:
-            return int(self._kv.key_value_try_get(f"{self._ns}/version"))
-        except Exception:  # JAX raises a bare XlaRuntimeError(NOT_FOUND) for a missing key
-            return None
+        version = try_get(self._kv, f"{self._ns}/version")
+        return None if version is None else int(version)
 
     def wait_for_version(self, version: int, timeout_s: float | None = None) -> int:
         """Blocks until a version >= ``version`` is published; returns the newest version.
@@ -352,10 +364,7 @@ class BatchSender:
         self._next = 1
 
     def _received(self) -> int:
-        try:
-            return int(self._kv.key_value_try_get(f"{self._ns}/received"))
-        except Exception:  # NOT_FOUND before the first `get`
-            return 0
+        return int(try_get(self._kv, f"{self._ns}/received") or 0)  # none before the first `get`
 
     def put(self, batch, version: int) -> int:
         """Offers ``batch`` (a pytree of arrays, any local layout) tagged with the policy
