@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from processes import wait_for_training_row
 from test_train import REPO, deterministic_rows, smoke_config
 from workdirs import differences as workdir_differences
 from workdirs import tensorboard_events
@@ -658,24 +659,12 @@ def test_reference_run_reports_the_overlong_prompts(reference):
     assert row0["data/overlong_prompts"] == over
 
 
-def _wait_for_row(workdir, step, proc, timeout=900):
-    path, t0 = os.path.join(workdir, "metrics.jsonl"), time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        assert proc.poll() is None, "the run ended before the signal"
-        if os.path.exists(path) and any(
-            r.get("step") == step and "reward_mean" in r for r in writers.read_jsonl(path)
-        ):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"no metrics row for step {step} after {timeout} s")
-
-
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_0_and_the_resumed_run_is_identical(tmp_path, cli_env, reference):
     workdir = tmp_path / "run"
     args = ["--config.checkpoint.every_steps=100"]  # only SIGTERM and the end write checkpoints
     run = _Run(workdir, cli_env, args, "interrupted")
-    _wait_for_row(workdir, 3, run.proc)
+    wait_for_training_row(workdir, 3, [run.proc], timeout=900)
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait() == 0, run.err[-3000:]
     # on a fast machine the signal can land in the last step's (final) evaluation: then that
